@@ -1,0 +1,6 @@
+from adapters.base import Adapter, register
+
+
+@register
+class HfAdapter(Adapter):
+    name = "hf"

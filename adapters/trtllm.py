@@ -1,0 +1,12 @@
+"""trtllm adapter: not written yet; its cells become `unsupported` rows that say so."""
+
+from adapters.base import Adapter, register
+
+
+@register
+class TrtllmAdapter(Adapter):
+    name = "trtllm"
+    quantizations = ("fp32", "fp16", "bf16")
+
+    def check(self, spec):
+        return "the trtllm adapter is not implemented in this version of lossless-bench"

@@ -1,0 +1,254 @@
+"""The matrix YAML: pydantic models, and validation whose errors name the YAML path and the valid choices.
+
+Every mistake is collected and raised together as a `MatrixError` before any engine starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adapters import ADAPTERS
+from adapters.base import QUANTIZATIONS, normalize_quantization
+
+AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len")
+DEFAULT_FLAGS = "default"
+
+
+class MatrixError(ValueError):
+    """All the mistakes found in one matrix, one `path: message` per line."""
+
+    def __init__(self, problems: list[str], source: str = "matrix"):
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelEntry(_Strict):
+    source: str = Field(description="Local checkpoint dir, .gguf file, hub id, or builtin:tiny / builtin:tiny-qwen2")
+    tokenizer: str | None = Field(None, description="Tokenizer dir, where the source has none (e.g. a .gguf)")
+    trust_remote_code: bool = False
+    revision: str | None = None
+
+
+class Axes(_Strict):
+    framework: list[str] = Field(min_length=1)
+    model: list[str] = Field(min_length=1)
+    quantization: list[str] = ["fp32"]
+    batch_size: list[Annotated[int, Field(ge=1)]] = [1]
+    flags: list[str] = [DEFAULT_FLAGS]
+    input_len: list[Annotated[int, Field(ge=1)]] = [32]
+    output_len: list[Annotated[int, Field(ge=1)]] = [16]
+
+
+class SyntheticWorkload(_Strict):
+    kind: Literal["synthetic"] = "synthetic"
+    seed: int = 0
+    shared_prefix_len: int = Field(0, ge=0, description="Tokens every prompt shares (prefix-cache workloads)")
+
+
+class DatasetWorkload(_Strict):
+    kind: Literal["jsonl", "text"]
+    path: str
+    field: str = Field("text", description="JSONL field holding the prompt text, or a list of token ids")
+    seed: int = 0
+
+
+Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload], Field(discriminator="kind")]
+
+
+class Measure(_Strict):
+    warmup: int = Field(1, ge=0)
+    repeats: int = Field(3, ge=1)
+    ignore_eos: bool = Field(True, description="Fixed output length for throughput")
+    top_k: int = Field(20, ge=1, description="Candidates stored per scored position")
+    scoring_prompts: int = Field(8, ge=1)
+    scoring_len: int = Field(64, ge=2, description="Tokens per scoring prompt (teacher forced)")
+    greedy_tokens: int = Field(16, ge=1, description="Greedy tokens generated after each scoring prompt")
+    score_repeats: int = Field(2, ge=1, description="Scoring passes per cell; 2 gives the run-to-run noise floor")
+    scoring_text: str = Field("builtin", description="Text the scoring prompts are cut from: 'builtin' or a path")
+
+
+class Tolerances(_Strict):
+    """Thresholds for verdicts (see orchestrator/analysis.py for how each is used)."""
+
+    atol: float = Field(1e-3, description="Max abs logprob difference allowed for 'lossless'")
+    kl_lossless: float = 1e-4
+    kl_near: float = 1e-2
+    top1_lossless: float = 1.0
+    top1_near: float = 0.95
+    greedy_match_lossless: float = 1.0
+    greedy_match_near: float = 0.9
+    ppl_rel_lossless: float = 1e-3
+    ppl_rel_near: float = 2e-2
+
+
+class Run(_Strict):
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    cpus_per_group: int | Literal["node"] = Field("node", description="'node' gives a CPU group a whole node, so timings are not shared")
+    gpus_per_group: int | None = Field(None, ge=0, description="Default: the tensor-parallel size, 1 on CUDA")
+    load_timeout_s: float = Field(1800, gt=0)
+    cell_timeout_s: float = Field(900, gt=0)
+    python: dict[str, str] = Field(default_factory=dict, description="Per-framework Python interpreter, e.g. vllm: .venvs/vllm/bin/python")
+
+
+class Matrix(_Strict):
+    name: str = "matrix"
+    models: dict[str, Union[str, ModelEntry]]
+    axes: Axes
+    flags: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="framework -> flag-set name -> engine options")
+    include: list[dict[str, Any]] = Field(default_factory=list, description="Extra cells: one value per axis")
+    exclude: list[dict[str, Any]] = Field(default_factory=list, description="Cells matching every key are dropped; a value may be a list")
+    workload: Workload = Field(default_factory=SyntheticWorkload)
+    measure: Measure = Field(default_factory=Measure)
+    baseline: dict[str, Any] = Field(default_factory=lambda: {"framework": "hf", "quantization": "fp32", "flags": DEFAULT_FLAGS},
+                                     description="Axis values of the baseline; axes not named match the cell's own")
+    tolerances: Tolerances = Field(default_factory=Tolerances)
+    run: Run = Field(default_factory=Run)
+
+    def model_entry(self, name: str) -> ModelEntry:
+        entry = self.models[name]
+        return ModelEntry(source=entry) if isinstance(entry, str) else entry
+
+    def flag_sets(self, framework: str) -> dict[str, dict[str, Any]]:
+        sets = {DEFAULT_FLAGS: {}}
+        sets.update(self.flags.get(framework, {}))
+        return sets
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("synthetic", "jsonl", "text") and out.endswith("workload"):
+            continue  # the discriminator tag pydantic adds is not part of the YAML path
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
+    problems = []
+    for e in err.errors():
+        path = _path(tuple(e["loc"]))
+        if prefix:
+            path = f"{prefix}.{path}" if path != "(top level)" else prefix
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(f"{path}: {msg}")
+    return problems
+
+
+def _known(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _check_semantics(m: Matrix) -> list[str]:
+    """Mistakes pydantic cannot see: names that must refer to frameworks, models, flag sets, levels."""
+    problems: list[str] = []
+    frameworks = list(ADAPTERS)
+    for i, fw in enumerate(m.axes.framework):
+        if fw not in ADAPTERS:
+            problems.append(f"axes.framework[{i}]: unknown framework '{fw}' (known: {_known(frameworks)})")
+    for i, model in enumerate(m.axes.model):
+        if model not in m.models:
+            problems.append(f"axes.model[{i}]: unknown model '{model}' (defined in models: {_known(m.models) or 'none'})")
+    for i, q in enumerate(m.axes.quantization):
+        if normalize_quantization(q) not in QUANTIZATIONS:
+            problems.append(f"axes.quantization[{i}]: unknown quantization '{q}' (known: {_known(QUANTIZATIONS)})")
+    for fw, sets in m.flags.items():
+        if fw not in ADAPTERS:
+            problems.append(f"flags.{fw}: unknown framework '{fw}' (known: {_known(frameworks)})")
+            continue
+        for set_name, options in sets.items():
+            try:
+                ADAPTERS[fw].Options(**(options or {}))
+            except ValidationError as err:
+                for p in _pydantic_problems(err, prefix=f"flags.{fw}.{set_name}"):
+                    known = _known(ADAPTERS[fw].Options.model_fields)
+                    problems.append(p + (f" (known options for {fw}: {known})" if p.endswith("unknown key") else ""))
+    defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
+    for i, name in enumerate(m.axes.flags):
+        if name not in defined:
+            problems.append(f"axes.flags[{i}]: unknown flag set '{name}' (defined: {_known(sorted(defined))})")
+    for fw in m.run.python:
+        if fw not in ADAPTERS:
+            problems.append(f"run.python.{fw}: unknown framework '{fw}' (known: {_known(frameworks)})")
+    for section in ("include", "exclude"):
+        for i, rule in enumerate(getattr(m, section)):
+            problems += _check_rule(m, rule, f"{section}[{i}]", need_all=(section == "include"))
+    problems += _check_rule(m, m.baseline, "baseline", need_all=False, allow_lists=False)
+    return problems
+
+
+def _check_rule(m: Matrix, rule: dict, path: str, need_all: bool, allow_lists: bool = True) -> list[str]:
+    problems = []
+    if not isinstance(rule, dict):
+        return [f"{path}: expected a mapping of axis -> value"]
+    for key, value in rule.items():
+        if key not in AXES:
+            problems.append(f"{path}.{key}: unknown axis (known: {_known(AXES)})")
+            continue
+        values = value if isinstance(value, list) and allow_lists and not need_all else [value]
+        for v in values:
+            bad = _bad_axis_value(m, key, v)
+            if bad:
+                problems.append(f"{path}.{key}: {bad}")
+    if need_all:
+        # an include entry may leave an axis out only where that axis has a single value
+        for axis in AXES:
+            if axis not in rule and len(getattr(m.axes, axis)) != 1:
+                problems.append(f"{path}: missing axis '{axis}' (the axis has several values, so the cell is ambiguous)")
+    return problems
+
+
+def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
+    if axis == "framework" and v not in ADAPTERS:
+        return f"unknown framework '{v}' (known: {_known(ADAPTERS)})"
+    if axis == "model" and v not in m.models:
+        return f"unknown model '{v}' (defined in models: {_known(m.models)})"
+    if axis == "quantization" and (not isinstance(v, str) or normalize_quantization(v) not in QUANTIZATIONS):
+        return f"unknown quantization '{v}' (known: {_known(QUANTIZATIONS)})"
+    if axis in ("batch_size", "input_len", "output_len") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        return f"expected a positive integer, got {v!r}"
+    if axis == "flags":
+        defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
+        if v not in defined:
+            return f"unknown flag set '{v}' (defined: {_known(sorted(defined))})"
+    return None
+
+
+def parse_matrix(data: Any, source: str = "matrix") -> Matrix:
+    if not isinstance(data, dict):
+        raise MatrixError(["(top level): expected a mapping with at least 'models' and 'axes'"], source)
+    try:
+        matrix = Matrix.model_validate(data)
+    except ValidationError as err:
+        raise MatrixError(_pydantic_problems(err), source) from None
+    problems = _check_semantics(matrix)
+    if problems:
+        raise MatrixError(problems, source)
+    return matrix
+
+
+def load_matrix(path: str | Path) -> tuple[Matrix, str]:
+    """Read and validate a matrix file; returns the model and the text as given (for the manifest)."""
+    path = Path(path)
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise MatrixError([f"(yaml): {err}"], str(path)) from None
+    return parse_matrix(data, str(path)), text
+
+
+def json_schema() -> dict:
+    return Matrix.model_json_schema()
