@@ -1,6 +1,163 @@
-from adapters.base import Adapter, register
+"""Hugging Face transformers: the reference engine. CPU and CUDA; fp32/fp16/bf16."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Literal
+
+import numpy as np
+
+from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores,
+                           log_softmax, register, topk_scores)
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+class HfOptions(EngineOptions):
+    attn_implementation: Literal["eager", "sdpa"] | None = None
+    static_cache: bool = False          # cache_implementation="static" (fixed shapes, needed by compile)
+    compile: bool = False               # torch.compile the forward pass
+    num_threads: int | None = None      # torch intra-op threads on CPU
 
 
 @register
 class HfAdapter(Adapter):
     name = "hf"
+    Options = HfOptions
+    quantizations = tuple(DTYPES)
+    install_hint = "pip install -e '.[hf]'"
+    requires_modules = ("torch", "transformers")
+
+    def check(self, spec: LoadSpec) -> str | None:
+        import torch
+
+        if spec.device == "cuda" and not torch.cuda.is_available():
+            return "needs CUDA, and torch sees no GPU here"
+        return None
+
+    def load(self, spec: LoadSpec) -> AdapterInfo:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        opts = HfOptions(**spec.options)
+        torch.manual_seed(spec.seed)
+        if opts.num_threads:
+            torch.set_num_threads(opts.num_threads)
+        self.torch = torch
+        self.device = torch.device("cuda" if spec.device == "cuda" else "cpu")
+        args = dict(dtype=getattr(torch, DTYPES[spec.quantization]),
+                    trust_remote_code=spec.model.trust_remote_code)
+        if spec.model.revision:
+            args["revision"] = spec.model.revision
+        if opts.attn_implementation:
+            args["attn_implementation"] = opts.attn_implementation
+        model = AutoModelForCausalLM.from_pretrained(spec.model.source, **args).to(self.device).eval()
+        if opts.compile:
+            model.forward = torch.compile(model.forward)
+        self.model = model
+        self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        # Two generation configs: one that stops at EOS, one that never does (fixed output length).
+        base = copy.deepcopy(model.generation_config)
+        base.do_sample, base.temperature, base.top_p, base.top_k = False, None, None, None
+        base.pad_token_id = self.pad_id
+        if opts.static_cache:
+            base.cache_implementation = "static"
+        self.gen_eos = base
+        self.gen_no_eos = copy.deepcopy(base)
+        self.gen_no_eos.eos_token_id = None
+        self.gen_no_eos._from_model_config = False
+        info = AdapterInfo(
+            versions={"torch": torch.__version__, "transformers": transformers.__version__},
+            engine_args={k: str(v) for k, v in args.items()} | opts.model_dump(exclude_none=True),
+        )
+        if self.device.type == "cuda":
+            info.versions["cuda"] = str(torch.version.cuda)
+            info.notes.append(f"gpu: {torch.cuda.get_device_name(self.device)}")
+        return info
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def _left_padded(self, prompts: list[list[int]]):
+        torch = self.torch
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    # -- the interface -----------------------------------------------------------------------
+    def generate(self, prompts, output_len, ignore_eos) -> BatchTiming:
+        from transformers import LogitsProcessor, LogitsProcessorList
+
+        stamps: list[float] = []
+        sync = self._sync
+
+        class Stamp(LogitsProcessor):
+            # Called once per step right after the forward pass: the time a step's tokens exist.
+            def __call__(self, input_ids, scores):
+                sync()
+                stamps.append(time.perf_counter())
+                return scores
+
+        ids, mask = self._left_padded(prompts)
+        with self.torch.inference_mode():
+            sync()
+            start = time.perf_counter()
+            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=output_len,
+                                      generation_config=self.gen_no_eos if ignore_eos else self.gen_eos,
+                                      logits_processor=LogitsProcessorList([Stamp()]))
+            sync()
+            end = time.perf_counter()
+        new = out[:, ids.shape[1]:].cpu().numpy()
+        counts = [self._generated_count(row) if not ignore_eos else new.shape[1] for row in new]
+        return BatchTiming(start=start, end=end, first_token=[stamps[0]] * len(prompts),
+                           token_times=[stamps[:n] for n in counts], output_tokens=counts,
+                           prompt_tokens=[len(p) for p in prompts])
+
+    def _generated_count(self, row: np.ndarray) -> int:
+        eos = self.gen_eos.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        for i, tok in enumerate(row):
+            if int(tok) in eos:
+                return i + 1
+        return len(row)
+
+    def score(self, prompts, top_k) -> list[TokenScores]:
+        torch = self.torch
+        width = max(len(p) for p in prompts)
+        # right padding: positions before the padding see exactly their own prefix
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, :len(p)] = torch.tensor(p)
+            mask[i, :len(p)] = 1
+        with torch.inference_mode():
+            logits = self.model(ids.to(self.device), attention_mask=mask.to(self.device)).logits
+        out = []
+        for i, p in enumerate(prompts):
+            lp = log_softmax(logits[i, : len(p) - 1].float().cpu().numpy())
+            out.append(topk_scores(lp, np.asarray(p[1:]), top_k))
+        return out
+
+    def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
+        ids, mask = self._left_padded(prompts)
+        with self.torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=n_tokens,
+                                      generation_config=self.gen_no_eos, output_logits=True,
+                                      return_dict_in_generate=True)
+        new = out.sequences[:, ids.shape[1]:].cpu().numpy()
+        # raw logits per step, [steps, batch, vocab] -> per prompt [steps, vocab]
+        logits = self.torch.stack(out.logits).float().cpu().numpy()
+        return [topk_scores(log_softmax(logits[:, i]), new[i], top_k) for i in range(len(prompts))]
+
+    def close(self) -> None:
+        self.model = None
+        if getattr(self, "device", None) is not None and self.device.type == "cuda":
+            self.torch.cuda.empty_cache()

@@ -78,15 +78,21 @@ class Measure(_Strict):
 class Tolerances(_Strict):
     """Thresholds for verdicts (see orchestrator/analysis.py for how each is used)."""
 
-    atol: float = Field(1e-3, description="Max abs logprob difference allowed for 'lossless'")
-    kl_lossless: float = 1e-4
-    kl_near: float = 1e-2
-    top1_lossless: float = 1.0
-    top1_near: float = 0.95
-    greedy_match_lossless: float = 1.0
-    greedy_match_near: float = 0.9
-    ppl_rel_lossless: float = 1e-3
-    ppl_rel_near: float = 2e-2
+    atol: float = Field(1e-3, ge=0, description="Max abs difference of the actual token's teacher-forced logprob "
+                        "for 'lossless' (above it: at best 'near-lossless')")
+    kl_lossless: float = Field(1e-4, ge=0, description="Max mean KL(baseline || cell) over positions for 'lossless'")
+    kl_near: float = Field(1e-2, ge=0, description="Max mean KL for 'near-lossless' (above it: 'lossy')")
+    top1_lossless: float = Field(1.0, ge=0, le=1, description="Min share of positions with the same top-1 token for 'lossless'")
+    top1_near: float = Field(0.95, ge=0, le=1, description="Min top-1 agreement for 'near-lossless'")
+    greedy_match_lossless: float = Field(1.0, ge=0, le=1, description="Min share of prompts whose greedy tokens equal "
+                                         "the baseline's exactly, for 'lossless'")
+    greedy_match_near: float = Field(0.9, ge=0, le=1, description="Min share of prompts that match or are 'close' "
+                                     "(vLLM check_logprobs_close) for 'near-lossless'")
+    ppl_rel_lossless: float = Field(1e-3, ge=0, description="Max |perplexity / baseline perplexity - 1| for 'lossless'")
+    ppl_rel_near: float = Field(2e-2, ge=0, description="Max |relative perplexity change| for 'near-lossless'")
+    noise_factor: float = Field(1.0, ge=0, description="A metric no further from exact than noise_factor x the "
+                                "baseline's own noise floor (run-to-run, batch 1 vs largest batch) counts as "
+                                "'lossless'; 0 turns the noise floor off")
 
 
 class Run(_Strict):

@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -84,6 +84,9 @@ LOGPROBS_SCHEMA = pa.schema([
 ])
 
 STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
+# The framework lives in the partition directory name only: a column of the same name inside the
+# files would clash with the hive partition when pandas or DuckDB read the directory.
+CELLS_FILE_SCHEMA = CELLS_SCHEMA.remove(CELLS_SCHEMA.get_field_index("framework"))
 
 
 def _atomic_write_table(table: pa.Table, path: Path) -> None:
@@ -107,11 +110,12 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def cell_row(values: dict[str, Any]) -> pa.Table:
-    """One cells-table row; missing columns are null, unknown keys are an error."""
+    """One cells-file row (no framework column); missing columns are null, unknown keys an error."""
     unknown = set(values) - set(CELLS_SCHEMA.names)
     if unknown:
         raise KeyError(f"not in the cells schema: {sorted(unknown)}")
-    return pa.Table.from_pylist([{name: values.get(name) for name in CELLS_SCHEMA.names}], schema=CELLS_SCHEMA)
+    names = CELLS_FILE_SCHEMA.names
+    return pa.Table.from_pylist([{name: values.get(name) for name in names}], schema=CELLS_FILE_SCHEMA)
 
 
 class RunStore:
@@ -136,8 +140,6 @@ class RunStore:
             _atomic_write_table(logprobs.cast(LOGPROBS_SCHEMA), lp_path)
         else:
             lp_path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
-        row = {k: v for k, v in row.items() if k != "framework"} | {"framework": fw}
-        # the partition column lives in the directory name; keep it in the file too for plain readers
         _atomic_write_table(cell_row(row), self.cell_path(fw, cid))
 
     def stored_status(self) -> dict[str, str]:
@@ -151,12 +153,14 @@ class RunStore:
 
     def read_cells(self):
         """The cells table as pandas (small: one row per cell)."""
-        import pandas as pd
+        import pyarrow.dataset as ds
 
-        files = sorted((self.root / "cells").glob("framework=*/*.parquet"))
-        if not files:
+        if not (self.root / "cells").exists():
             return CELLS_SCHEMA.empty_table().to_pandas()
-        return pa.concat_tables([pq.read_table(f, schema=CELLS_SCHEMA) for f in files]).to_pandas()
+        dataset = ds.dataset(self.root / "cells", format="parquet", partitioning="hive")
+        table = dataset.to_table(columns=CELLS_FILE_SCHEMA.names + ["framework"])
+        framework = table["framework"].cast(pa.string())
+        return table.set_column(table.schema.get_field_index("framework"), "framework", framework).to_pandas()
 
     def logprobs_dataset(self):
         import pyarrow.dataset as ds
@@ -170,7 +174,3 @@ class RunStore:
         path = self.root / "manifest.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-
-def write_rows(store: RunStore, rows: Iterable[tuple[dict, pa.Table | None]]) -> None:
-    for row, lp in rows:
-        store.write_cell(row, lp)

@@ -1,0 +1,155 @@
+"""The child process that runs one engine group: `python -m adapters.worker SPEC.json OUT_DIR`.
+
+It runs in the framework's own interpreter, so it imports nothing from the orchestrator, only
+this package, numpy, pydantic and psutil. It loads the engine once, then for each cell runs the
+warm-up and timed batches and the logprob capture, and writes for each cell `<cell_id>.json` (the
+measurements) and `<cell_id>.npz` (the logprob rows). Progress goes to `events.jsonl`, one line per
+event, so the parent can tell which cell was running when a crash or a hang happened.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from adapters import ADAPTERS
+from adapters.base import Adapter, LoadSpec, ModelSpec, TokenScores, Unsupported
+from adapters.trackers import MemoryTracker, latency_stats
+
+
+class Events:
+    def __init__(self, out_dir: Path):
+        self.file = open(out_dir / "events.jsonl", "a", buffering=1)
+
+    def emit(self, event: str, **fields) -> None:
+        self.file.write(json.dumps({"event": event, "t": time.time(), **fields}, default=str) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def _logprob_rows(scores: list[TokenScores], prompts: list[list[int]], kind: str, repeat: int,
+                  first_index: int, rows: dict[str, list]) -> None:
+    for j, (s, prompt) in enumerate(zip(scores, prompts)):
+        n = len(s)
+        # a prompt row scores token i+1 of the prompt; a generation row the j-th new token
+        start = 1 if kind == "prompt" else len(prompt)
+        rows["kind"].append(np.full(n, 0 if kind == "prompt" else 1, np.int8))
+        rows["repeat"].append(np.full(n, repeat, np.int16))
+        rows["prompt_index"].append(np.full(n, first_index + j, np.int32))
+        rows["position"].append(np.arange(start, start + n, dtype=np.int32))
+        rows["token_id"].append(s.token_ids.astype(np.int32))
+        rows["logprob"].append(s.logprobs.astype(np.float32))
+        rows["topk_ids"].append(s.topk_ids.astype(np.int32))
+        rows["topk_logprobs"].append(s.topk_logprobs.astype(np.float32))
+
+
+def capture_logprobs(adapter: Adapter, scoring: dict, batch_size: int) -> dict[str, np.ndarray]:
+    """Teacher-forced and greedy logprobs of the scoring prompts, at the cell's batch size."""
+    names = ["kind", "repeat", "prompt_index", "position", "token_id", "logprob", "topk_ids", "topk_logprobs"]
+    rows: dict[str, list] = {n: [] for n in names}
+    prompts = scoring["prompts"]
+    for repeat in range(scoring["repeats"]):
+        for first, chunk in zip(range(0, len(prompts), batch_size), _chunks(prompts, batch_size)):
+            _logprob_rows(adapter.score(chunk, scoring["top_k"]), chunk, "prompt", repeat, first, rows)
+            greedy = adapter.greedy(chunk, scoring["greedy_tokens"], scoring["top_k"])
+            _logprob_rows(greedy, chunk, "generation", repeat, first, rows)
+    out = {}
+    for n, parts in rows.items():
+        out[n] = np.concatenate(parts) if parts else np.zeros(0)
+    return out
+
+
+def run_cell(adapter: Adapter, cell: dict, scoring: dict | None, memory: MemoryTracker) -> tuple[dict, dict]:
+    prompts = cell["timing_prompts"]
+    batches = list(_chunks(prompts, cell["batch_size"]))
+    for batch in batches[: cell["warmup"]]:
+        adapter.generate(batch, cell["output_len"], cell["ignore_eos"])
+    memory.reset_peak()
+    timed = [adapter.generate(b, cell["output_len"], cell["ignore_eos"])
+             for b in batches[cell["warmup"]: cell["warmup"] + cell["repeats"]]]
+    record = latency_stats(timed)
+    record["peak_mem_bytes"] = memory.peak()
+    logprobs = capture_logprobs(adapter, scoring, cell["batch_size"]) if scoring else {}
+    return record, logprobs
+
+
+def _missing_modules(cls: type[Adapter]) -> list[str]:
+    return [m for m in cls.requires_modules if importlib.util.find_spec(m) is None]
+
+
+def main(spec_path: str, out_dir: str) -> int:
+    out = Path(out_dir)
+    spec = json.loads(Path(spec_path).read_text())
+    events = Events(out)
+    events.emit("start", pid=os.getpid(), python=sys.executable)
+    load = spec["load"]
+    cls = ADAPTERS[load["framework"]]
+    cell_ids = [c["cell_id"] for c in spec["cells"]]
+
+    missing = _missing_modules(cls)
+    if missing:
+        hint = f"; create it with: {cls.install_hint}" if cls.install_hint else ""
+        events.emit("unsupported", cells=cell_ids,
+                    reason=f"{cls.name} environment not installed for {sys.executable} "
+                           f"(missing: {', '.join(missing)}){hint}")
+        return 0
+    adapter = cls()
+    load_spec = LoadSpec(**{**load, "model": ModelSpec(**load["model"])})
+    reason = adapter.check(load_spec)
+    if reason:
+        events.emit("unsupported", cells=cell_ids, reason=reason)
+        return 0
+
+    memory = MemoryTracker(load_spec.device).start()
+    t0 = time.perf_counter()
+    try:
+        info = adapter.load(load_spec)
+    except Unsupported as err:
+        events.emit("unsupported", cells=cell_ids, reason=str(err))
+        return 0
+    except Exception as err:
+        events.emit("load_failed", cells=cell_ids, reason=f"{type(err).__name__}: {err}",
+                    traceback=traceback.format_exc()[-4000:])
+        return 0
+    load_s = time.perf_counter() - t0
+    memory.extra_pids = info.memory_pids
+    events.emit("loaded", load_s=load_s, load_peak_mem_bytes=memory.peak(), mem_source=memory.source,
+                info=info.__dict__)
+
+    for cell in spec["cells"]:
+        cid = cell["cell_id"]
+        events.emit("cell_start", cell_id=cid)
+        started = time.perf_counter()
+        try:
+            record, logprobs = run_cell(adapter, cell, spec.get("scoring"), memory)
+        except Unsupported as err:
+            events.emit("cell_unsupported", cell_id=cid, reason=str(err))
+            continue
+        except Exception as err:
+            events.emit("cell_failed", cell_id=cid, reason=f"{type(err).__name__}: {err}",
+                        traceback=traceback.format_exc()[-4000:])
+            continue
+        record["duration_s"] = time.perf_counter() - started
+        np.savez(out / f"{cid}.npz", **logprobs)
+        (out / f"{cid}.json").write_text(json.dumps(record))
+        events.emit("cell_done", cell_id=cid)
+    adapter.close()
+    memory.stop()
+    events.emit("end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

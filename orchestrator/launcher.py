@@ -1,0 +1,255 @@
+"""Runs one engine group in a child interpreter and turns whatever happens into one row per cell.
+
+The child (`python -m adapters.worker`) gets its own process group and dies with its parent, so a
+segfault, an OOM kill, a hang or leaked GPU memory ends only that child. A crash or a timeout in
+one cell becomes that cell's row, and a fresh child is started for the cells still to run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+import adapters
+from orchestrator.cells import Cell, EngineGroup
+from orchestrator.matrix import Matrix
+from orchestrator.store import LOGPROBS_SCHEMA
+from orchestrator.workload import Tokenizer, scoring_prompts, timing_prompts
+
+PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
+POLL_S = 0.05
+STDERR_TAIL_CHARS = 2000
+
+
+@dataclass
+class GroupJob:
+    """What a Ray task needs to run one engine group (picklable)."""
+
+    run_id: str
+    group: EngineGroup
+    matrix: Matrix
+    device: str
+    python: str
+    cache_dir: str
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the child must not outlive its Ray worker
+
+
+def base_row(job: GroupJob, cell: Cell) -> dict:
+    m = job.matrix
+    return {
+        "run_id": job.run_id, "cell_id": cell.cell_id, "engine_key": cell.engine_key,
+        "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
+        "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
+        "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
+        "workload": json.dumps(m.workload.model_dump(), sort_keys=True), "device": job.device,
+        "warmup": m.measure.warmup, "repeats": m.measure.repeats,
+    }
+
+
+def _resolve_source(source: str, cache_dir: str) -> str:
+    if source.startswith("builtin:"):
+        from orchestrator.tiny_model import resolve_model_source
+
+        return resolve_model_source(source, Path(cache_dir))
+    return source
+
+
+def build_spec(job: GroupJob, cells: list[Cell]) -> dict:
+    m, g = job.matrix, job.group
+    entry = m.model_entry(g.model)
+    source = _resolve_source(entry.source, job.cache_dir)
+    tok = Tokenizer(_resolve_source(entry.tokenizer, job.cache_dir) if entry.tokenizer else source,
+                    entry.trust_remote_code)
+    spec_cells = []
+    for c in cells:
+        n = (m.measure.warmup + m.measure.repeats) * c.batch_size
+        spec_cells.append({"cell_id": c.cell_id, "batch_size": c.batch_size, "output_len": c.output_len,
+                           "warmup": m.measure.warmup, "repeats": m.measure.repeats,
+                           "ignore_eos": m.measure.ignore_eos,
+                           "timing_prompts": timing_prompts(m.workload, tok, n, c.input_len)})
+    return {
+        "load": {"framework": g.framework, "quantization": g.quantization, "options": g.options,
+                 "device": job.device, "gpus": 0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
+                 "cache_dir": str(Path(job.cache_dir) / "engines"), "seed": 0,
+                 "model": {"name": g.model, "source": source, "trust_remote_code": entry.trust_remote_code,
+                           "revision": entry.revision}},
+        "cells": spec_cells,
+        "scoring": {"prompts": scoring_prompts(m.measure, tok), "top_k": m.measure.top_k,
+                    "greedy_tokens": m.measure.greedy_tokens, "repeats": m.measure.score_repeats},
+    }
+
+
+def _logprob_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
+    data = np.load(npz)
+    if "token_id" not in data or data["token_id"].size == 0:
+        return None
+    n, k = data["topk_ids"].shape
+    topk = lambda a, t: pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1), t), k).cast(pa.list_(t))  # noqa: E731
+    return pa.table({
+        "run_id": pa.array([run_id] * n, pa.string()),
+        "cell_id": pa.array([cell_id] * n, pa.string()),
+        "kind": pa.array(np.where(data["kind"] == 0, "prompt", "generation")),
+        "repeat": data["repeat"].astype(np.int16), "prompt_index": data["prompt_index"],
+        "position": data["position"], "token_id": data["token_id"], "logprob": data["logprob"],
+        "topk_ids": topk(data["topk_ids"], pa.int32()), "topk_logprobs": topk(data["topk_logprobs"], pa.float32()),
+    }, schema=LOGPROBS_SCHEMA)
+
+
+def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
+    if not path.exists():
+        return [], offset
+    with open(path) as f:
+        f.seek(offset)
+        chunk = f.read()
+    # only whole lines; a partial last line is read again next time
+    whole, _, _ = chunk.rpartition("\n")
+    events = [json.loads(line) for line in whole.splitlines() if line.strip()]
+    return events, offset + len(whole) + (1 if whole else 0)
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-STDERR_TAIL_CHARS:].strip()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (the kernel's OOM killer sends this when memory runs out)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
+    """Run every cell of the group; always returns exactly one row per cell."""
+    by_id = {c.cell_id: c for c in job.group.cells}
+    results: dict[str, tuple[dict, pa.Table | None]] = {}
+    remaining = list(job.group.cells)
+    python = job.python or sys.executable
+    attempt = 0
+
+    def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None):
+        row = base_row(job, by_id[cell_id]) | {"status": status, "reason": reason, "attempt": attempt}
+        results[cell_id] = (row | (extra or {}), lp)
+
+    if not Path(python).exists() and shutil.which(python) is None:
+        hint = adapters.ADAPTERS[job.group.framework].install_hint
+        for c in remaining:
+            finish(c.cell_id, "unsupported", f"{job.group.framework} environment not installed: no interpreter "
+                   f"at {python}" + (f"; create it with: {hint}" if hint else ""))
+        return [results[c.cell_id] for c in job.group.cells]
+
+    try:
+        spec_all = build_spec(job, remaining)
+    except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
+        for c in remaining:
+            finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")
+        return [results[c.cell_id] for c in job.group.cells]
+    m = job.matrix
+
+    while remaining:
+        attempt += 1
+        work = Path(tempfile.mkdtemp(prefix="bench-group-"))
+        ids = {c.cell_id for c in remaining}
+        spec = spec_all | {"cells": [s for s in spec_all["cells"] if s["cell_id"] in ids]}
+        (work / "spec.json").write_text(json.dumps(spec))
+        log = open(work / "output.log", "wb")
+        env = os.environ | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.Popen([python, "-m", "adapters.worker", str(work / "spec.json"), str(work)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=work, env=env, preexec_fn=_die_with_parent)
+        state = {"current": None, "loaded": {}}
+
+        def handle(ev: dict) -> None:
+            kind, loaded = ev["event"], state["loaded"]
+            if kind == "loaded":
+                state["loaded"] = ev
+            elif kind == "cell_start":
+                state["current"] = ev["cell_id"]
+            elif kind == "cell_done":
+                cid = ev["cell_id"]
+                finish(cid, "ok", extra=_measured(loaded, work / f"{cid}.json"),
+                       lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"))
+                state["current"] = None
+            elif kind in ("cell_failed", "cell_unsupported"):
+                finish(ev["cell_id"], "failed" if kind == "cell_failed" else "unsupported",
+                       _with_traceback(ev), extra=_load_facts(loaded))
+                state["current"] = None
+            elif kind in ("unsupported", "load_failed"):
+                for cid in ev["cells"]:
+                    finish(cid, "unsupported" if kind == "unsupported" else "failed", _with_traceback(ev))
+
+        offset, timed_out = 0, False
+        deadline = time.monotonic() + m.run.load_timeout_s
+        while True:
+            exited = proc.poll() is not None  # read the events after checking, so none are missed
+            events, offset = _read_events(work / "events.jsonl", offset)
+            for ev in events:
+                handle(ev)
+                if ev["event"] == "cell_start":
+                    deadline = time.monotonic() + m.run.cell_timeout_s
+            if exited:
+                break
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                timed_out = True
+                break
+            time.sleep(POLL_S)
+        current, loaded_info = state["current"], state["loaded"]
+        log.close()
+        tail = _tail(work / "output.log")
+        pending = [c for c in remaining if c.cell_id not in results]
+        if timed_out:
+            what = f"cell timeout {m.run.cell_timeout_s:g}s" if current else f"load timeout {m.run.load_timeout_s:g}s"
+            victims = [current] if current else [c.cell_id for c in pending]
+            for cid in victims:
+                finish(cid, "timeout", f"killed after the {what}; last output:\n{tail}", extra=_load_facts(loaded_info))
+        elif pending:
+            how = _describe_exit(proc.returncode)
+            victims = [current] if current else [c.cell_id for c in pending]
+            where = "while running this cell" if current else ("before any cell ran" if not loaded_info else "between cells")
+            for cid in victims:
+                finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=_load_facts(loaded_info))
+        shutil.rmtree(work, ignore_errors=True)
+        remaining = [c for c in remaining if c.cell_id not in results]
+    return [results[c.cell_id] for c in job.group.cells]
+
+
+def _with_traceback(ev: dict) -> str:
+    return ev["reason"] + (f"\n{ev['traceback']}" if ev.get("traceback") else "")
+
+
+def _load_facts(loaded: dict) -> dict:
+    if not loaded:
+        return {}
+    info = loaded["info"]
+    return {"load_s": loaded["load_s"], "load_peak_mem_bytes": loaded["load_peak_mem_bytes"],
+            "mem_source": loaded["mem_source"], "versions": json.dumps(info["versions"], sort_keys=True),
+            "engine_args": json.dumps(info["engine_args"], sort_keys=True, default=str),
+            "kv_budget_bytes": info["kv_budget_bytes"], "batch_mode": info["batch_mode"],
+            "notes": json.dumps(info["notes"])}
+
+
+def _measured(loaded: dict, record_path: Path) -> dict:
+    return _load_facts(loaded) | json.loads(record_path.read_text())

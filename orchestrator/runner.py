@@ -1,0 +1,74 @@
+"""`bench run`, top to bottom: matrix -> cells -> schedule -> run -> store."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from orchestrator import manifest
+from orchestrator.cells import Cell, expand, group
+from orchestrator.launcher import PROJECT_ROOT, GroupJob
+from orchestrator.matrix import Matrix, load_matrix
+from orchestrator.store import RunStore
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LOSSLESS_BENCH_CACHE", Path.home() / ".cache" / "lossless-bench"))
+
+
+def framework_python(m: Matrix, framework: str) -> str:
+    """The matrix's interpreter for a framework, else its project venv (.venvs/<fw>), else this one."""
+    if framework in m.run.python:
+        return m.run.python[framework]
+    venv = PROJECT_ROOT / ".venvs" / framework / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def cells_to_run(cells: list[Cell], store: RunStore, rerun_failed: bool) -> list[Cell]:
+    stored = store.stored_status()
+    return [c for c in cells if c.cell_id not in stored or (rerun_failed and stored[c.cell_id] != "ok")]
+
+
+def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, address: str | None = None,
+               rerun_failed: bool = False, console: Console | None = None) -> RunStore:
+    console = console or Console(stderr=True)
+    m, text = load_matrix(matrix_path)            # every matrix mistake is raised here, before Ray
+    cells = expand(m)
+    store = RunStore(run_dir or Path("results") / m.name)
+    todo = cells_to_run(cells, store, rerun_failed)
+    skipped = len(cells) - len(todo)
+    if skipped:
+        console.print(f"resuming {store.root}: {skipped} of {len(cells)} cells already stored")
+
+    from orchestrator.scheduler import cluster_device, init_ray, schedule  # Ray only when there is work
+
+    started = datetime.now(timezone.utc).isoformat()
+    manifest.write(store, m, text, cells, started=started)
+    if todo:
+        init_ray(address)
+        device = cluster_device() if m.run.device == "auto" else m.run.device
+        jobs = [GroupJob(run_id=store.run_id, group=g, matrix=m, device=device,
+                         python=framework_python(m, g.framework), cache_dir=str(cache_root()))
+                for g in group(todo)]
+        counts = {"ok": 0, "not ok": 0}
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("ok {task.fields[ok]}  not ok {task.fields[bad]}"), TimeElapsedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=False) as progress:
+            task = progress.add_task(m.name, total=len(todo), ok=0, bad=0)
+
+            def on_done(job: GroupJob, rows) -> None:
+                for row, logprobs in rows:
+                    row.setdefault("started_at", started)
+                    store.write_cell(row, logprobs)
+                    counts["ok" if row["status"] == "ok" else "not ok"] += 1
+                progress.update(task, advance=len(rows), ok=counts["ok"], bad=counts["not ok"])
+
+            schedule(jobs, on_done)
+    manifest.write(store, m, text, cells, started=started, ended=datetime.now(timezone.utc).isoformat())
+    return store

@@ -1,0 +1,86 @@
+"""Prompts as token ids, made once per group on the node and handed to the engine as ids.
+
+Every engine of a model gets the same ids (never re-tokenized text), so their logprobs compare
+position by position.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from orchestrator.matrix import DatasetWorkload, Measure, SyntheticWorkload
+
+
+class Tokenizer:
+    """The model's tokenizer: `tokenizers` on a local tokenizer.json, else transformers' AutoTokenizer."""
+
+    def __init__(self, source: str, trust_remote_code: bool = False):
+        path = Path(source)
+        if path.is_file():  # a .gguf file has no tokenizer.json next to it by convention
+            path = path.parent
+        if (path / "tokenizer.json").exists():
+            from tokenizers import Tokenizer as FastTokenizer
+
+            tok = FastTokenizer.from_file(str(path / "tokenizer.json"))
+            self.encode = lambda text: tok.encode(text, add_special_tokens=False).ids
+            self.vocab_size = tok.get_vocab_size()
+            self.special_ids = set(tok.get_added_tokens_decoder())
+        else:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+            self.encode = lambda text: tok.encode(text, add_special_tokens=False)
+            self.vocab_size = len(tok)
+            self.special_ids = set(tok.all_special_ids)
+
+
+def builtin_text(name: str) -> str:
+    return (Path(__file__).parent / "data" / name).read_text()
+
+
+def scoring_prompts(measure: Measure, tok: Tokenizer) -> list[list[int]]:
+    """Consecutive chunks of the scoring text, `scoring_len` tokens each."""
+    text = builtin_text("eval.txt") if measure.scoring_text == "builtin" else Path(measure.scoring_text).read_text()
+    ids = tok.encode(text)
+    need = measure.scoring_prompts * measure.scoring_len
+    if len(ids) < need:
+        raise ValueError(f"measure.scoring_text has {len(ids)} tokens; {need} are needed "
+                         f"(scoring_prompts x scoring_len)")
+    return [ids[i * measure.scoring_len:(i + 1) * measure.scoring_len] for i in range(measure.scoring_prompts)]
+
+
+def timing_prompts(workload: SyntheticWorkload | DatasetWorkload, tok: Tokenizer, n: int, input_len: int) -> list[list[int]]:
+    """n prompts of input_len tokens. Prompt i is the same for every batch size and engine."""
+    if isinstance(workload, SyntheticWorkload):
+        rng = np.random.default_rng([workload.seed, input_len])
+        allowed = np.array([i for i in range(tok.vocab_size) if i not in tok.special_ids])
+        prefix_len = min(workload.shared_prefix_len, input_len)
+        prefix = rng.choice(allowed, prefix_len).tolist()
+        return [prefix + rng.choice(allowed, input_len - prefix_len).tolist() for _ in range(n)]
+    texts = _dataset_prompts(workload)
+    if not texts:
+        raise ValueError(f"workload.path: {workload.path} holds no prompts")
+    prompts = []
+    for i in range(n):  # cycle through the dataset when it is shorter than the run
+        item = texts[i % len(texts)]
+        ids = list(item) if isinstance(item, list) else tok.encode(item)
+        prompts.append(ids[:input_len])
+    return prompts
+
+
+def _dataset_prompts(workload: DatasetWorkload) -> list:
+    text = Path(workload.path).read_text()
+    if workload.kind == "text":
+        return [line for line in text.splitlines() if line.strip()]
+    items = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        if workload.field not in record:
+            raise ValueError(f"workload.path: line {lineno} of {workload.path} has no field '{workload.field}'")
+        items.append(record[workload.field])
+    return items
