@@ -102,7 +102,7 @@ def main(spec_path: str, out_dir: str) -> int:
     if missing:
         hint = f"; create it with: {cls.install_hint}" if cls.install_hint else ""
         events.emit("unsupported", cells=cell_ids,
-                    reason=f"{cls.name} environment not installed for {sys.executable} "
+                    reason=f"{cls.name} environment not installed in this interpreter "
                            f"(missing: {', '.join(missing)}){hint}")
         return 0
     adapter = cls()

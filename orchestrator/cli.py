@@ -17,8 +17,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 model_app = typer.Typer(no_args_is_help=True, help="Built-in models.")
 app.add_typer(model_app, name="model")
 # rich falls back to 80 columns when not on a terminal (CI logs, pipes): tables need more
-out = Console(width=None if Console().is_terminal else 180)
-err = Console(stderr=True)
+_width = None if Console().is_terminal else 180
+out = Console(width=_width)
+err = Console(stderr=True, width=_width)
 
 
 def _fail(message: str, code: int = 2) -> None:

@@ -140,6 +140,19 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def unsupported_reason(job: GroupJob, python: str) -> str | None:
+    """What rules a group out before any process starts: the engine's declared support, the env."""
+    cls, g = adapters.ADAPTERS[job.group.framework], job.group
+    if g.quantization not in cls.quantizations:
+        return f"{g.framework} does not run quantization {g.quantization} (it runs: {', '.join(cls.quantizations)})"
+    if cls.needs_cuda and job.device != "cuda":
+        return f"{g.framework} needs CUDA; this run's device is {job.device}"
+    if not Path(python).exists() and shutil.which(python) is None:
+        hint = f"; create it with: {cls.install_hint}" if cls.install_hint else ""
+        return f"{g.framework} environment not installed: its interpreter (run.python.{g.framework}) does not exist{hint}"
+    return None
+
+
 def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
     """Run every cell of the group; always returns exactly one row per cell."""
     by_id = {c.cell_id: c for c in job.group.cells}
@@ -152,11 +165,10 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
         row = base_row(job, by_id[cell_id]) | {"status": status, "reason": reason, "attempt": attempt}
         results[cell_id] = (row | (extra or {}), lp)
 
-    if not Path(python).exists() and shutil.which(python) is None:
-        hint = adapters.ADAPTERS[job.group.framework].install_hint
+    reason = unsupported_reason(job, python)
+    if reason:
         for c in remaining:
-            finish(c.cell_id, "unsupported", f"{job.group.framework} environment not installed: no interpreter "
-                   f"at {python}" + (f"; create it with: {hint}" if hint else ""))
+            finish(c.cell_id, "unsupported", reason)
         return [results[c.cell_id] for c in job.group.cells]
 
     try:

@@ -40,6 +40,7 @@ def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, addre
     m, text = load_matrix(matrix_path)            # every matrix mistake is raised here, before Ray
     cells = expand(m)
     store = RunStore(run_dir or Path("results") / m.name)
+    store.remove_partial_writes()
     todo = cells_to_run(cells, store, rerun_failed)
     skipped = len(cells) - len(todo)
     if skipped:

@@ -142,6 +142,13 @@ class RunStore:
             lp_path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
         _atomic_write_table(cell_row(row), self.cell_path(fw, cid))
 
+    def remove_partial_writes(self) -> int:
+        """Temporary files left by a driver killed mid-write; never read, removed on resume."""
+        stale = list(self.root.rglob(".tmp-*")) if self.root.exists() else []
+        for path in stale:
+            path.unlink(missing_ok=True)
+        return len(stale)
+
     def stored_status(self) -> dict[str, str]:
         """cell_id -> status of every cell stored so far."""
         out = {}

@@ -1,0 +1,142 @@
+"""`bench run` end to end on a real local Ray cluster, the real transformers engine and real Parquet."""
+
+import copy
+import json
+import os
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import SMALL_MATRIX
+from orchestrator.runner import run_matrix
+from orchestrator.store import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, STATUSES, RunStore
+
+M = SMALL_MATRIX["measure"]
+
+
+@pytest.fixture(scope="module")
+def small_run(ray_local, tmp_path_factory, tiny_model):
+    import yaml
+
+    d = tmp_path_factory.mktemp("small")
+    path = d / "small.yaml"
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"]["quantization"] = ["fp32", "q4_0"]  # hf cannot run q4_0: an `unsupported` row
+    path.write_text(yaml.safe_dump(data))
+    store = run_matrix(path, d / "run")
+    return store, path
+
+
+def test_one_row_per_cell_with_sane_numbers(small_run):
+    store, _ = small_run
+    cells = store.read_cells()
+    assert len(cells) == 4 and cells["cell_id"].is_unique
+    ok = cells[cells.status == "ok"]
+    assert sorted(ok.batch_size) == [1, 2]
+    for r in ok.itertuples():
+        assert r.requests == M["repeats"] * r.batch_size
+        assert 0 < r.ttft_ms_p50 < r.e2e_ms_p50
+        assert r.ttft_ms_p50 <= r.ttft_ms_p99
+        assert r.tpot_ms_p50 > 0 and r.output_tok_s > 0 and r.total_tok_s > r.output_tok_s
+        assert len(r.output_tok_s_runs) == M["repeats"]
+        assert r.load_s > 0 and r.peak_mem_bytes > 50 * 2**20 and r.mem_source == "rss-tree"
+        assert json.loads(r.versions)["torch"].startswith("2.13.0")
+        assert r.batch_mode == "batched"
+    bad = cells[cells.quantization == "q4_0"]
+    assert set(bad.status) == {"unsupported"}
+    assert all("hf does not run quantization q4_0" in r for r in bad.reason)
+
+
+def test_logprob_rows_per_cell(small_run):
+    store, _ = small_run
+    lp = pd.read_parquet(store.root / "logprobs")
+    ok = store.read_cells().query("status == 'ok'")
+    assert set(lp.cell_id) == set(ok.cell_id)
+    for cid in ok.cell_id:
+        rows = lp[lp.cell_id == cid]
+        n_prompt = M["scoring_prompts"] * (M["scoring_len"] - 1) * M["score_repeats"]
+        n_gen = M["scoring_prompts"] * M["greedy_tokens"] * M["score_repeats"]
+        assert (rows.kind == "prompt").sum() == n_prompt
+        assert (rows.kind == "generation").sum() == n_gen
+        assert not rows.duplicated(["kind", "repeat", "prompt_index", "position"]).any()
+    assert (lp.logprob <= 0).all()
+    top = np.stack(lp.topk_logprobs.to_numpy())
+    assert top.shape[1] == M["top_k"] and (np.diff(top, axis=1) <= 0).all()
+    # greedy picks the top-1 candidate, and its logprob is the one stored for the token
+    gen = lp[lp.kind == "generation"]
+    assert (gen.token_id.to_numpy() == np.array([t[0] for t in gen.topk_ids])).all()
+    assert np.allclose(gen.logprob.to_numpy(), [t[0] for t in gen.topk_logprobs])
+    # teacher-forced rows score the prompt's own next tokens: the same ids in every cell
+    prompt = lp[(lp.kind == "prompt") & (lp.repeat == 0)]
+    per_cell = prompt.groupby("cell_id").token_id.apply(list)
+    assert len(set(map(tuple, per_cell))) == 1
+
+
+def test_fixed_schemas_and_readers(small_run):
+    store, _ = small_run
+    for f in (store.root / "cells").rglob("*.parquet"):
+        assert pq.read_schema(f).remove_metadata().equals(CELLS_FILE_SCHEMA)
+    for f in (store.root / "logprobs").rglob("*.parquet"):
+        assert pq.read_schema(f).remove_metadata().equals(LOGPROBS_SCHEMA)
+    assert set(pd.read_parquet(store.root / "cells").status) <= set(STATUSES)
+    n = duckdb.sql(f"select count(*) from read_parquet('{store.root}/cells/**/*.parquet', hive_partitioning=true) "
+                   "where framework = 'hf'").fetchall()[0][0]
+    assert n == 4
+
+
+def test_manifest_records_what_ran_and_where_without_paths(small_run):
+    store, path = small_run
+    manifest = store.read_manifest()
+    assert manifest["matrix_text"] == path.read_text()
+    assert len(manifest["cells"]) == 4
+    assert manifest["host"]["cpu_count"] >= 1 and "ray" in manifest["driver_versions"]
+    text = (store.root / "manifest.json").read_text()
+    for f in (store.root / "cells").rglob("*.parquet"):
+        text += pd.read_parquet(f).to_json()
+    assert os.path.expanduser("~") not in text and str(store.root) not in text
+
+
+def test_rerun_skips_stored_cells_and_rerun_failed_retries_the_rest(small_run):
+    store, path = small_run
+    files = sorted((store.root / "cells").rglob("*.parquet"))
+    before = {f: f.stat().st_mtime_ns for f in files}
+    run_matrix(path, store.root)
+    assert {f: f.stat().st_mtime_ns for f in files} == before
+    run_matrix(path, store.root, rerun_failed=True)
+    after = {f: f.stat().st_mtime_ns for f in files}
+    changed = {f.stem for f in files if after[f] != before[f]}
+    cells = store.read_cells()
+    assert changed == set(cells[cells.status != "ok"].cell_id)
+    assert len(cells) == 4
+
+
+def test_missing_environment_is_an_unsupported_row_naming_the_fix(ray_local, write_matrix, tmp_path):
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"]["batch_size"] = [1]
+    data["run"]["python"] = {"hf": str(tmp_path / "no-such-venv" / "bin" / "python")}
+    store = run_matrix(write_matrix(data), tmp_path / "run")
+    row = store.read_cells().iloc[0]
+    assert row.status == "unsupported"
+    assert "environment not installed" in row.reason and "pip install" in row.reason
+
+
+def test_full_vocabulary_logprobs_sum_to_one(tiny_model):
+    from adapters.base import LoadSpec, ModelSpec
+    from adapters.hf import HfAdapter
+
+    adapter = HfAdapter()
+    adapter.load(LoadSpec("hf", ModelSpec("tiny", str(tiny_model)), "fp32", {}, "cpu"))
+    vocab = adapter.model.config.vocab_size
+    prompts = [[5, 17, 99, 250, 3, 42, 7], [8, 9, 10, 11, 12, 13, 14]]
+    for scores in adapter.score(prompts, top_k=vocab) + adapter.greedy(prompts, 4, top_k=vocab):
+        total = np.exp(scores.topk_logprobs.astype(np.float64)).sum(axis=1)
+        assert np.abs(total - 1).max() < 1e-5
+    # the batch changes nothing a user could see: greedy tokens equal at batch 1 and 2
+    together = adapter.greedy(prompts, 4, top_k=1)
+    alone = [adapter.greedy([p], 4, top_k=1)[0] for p in prompts]
+    for a, b in zip(together, alone):
+        assert (a.token_ids == b.token_ids).all()
+    adapter.close()
