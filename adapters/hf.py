@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Literal
 
@@ -39,7 +38,7 @@ class HfAdapter(Adapter):
     def load(self, spec: LoadSpec) -> AdapterInfo:
         import torch
         import transformers
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         opts = HfOptions(**spec.options)
         torch.manual_seed(spec.seed)
@@ -58,16 +57,13 @@ class HfAdapter(Adapter):
             model.forward = torch.compile(model.forward)
         self.model = model
         self.pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        # Two generation configs: one that stops at EOS, one that never does (fixed output length).
-        base = copy.deepcopy(model.generation_config)
-        base.do_sample, base.temperature, base.top_p, base.top_k = False, None, None, None
-        base.pad_token_id = self.pad_id
-        if opts.static_cache:
-            base.cache_implementation = "static"
-        self.gen_eos = base
-        self.gen_no_eos = copy.deepcopy(base)
-        self.gen_no_eos.eos_token_id = None
-        self.gen_no_eos._from_model_config = False
+        # Fresh greedy configs, not the checkpoint's (which may carry penalties or sampling):
+        # greedy must be the argmax of the raw logits. One stops at EOS, one never does.
+        eos = model.generation_config.eos_token_id
+        common = dict(do_sample=False, pad_token_id=self.pad_id,
+                      cache_implementation="static" if opts.static_cache else None)
+        self.gen_eos = GenerationConfig(eos_token_id=eos, **common)
+        self.gen_no_eos = GenerationConfig(eos_token_id=None, **common)
         info = AdapterInfo(
             versions={"torch": torch.__version__, "transformers": transformers.__version__},
             engine_args={k: str(v) for k, v in args.items()} | opts.model_dump(exclude_none=True),
