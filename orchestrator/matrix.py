@@ -102,6 +102,10 @@ class Run(_Strict):
     load_timeout_s: float = Field(1800, gt=0)
     cell_timeout_s: float = Field(900, gt=0)
     python: dict[str, str] = Field(default_factory=dict, description="Per-framework Python interpreter, e.g. vllm: .venvs/vllm/bin/python")
+    env_resources: bool = Field(False, description="Send each group only to nodes that declared its framework's "
+                                "environment as a Ray custom resource env_<framework> (ray start --resources)")
+    accelerator_type: str | None = Field(None, description="Ray accelerator type every group needs, e.g. H100")
+    node_retries: int = Field(2, ge=0, description="Times a group is run again elsewhere when its node dies")
 
 
 class Matrix(_Strict):

@@ -1,7 +1,8 @@
 """Engine groups -> Ray tasks. One task per group, asking for the group's GPUs or CPUs.
 
 The driver is the only writer of results: tasks hand their rows back and the driver stores each
-group as soon as its task finishes.
+group as soon as its task finishes. A task lost with its node is submitted again (bounded); a
+group no node can satisfy is reported before anything starts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Callable
 import pyarrow as pa
 import ray
 
+from orchestrator import placement
 from orchestrator.launcher import GroupJob, base_row, run_group
 
 Rows = list[tuple[dict, pa.Table | None]]
@@ -31,44 +33,64 @@ def cluster_device() -> str:
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
 
 
-def largest_node_cpus() -> int:
-    return int(max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=1))
+def alive_nodes() -> list[dict[str, float]]:
+    return [n["Resources"] for n in ray.nodes() if n["Alive"]]
 
 
-def task_resources(job: GroupJob) -> dict:
-    run = job.matrix.run
-    if job.device == "cuda":
-        tp = int(job.group.options.get("tensor_parallel_size", 1))
-        return {"num_gpus": run.gpus_per_group if run.gpus_per_group is not None else tp, "num_cpus": 1}
-    cpus = largest_node_cpus() if run.cpus_per_group == "node" else run.cpus_per_group
-    return {"num_cpus": cpus, "num_gpus": 0}
+def job_need(job: GroupJob, nodes: list[dict[str, float]]) -> placement.Need:
+    g, run = job.group, job.matrix.run
+    # a CPU group's "whole node" is sized on the nodes that could host it at all
+    routed = placement.group_need(g.framework, g.options, run, job.device, [])
+    hosts = [n.get("CPU", 0) for n in nodes if placement.fits(routed, {**n, "CPU": float("inf")})]
+    return placement.group_need(g.framework, g.options, run, job.device, hosts)
 
 
-# max_retries=0: a group that kills its worker is reported, not silently re-run with the same fate.
+# max_retries=0: Ray does not re-run a group by itself; the driver decides (node loss only).
 # max_calls=1: a fresh Ray worker per group, so no engine state leaks from one group to the next.
 @ray.remote(max_retries=0, max_calls=1)
 def _group_task(job: GroupJob) -> Rows:
-    return run_group(job)
+    node = ray.get_runtime_context().get_node_id()
+    return [(row | {"node_id": node}, lp) for row, lp in run_group(job)]
 
 
-def failed_rows(job: GroupJob, reason: str) -> Rows:
-    return [(base_row(job, c) | {"status": "failed", "reason": reason}, None) for c in job.group.cells]
+def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
+    return [(base_row(job, c) | {"status": status, "reason": reason}, None) for c in job.group.cells]
+
+
+def estimate(job: GroupJob) -> float:
+    source = job.matrix.model_entry(job.group.model).source
+    return placement.estimate_seconds(placement.model_bytes(source), len(job.group.cells))
 
 
 def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None]) -> None:
-    """Run every job on the cluster; call on_done(job, rows) as each finishes, in the driver."""
-    # bigger groups first, so one long group does not start last and stretch the run
-    jobs = sorted(jobs, key=lambda j: len(j.group.cells), reverse=True)
-    pending = {}
+    """Run every job on the cluster; call on_done(job, rows) in the driver as each finishes."""
+    nodes = alive_nodes()
+    runnable = []
     for job in jobs:
-        ref = _group_task.options(**task_resources(job)).remote(job)
-        pending[ref] = job
+        reason = placement.infeasible_reason(job_need(job, nodes), nodes)
+        if reason:
+            on_done(job, status_rows(job, "unsupported", reason))
+        else:
+            runnable.append(job)
+    pending: dict = {}
+    tries: dict[int, int] = {}
+
+    def submit(job: GroupJob) -> None:
+        tries[id(job)] = tries.get(id(job), 0) + 1
+        pending[_group_task.options(**job_need(job, alive_nodes()).ray_options()).remote(job)] = job
+
+    for job in placement.longest_first(runnable, estimate):
+        submit(job)
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
             job = pending.pop(ref)
             try:
                 rows = ray.get(ref)
-            except Exception as err:  # the Ray worker itself died, or the task raised
-                rows = failed_rows(job, f"ray task failed: {type(err).__name__}: {str(err)[-1500:]}")
+            except Exception as err:  # the task's worker or node died; run_group itself never raises
+                if tries[id(job)] <= job.matrix.run.node_retries:
+                    submit(job)
+                    continue
+                rows = status_rows(job, "failed", f"lost {tries[id(job)]} times (node or worker died): "
+                                                  f"{type(err).__name__}: {str(err)[-1500:]}")
             on_done(job, rows)

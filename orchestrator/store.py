@@ -39,6 +39,7 @@ CELLS_SCHEMA = pa.schema([
     ("output_len", pa.int32()),
     ("workload", pa.string()),            # JSON of the workload section
     ("device", pa.string()),
+    ("node_id", pa.string()),             # the Ray node that ran the cell
     ("status", pa.string()),              # ok | unsupported | failed | crashed | timeout
     ("reason", pa.string()),
     ("batch_mode", pa.string()),          # batched | sequential (never silent)
