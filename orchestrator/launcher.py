@@ -43,6 +43,7 @@ class GroupJob:
     device: str
     python: str
     cache_dir: str
+    tries: int = 0          # times the scheduler has sent this group to Ray
 
 
 def _die_with_parent() -> None:
@@ -59,7 +60,7 @@ def base_row(job: GroupJob, cell: Cell) -> dict:
         "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
         "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
         "workload": json.dumps(m.workload.model_dump(), sort_keys=True), "device": job.device,
-        "warmup": m.measure.warmup, "repeats": m.measure.repeats,
+        "warmup": m.measure.warmup, "repeats": m.measure.repeats, "group_tries": job.tries,
     }
 
 

@@ -73,10 +73,9 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None]) ->
         else:
             runnable.append(job)
     pending: dict = {}
-    tries: dict[int, int] = {}
 
     def submit(job: GroupJob) -> None:
-        tries[id(job)] = tries.get(id(job), 0) + 1
+        job.tries += 1
         pending[_group_task.options(**job_need(job, alive_nodes()).ray_options()).remote(job)] = job
 
     for job in placement.longest_first(runnable, estimate):
@@ -88,9 +87,9 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None]) ->
             try:
                 rows = ray.get(ref)
             except Exception as err:  # the task's worker or node died; run_group itself never raises
-                if tries[id(job)] <= job.matrix.run.node_retries:
+                if job.tries <= job.matrix.run.node_retries:
                     submit(job)
                     continue
-                rows = status_rows(job, "failed", f"lost {tries[id(job)]} times (node or worker died): "
+                rows = status_rows(job, "failed", f"lost {job.tries} times (node or worker died): "
                                                   f"{type(err).__name__}: {str(err)[-1500:]}")
             on_done(job, rows)

@@ -66,7 +66,8 @@ CELLS_SCHEMA = pa.schema([
     ("versions", pa.string()),            # JSON: library versions in the engine's environment
     ("engine_args", pa.string()),         # JSON: the arguments given to the engine
     ("notes", pa.string()),               # JSON list of caveats the adapter reported
-    ("attempt", pa.int32()),
+    ("attempt", pa.int32()),              # which engine process of the group ran the cell
+    ("group_tries", pa.int32()),          # times the group was sent to Ray (over 1: its node was lost)
     ("started_at", pa.string()),
     ("duration_s", _f64),
 ])
