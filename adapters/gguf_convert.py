@@ -35,6 +35,8 @@ that matches the file's `general.file_type` (e.g. `q4_k_m` for a Q4_K_M file); a
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import hashlib
 import json
 import math
@@ -48,7 +50,7 @@ import numpy as np
 
 from adapters.base import Unsupported
 
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 
 # HF `architectures[0]` (or config model_type) -> (GGUF architecture, permute Q/K for RoPE layout)
 ARCHITECTURES: dict[str, tuple[str, bool]] = {
@@ -433,7 +435,7 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
             if raw is None:
                 w.add_tensor(gname, data)
             else:
-                w.add_tensor(gname, data, raw_shape=arr.shape, raw_dtype=raw)
+                w.add_tensor(gname, data, raw_dtype=raw)  # byte-shaped uint8 data; the writer derives the shape
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -465,21 +467,53 @@ def converted_gguf(model_dir: str | os.PathLike, out_type: str = "f32",
     return convert_hf_to_gguf(model_dir, path, out_type), False
 
 
+@contextlib.contextmanager
+def captured_llama_logs(lines: list[str]):
+    """Route llama.cpp's log lines into `lines` (instead of stderr) for the duration of the block."""
+    import llama_cpp
+    import llama_cpp._logger as lcpp_logger
+
+    @llama_cpp.llama_log_callback
+    def _cb(level, text, user_data):  # noqa: ARG001
+        try:
+            lines.append(text.decode("utf-8", "replace"))
+        except Exception:  # never raise through C
+            pass
+
+    llama_cpp.llama_log_set(_cb, ctypes.c_void_p(0))
+    try:
+        yield
+    finally:
+        llama_cpp.llama_log_set(lcpp_logger.llama_log_callback, ctypes.c_void_p(0))
+
+
 def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, level: str, nthread: int = 0) -> Path:
-    """llama.cpp's own quantizer (llama_model_quantize) from an F32 GGUF, written atomically."""
+    """llama.cpp's own quantizer (llama_model_quantize) from an F32 GGUF, written atomically.
+
+    Beside the GGUF goes `<name>.json` with what the quantizer reported, e.g. how many tensors fell
+    back to another type (K-quants need rows that are multiples of 256)."""
     import llama_cpp
 
     if level not in QUANT_LEVELS:
         raise Unsupported(f"quantization level {level} is not one of {', '.join(QUANT_LEVELS)}")
     dst = Path(dst)
     tmp = _atomic_target(dst)
+    logs: list[str] = []
     try:
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = FTYPES[level]
         params.nthread = nthread
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
+        with captured_llama_logs(logs):
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
         if rc != 0:
-            raise RuntimeError(f"llama_model_quantize({src} -> {level}) returned {rc}")
+            tail = "".join(logs).strip().splitlines()[-3:]
+            raise RuntimeError(f"llama_model_quantize({src} -> {level}) returned {rc}: {' | '.join(tail)}")
+        fallback = [ln.split("WARNING:", 1)[1].strip() for ln in logs if "fallback quantization" in ln]
+        side = {"level": level, "source": Path(src).name, "llama_cpp_python": llama_cpp.__version__,
+                "fallback": fallback[0] if fallback else None}
+        side_tmp = _atomic_target(dst.with_suffix(".json"))
+        side_tmp.write_text(json.dumps(side, indent=1))
+        os.replace(side_tmp, dst.with_suffix(".json"))
         os.replace(tmp, dst)
     finally:
         if tmp.exists():
@@ -544,6 +578,9 @@ def gguf_for(source: str | os.PathLike, quantization: str,
     elif quantization in QUANT_LEVELS:
         path, hit = quantized_gguf(source, quantization, cache_dir)
         facts["quantized_from"] = "f32"
+        side = path.with_suffix(".json")
+        if side.is_file() and json.loads(side.read_text()).get("fallback"):
+            facts["quantize_fallback"] = json.loads(side.read_text())["fallback"]
     else:
         raise Unsupported(f"llamacpp cannot run quantization {quantization}")
     facts["gguf_cache_hit"] = hit

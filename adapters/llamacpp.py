@@ -1,12 +1,622 @@
-"""llamacpp adapter: not written yet; its cells become `unsupported` rows that say so."""
+"""llama.cpp through llama-cpp-python 0.3.36: GGUF conversion, a quantization ladder, and honest batching.
 
-from adapters.base import Adapter, register
+Model files: an HF checkpoint is converted to GGUF by `adapters.gguf_convert` (f32/f16/bf16, cached by
+content hash) and quantized from the F32 GGUF by llama.cpp's own `llama_model_quantize` (q8_0 ... q4_0).
+A `.gguf` model file runs as it is: quantization `gguf`, or the level matching its file type.
+
+Batching: the default path drives llama.cpp's low-level C API. A batch of B prompts is B sequences
+(seq_id 0..B-1) in one context with n_seq_max >= B; the prompts are prefilled together and every
+decode step is one `llama_decode` carrying one token per live sequence. Greedy sampling is an argmax
+of each sequence's raw logits in numpy (the benchmark ignores EOS, so no sampler chain is needed).
+Prompt-lookup speculative decoding goes through llama-cpp-python's high-level `Llama.generate` with
+`LlamaPromptLookupDecoding`, which runs one sequence at a time: that mode reports batch_mode
+"sequential" and runs the prompts of a batch one after another.
+
+Logprobs are computed by us from raw logits (base.log_softmax in float64), never by the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.metadata
+import logging
+import os
+import time
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
+                           log_softmax, normalize_quantization, register, topk_scores)
+from adapters.gguf_convert import captured_llama_logs
+
+KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+# GGML_TYPE_* ids and bytes per element of the KV cache types (ggml.h; quantized types per 32-block)
+_KV_TYPES = {"f32": (0, 4.0), "f16": (1, 2.0), "bf16": (30, 2.0), "q8_0": (8, 34 / 32), "q5_1": (7, 24 / 32),
+             "q5_0": (6, 22 / 32), "q4_1": (3, 20 / 32), "q4_0": (2, 18 / 32), "iq4_nl": (20, 18 / 32)}
+_FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+_CTX_ROUND = 256  # llama.cpp pads n_ctx (and n_ctx per sequence) to multiples of 256 anyway
+
+
+class Options(EngineOptions):
+    n_threads: int | None = Field(None, ge=1, description="Threads for prompt and generation; default: the CPUs this process may use")
+    n_batch: int = Field(2048, ge=1, description="Logical batch: most tokens per llama_decode call (larger batches are split)")
+    n_ubatch: int = Field(512, ge=1, description="Physical micro-batch size")
+    flash_attn: Literal["auto", "on", "off"] | bool = Field("auto", description="llama.cpp's flash attention: auto (its default), on, off")
+    n_gpu_layers: int | None = Field(None, ge=-1, description="Layers offloaded to the GPU; -1 all; default: all on cuda, 0 on cpu")
+    # The KV cache and flash attention matter for "did the outputs change": on the tiny model, llama.cpp's
+    # defaults (f16 KV cache, flash attention auto -> on, whose CPU kernel works in f16) move the f32
+    # model's logprobs by ~3e-3 against transformers; type_k/type_v f32 with flash_attn off match to ~1e-5.
+    # The defaults stay llama.cpp's, so a matrix measures what users get; the flags measure the rest.
+    type_k: KvCacheType | None = Field(None, description="K cache type (llama.cpp default f16)")
+    type_v: KvCacheType | None = Field(None, description="V cache type (llama.cpp default f16); quantized V needs flash attention")
+    # llama.cpp's default is True: weights are repacked into the CPU's "extra" buffer types (CPU_REPACK,
+    # AMX) for faster kernels. Off by default here because (1) on AVX-512/AMX hosts quantized models
+    # segfaulted at the first eval with it on (llama.cpp's AMX mul_mat, cf. ggml-org/llama.cpp#20824),
+    # and a benchmark default must run everywhere, and (2) repacked Q4_0/Q4_K kernels change the logits
+    # (measured up to 0.06 abs on an AVX2 host), so it is a flag to measure, for speed and for outputs.
+    use_extra_bufts: bool = Field(False, description="Repack weights into the CPU's extra buffer types (llama.cpp default: true)")
+    kv_unified: bool = Field(False, description="One KV buffer shared by all sequences (llama.cpp default: false)")
+    prompt_lookup: bool = Field(False, description="Speculative decoding by prompt lookup (llama-cpp-python's LlamaPromptLookupDecoding); sequential")
+    num_pred_tokens: int = Field(10, ge=1, description="Prompt lookup: draft tokens proposed per step")
+    max_ngram_size: int = Field(2, ge=1, description="Prompt lookup: longest n-gram matched")
+    n_ctx: int = Field(0, ge=0, description="Context tokens per sequence; 0 sizes it from the requests")
+    keep_kv_between_runs: bool = Field(False, description="Keep the KV cache between calls, so a repeated prompt prefix is reused")
+
+
+def _flash_attn_mode(value: str | bool) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+@contextlib.contextmanager
+def _llama_defaults(use_extra_bufts: bool, flash_attn_type: int):
+    """Make llama_cpp.Llama(...) build its model with `use_extra_bufts` (which its constructor does not
+    expose) and its context with the flash-attention mode auto/on/off (it only maps a bool)."""
+    import llama_cpp.llama_cpp as lc
+
+    orig_params, orig_disabled = lc.llama_model_default_params, lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+    def model_params():
+        params = orig_params()
+        params.use_extra_bufts = use_extra_bufts
+        return params
+
+    lc.llama_model_default_params = model_params
+    lc.LLAMA_FLASH_ATTN_TYPE_DISABLED = flash_attn_type  # Llama(flash_attn=False) writes this value
+    try:
+        yield
+    finally:
+        lc.llama_model_default_params, lc.LLAMA_FLASH_ATTN_TYPE_DISABLED = orig_params, orig_disabled
+
+
+class _Batch:
+    """A llama_batch over numpy buffers we own: filled with vector writes, one seq id per token."""
+
+    def __init__(self, llama_cpp, capacity: int):
+        self.capacity = capacity
+        self.token = np.zeros(capacity, np.int32)
+        self.pos = np.zeros(capacity, np.int32)
+        self.n_seq_id = np.ones(capacity, np.int32)
+        self.seq = np.zeros(capacity, np.int32)
+        self.logits = np.zeros(capacity, np.int8)
+        i32p = ctypes.POINTER(ctypes.c_int32)
+        self._seq_ptrs = (i32p * capacity)(*[ctypes.cast(self.seq.ctypes.data + 4 * i, i32p) for i in range(capacity)])
+        b = llama_cpp.llama_batch()
+        b.n_tokens = 0
+        b.token = self.token.ctypes.data_as(i32p)
+        b.embd = ctypes.POINTER(ctypes.c_float)()
+        b.pos = self.pos.ctypes.data_as(i32p)
+        b.n_seq_id = self.n_seq_id.ctypes.data_as(i32p)
+        b.seq_id = ctypes.cast(self._seq_ptrs, ctypes.POINTER(i32p))
+        b.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.struct = b
+
+    def fill(self, tokens, pos, seq, out) -> None:
+        n = len(tokens)
+        self.token[:n], self.pos[:n], self.seq[:n], self.logits[:n] = tokens, pos, seq, out
+        self.struct.n_tokens = n
 
 
 @register
 class LlamacppAdapter(Adapter):
     name = "llamacpp"
-    quantizations = ("fp32", "fp16", "bf16")
+    Options = Options
+    quantizations = ("fp32", "fp16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "gguf")
+    install_hint = ("pip install -e '.[llamacpp]'  (llama-cpp-python==0.3.36 builds from source, about 5 minutes "
+                    "on 2 cores; add CMAKE_ARGS=-DGGML_CUDA=on for a GPU build)")
+    requires_modules = ("llama_cpp", "gguf")
 
-    def check(self, spec):
-        return "the llamacpp adapter is not implemented in this version of lossless-bench"
+    def __init__(self) -> None:
+        self._L = None
+        self._model = None
+        self._ctx = None
+        self._llm = None            # prompt-lookup mode: llama_cpp.Llama
+        self._batch: _Batch | None = None
+        self._ctx_seqs = 0
+        self._ctx_len = 0           # tokens per sequence the context holds
+        self._cached: dict[int, list[int]] = {}   # tokens in the KV cache per sequence
+        self.info: AdapterInfo | None = None
+        self.last_perf: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------------------------
+    def check(self, spec: LoadSpec) -> str | None:
+        try:
+            import llama_cpp
+        except ImportError:
+            return f"llama-cpp-python is not installed; install it with: {self.install_hint}"
+        quant = normalize_quantization(spec.quantization)
+        if quant not in self.quantizations:
+            return f"llamacpp does not run quantization {quant} (runs: {', '.join(self.quantizations)})"
+        if not str(spec.model.source).endswith(".gguf"):
+            try:
+                import gguf  # noqa: F401
+            except ImportError:
+                return f"the gguf package (HF->GGUF conversion) is not installed; install it with: {self.install_hint}"
+        opts = self.Options(**(spec.options or {}))
+        wants_gpu = opts.n_gpu_layers not in (None, 0) or (opts.n_gpu_layers is None and spec.device == "cuda")
+        if wants_gpu and not llama_cpp.llama_supports_gpu_offload():
+            return ("this llama-cpp-python build has no GPU offload (a CPU build); rebuild it with "
+                    "CMAKE_ARGS=-DGGML_CUDA=on pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36")
+        if opts.type_v not in (None, "f32", "f16", "bf16") and _flash_attn_mode(opts.flash_attn) == "off":
+            return f"a quantized V cache (type_v={opts.type_v}) needs flash_attn on or auto in llama.cpp"
+        return None
+
+    def load(self, spec: LoadSpec) -> AdapterInfo:
+        import llama_cpp
+
+        from adapters import gguf_convert
+
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's load chatter off stderr
+        self._L = llama_cpp
+        self.spec = spec
+        self.opts = opts = self.Options(**(spec.options or {}))
+        quant = normalize_quantization(spec.quantization)
+        if quant not in self.quantizations:
+            raise Unsupported(f"llamacpp does not run quantization {quant} (runs: {', '.join(self.quantizations)})")
+        source = str(spec.model.source)
+        if source.startswith("builtin:"):
+            from orchestrator.tiny_model import resolve_model_source
+            source = resolve_model_source(source)
+        path, facts = gguf_convert.gguf_for(source, quant, spec.cache_dir or None)
+        self.gguf_path = str(path)
+
+        self.n_threads = opts.n_threads or len(os.sched_getaffinity(0))
+        self.n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers is not None else (-1 if spec.device == "cuda" else 0)
+        self.flash_attn = _flash_attn_mode(opts.flash_attn)
+
+        notes: list[str] = list(facts.pop("conversion_notes", []))
+        types = _tensor_types(path)
+        if quant in ("q6_k", "q5_k_m", "q4_k_m") and not any(t.endswith("_K") for t in types):
+            notes.append(f"{quant}: no tensor got a K-quant type (llama.cpp needs rows that are multiples of 256 "
+                         f"and fell back to {', '.join(sorted(t for t in types if t not in ('F32',)))})")
+        llama_cpp.llama_backend_init()
+        logs: list[str] = []
+        if opts.prompt_lookup:
+            batch_mode = "sequential"
+            notes.append("prompt_lookup: llama-cpp-python's Llama.generate speculates one sequence at a time, "
+                         "so the prompts of a batch run one after another")
+            self._ensure_llama(256, logs)
+        else:
+            batch_mode = "batched"
+            mparams = llama_cpp.llama_model_default_params()
+            mparams.n_gpu_layers = self.n_gpu_layers
+            mparams.use_extra_bufts = opts.use_extra_bufts
+            with captured_llama_logs(logs):
+                self._model = llama_cpp.llama_model_load_from_file(self.gguf_path.encode(), mparams)
+            if not self._model:
+                raise RuntimeError(f"llama.cpp could not load {self.gguf_path}: {_last_error(logs)}")
+            self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+            self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+            self._ensure_context(1, 256, logs)
+
+        versions = {"llama_cpp_python": llama_cpp.__version__}
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions["gguf"] = importlib.metadata.version("gguf")
+        engine_args: dict[str, Any] = {
+            **opts.model_dump(),
+            "n_threads": self.n_threads,
+            "n_gpu_layers": self.n_gpu_layers,
+            "flash_attn": self.flash_attn,
+            "gguf_path": self.gguf_path,
+            "gguf_file_size_bytes": path.stat().st_size,
+            "gguf_tensor_types": types,
+            **facts,
+        }
+        self.info = AdapterInfo(versions=versions, engine_args=engine_args, batch_mode=batch_mode, notes=notes)
+        self.info.notes.append("llama.cpp system info: " + llama_cpp.llama_print_system_info().decode().strip())
+        self._record_context(logs)
+        return self.info
+
+    def close(self) -> None:
+        L = self._L
+        if self._llm is not None:
+            self._llm.close()
+            self._llm = None
+        if L is not None:
+            if self._ctx:
+                L.llama_free(self._ctx)
+            if self._model:
+                L.llama_model_free(self._model)
+        self._ctx = self._model = None
+        self._batch = None
+
+    # ------------------------------------------------------------------------------------------
+    # low-level context management
+
+    def _ensure_context(self, n_seq: int, tokens_per_seq: int, logs: list[str] | None = None) -> None:
+        """A context holding n_seq sequences of tokens_per_seq tokens; rebuilt (outside any timing) only
+        when a call needs more. A rebuilt context starts with an empty KV cache."""
+        L = self._L
+        max_seq = L.llama_max_parallel_sequences()
+        if n_seq > max_seq:
+            raise Unsupported(f"llama.cpp runs at most {max_seq} parallel sequences; batch of {n_seq} asked")
+        if self.opts.n_ctx and tokens_per_seq > self.opts.n_ctx:
+            raise ValueError(f"a request needs {tokens_per_seq} tokens per sequence but n_ctx is {self.opts.n_ctx}")
+        if self._ctx and n_seq <= self._ctx_seqs and tokens_per_seq <= self._ctx_len:
+            return
+        per_seq = self.opts.n_ctx or -(-max(tokens_per_seq, self._ctx_len) // _CTX_ROUND) * _CTX_ROUND
+        n_seq = max(n_seq, self._ctx_seqs)
+        if self._ctx:
+            L.llama_free(self._ctx)
+            self._ctx = None
+        cp = L.llama_context_default_params()
+        cp.n_ctx = per_seq * n_seq  # split evenly between sequences unless kv_unified (then shared)
+        cp.n_batch = self.opts.n_batch
+        cp.n_ubatch = min(self.opts.n_ubatch, self.opts.n_batch)
+        cp.n_seq_max = n_seq
+        cp.n_threads = cp.n_threads_batch = self.n_threads
+        cp.flash_attn_type = _FLASH_ATTN[self.flash_attn]
+        if self.opts.type_k:
+            cp.type_k = _KV_TYPES[self.opts.type_k][0]
+        if self.opts.type_v:
+            cp.type_v = _KV_TYPES[self.opts.type_v][0]
+        cp.kv_unified = self.opts.kv_unified
+        cp.no_perf = False
+        own_logs = logs if logs is not None else []
+        with captured_llama_logs(own_logs):
+            self._ctx = L.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            raise RuntimeError(f"llama.cpp could not create a context ({n_seq} sequences x {per_seq} tokens): "
+                               f"{_last_error(own_logs)}")
+        self._ctx_seqs = n_seq
+        self._ctx_len = min(per_seq, L.llama_n_ctx_seq(self._ctx))
+        self._n_ctx_total = L.llama_n_ctx(self._ctx)
+        # llama.cpp clamps n_batch to n_ctx: a llama_decode call may carry at most llama_n_batch tokens
+        self._batch = _Batch(L, L.llama_n_batch(self._ctx))
+        self._cached = {}
+        if logs is None:
+            self._record_context(own_logs)
+
+    def _record_context(self, logs: list[str]) -> None:
+        if self.info is None:
+            return
+        args = self.info.engine_args
+        if self._llm is not None:
+            args["n_ctx_per_seq"] = self._llm.n_ctx()
+            args["n_seq_max"] = 1
+            self.info.kv_budget_bytes = self._kv_bytes(self._llm.model, self._llm.n_ctx())
+        elif self._ctx:
+            args["n_ctx_per_seq"] = self._ctx_len
+            args["n_ctx_total"] = self._n_ctx_total
+            args["n_seq_max"] = self._ctx_seqs
+            self.info.kv_budget_bytes = self._kv_bytes(self._model, self._n_ctx_total)
+        if self.flash_attn != "auto":
+            args["flash_attn_resolved"] = self.flash_attn
+        for line in logs:  # llama.cpp resolves flash_attn=auto while it reserves the graphs
+            if "Flash Attention enabled" in line:
+                args["flash_attn_resolved"] = "on"
+            elif "Flash Attention not supported" in line:
+                args["flash_attn_resolved"] = "off"
+
+    def _kv_bytes(self, model, n_ctx: int) -> int:
+        L = self._L
+        n_layer, n_head, n_head_kv = L.llama_model_n_layer(model), L.llama_model_n_head(model), L.llama_model_n_head_kv(model)
+        head_dim = self.info.engine_args.get("head_dim") if self.info else None
+        if not head_dim:
+            head_dim = _gguf_head_dim(self.gguf_path) or L.llama_model_n_embd(model) // max(n_head, 1)
+            if self.info:
+                self.info.engine_args["head_dim"] = head_dim
+        kb = _KV_TYPES[self.opts.type_k or "f16"][1]
+        vb = _KV_TYPES[self.opts.type_v or "f16"][1]
+        return int(n_ctx * n_layer * n_head_kv * head_dim * (kb + vb))
+
+    def _memory(self):
+        return self._L.llama_get_memory(self._ctx)
+
+    def _clear_kv(self) -> None:
+        self._L.llama_memory_clear(self._memory(), True)
+        self._cached = {}
+
+    def _decode(self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, out: np.ndarray):
+        """llama_decode over chunks of at most n_batch tokens. Yields (indices of output rows in this
+        chunk, logits view [rows, vocab]) after each call; the view is valid until the next call."""
+        L, batch = self._L, self._batch
+        cap = batch.capacity
+        for lo in range(0, len(tokens), cap):
+            hi = min(lo + cap, len(tokens))
+            batch.fill(tokens[lo:hi], pos[lo:hi], seq[lo:hi], out[lo:hi])
+            rc = L.llama_decode(self._ctx, batch.struct)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} ({'no KV slot' if rc == 1 else 'error'}) "
+                                   f"for {hi - lo} tokens")
+            rows = np.nonzero(out[lo:hi])[0] + lo
+            if len(rows):
+                ptr = L.llama_get_logits(self._ctx)
+                yield rows, np.ctypeslib.as_array(ptr, shape=(len(rows), self._n_vocab))
+            else:
+                yield rows, None
+
+    def _perf_ms(self) -> float:
+        p = self._L.llama_perf_context(self._ctx)
+        return float(p.t_p_eval_ms + p.t_eval_ms)
+
+    # ------------------------------------------------------------------------------------------
+    # batched generation (shared by generate and greedy)
+
+    def _run(self, prompts: list[list[int]], n_tokens: int, stop_at_eos: bool, keep_logits: bool) -> dict[str, Any]:
+        L = self._L
+        B = len(prompts)
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        self._ensure_context(B, max(len(p) for p in prompts) + n_tokens)
+        # Which prompt tokens must be decoded: all of them, unless the KV cache is kept on purpose and a
+        # sequence already holds a prefix (then only the suffix; at least the last token, for its logits).
+        starts = [0] * B
+        if self.opts.keep_kv_between_runs:
+            mem = self._memory()
+            for s, p in enumerate(prompts):
+                cached = self._cached.get(s, [])
+                common = 0
+                for a, b in zip(cached, p):
+                    if a != b:
+                        break
+                    common += 1
+                common = min(common, len(p) - 1)
+                if not L.llama_memory_seq_rm(mem, s, common, -1):
+                    L.llama_memory_seq_rm(mem, s, -1, -1)
+                    common = 0
+                starts[s] = common
+            for s in list(self._cached):
+                if s >= B:
+                    L.llama_memory_seq_rm(mem, s, -1, -1)
+                    del self._cached[s]
+        else:
+            self._clear_kv()
+
+        tok = np.concatenate([np.asarray(p[st:], np.int32) for p, st in zip(prompts, starts)])
+        pos = np.concatenate([np.arange(st, len(p), dtype=np.int32) for p, st in zip(prompts, starts)])
+        seq = np.concatenate([np.full(len(p) - st, s, np.int32) for s, (p, st) in enumerate(zip(prompts, starts))])
+        out = np.zeros(len(tok), np.int8)
+        ends = np.cumsum([len(p) - st for p, st in zip(prompts, starts)]) - 1
+        out[ends] = 1
+        row_seq = {int(e): s for s, e in enumerate(ends)}
+
+        generated: list[list[int]] = [[] for _ in range(B)]
+        times: list[list[float]] = [[] for _ in range(B)]
+        logits: list[list[np.ndarray]] = [[] for _ in range(B)]
+        engine_ttft = [0.0] * B
+        done = [False] * B
+        eog = L.llama_vocab_is_eog
+
+        L.llama_perf_context_reset(self._ctx)
+        t0_perf = self._perf_ms()
+        start = time.perf_counter()
+        for rows, view in self._decode(tok, pos, seq, out):
+            if view is None:
+                continue
+            best = view.argmax(axis=1)
+            if keep_logits:
+                kept = view.copy()
+            now = time.perf_counter()
+            eng = (self._perf_ms() - t0_perf) / 1e3
+            for j, r in enumerate(rows):
+                s = row_seq[int(r)]
+                generated[s].append(int(best[j]))
+                times[s].append(now)
+                engine_ttft[s] = eng
+                if keep_logits:
+                    logits[s].append(kept[j])
+                if stop_at_eos and eog(self._vocab, int(best[j])):
+                    done[s] = True
+        for step in range(1, n_tokens):
+            live = [s for s in range(B) if not done[s]]
+            if not live:
+                break
+            tok = np.asarray([generated[s][-1] for s in live], np.int32)
+            pos = np.asarray([len(prompts[s]) + step - 1 for s in live], np.int32)
+            seq = np.asarray(live, np.int32)
+            out = np.ones(len(live), np.int8)
+            for rows, view in self._decode(tok, pos, seq, out):
+                best = view.argmax(axis=1)
+                if keep_logits:
+                    kept = view.copy()
+                now = time.perf_counter()
+                for j, r in enumerate(rows):
+                    s = live[int(r)]
+                    generated[s].append(int(best[j]))
+                    times[s].append(now)
+                    if keep_logits:
+                        logits[s].append(kept[j])
+                    if stop_at_eos and eog(self._vocab, int(best[j])):
+                        done[s] = True
+        end = time.perf_counter()
+        perf = L.llama_perf_context(self._ctx)
+        self.last_perf = {"t_p_eval_ms": perf.t_p_eval_ms, "t_eval_ms": perf.t_eval_ms,
+                          "n_p_eval": perf.n_p_eval, "n_eval": perf.n_eval, "prefix_reused": list(starts)}
+        if self.opts.keep_kv_between_runs:
+            # in the cache: the prompt and every generated token but the last (never decoded)
+            self._cached = {s: list(prompts[s]) + generated[s][:-1] for s in range(B)}
+        return {"start": start, "end": end, "generated": generated, "times": times, "logits": logits,
+                "engine_ttft": engine_ttft}
+
+    # ------------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> BatchTiming:
+        if self._llm is not None:
+            return self._generate_sequential(prompts, output_len, ignore_eos)
+        r = self._run(prompts, output_len, stop_at_eos=not ignore_eos, keep_logits=False)
+        return BatchTiming(
+            start=r["start"], end=r["end"],
+            first_token=[t[0] for t in r["times"]],
+            token_times=r["times"],
+            output_tokens=[len(g) for g in r["generated"]],
+            prompt_tokens=[len(p) for p in prompts],
+            engine_ttft_s=r["engine_ttft"],
+        )
+
+    def score(self, prompts: list[list[int]], top_k: int) -> list[TokenScores]:
+        if self._llm is not None:
+            return [self._score_one(p, top_k) for p in prompts]
+        B = len(prompts)
+        self._ensure_context(B, max(len(p) for p in prompts))
+        self._clear_kv()  # teacher forcing needs every position's logits: nothing to reuse
+        tok = np.concatenate([np.asarray(p, np.int32) for p in prompts])
+        pos = np.concatenate([np.arange(len(p), dtype=np.int32) for p in prompts])
+        seq = np.concatenate([np.full(len(p), s, np.int32) for s, p in enumerate(prompts)])
+        # logits wanted at positions 0..n-2 of every prompt (they score tokens 1..n-1)
+        out = np.concatenate([np.r_[np.ones(len(p) - 1, np.int8), np.zeros(1, np.int8)] for p in prompts])
+        row_seq = np.repeat(np.arange(B), [len(p) for p in prompts])
+        rows_by_seq: list[list[np.ndarray]] = [[] for _ in range(B)]
+        for rows, view in self._decode(tok, pos, seq, out):
+            if view is None:
+                continue
+            owners = row_seq[rows]
+            for s in np.unique(owners):
+                rows_by_seq[s].append(log_softmax(view[owners == s]))
+        self._clear_kv()
+        result = []
+        for s, p in enumerate(prompts):
+            lp = np.concatenate(rows_by_seq[s]) if rows_by_seq[s] else np.zeros((0, self._n_vocab), np.float32)
+            result.append(topk_scores(lp, np.asarray(p[1:], np.int64), top_k))
+        return result
+
+    def greedy(self, prompts: list[list[int]], n_tokens: int, top_k: int) -> list[TokenScores]:
+        if self._llm is not None:
+            return [self._greedy_one(p, n_tokens, top_k) for p in prompts]
+        r = self._run(prompts, n_tokens, stop_at_eos=False, keep_logits=True)
+        return [topk_scores(log_softmax(np.stack(rows)), np.asarray(gen, np.int64), top_k)
+                for rows, gen in zip(r["logits"], r["generated"])]
+
+    # ------------------------------------------------------------------------------------------
+    # prompt-lookup speculative decoding: llama-cpp-python's Llama, one sequence at a time
+
+    def _ensure_llama(self, tokens: int, logs: list[str] | None = None) -> None:
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        need = tokens + self.opts.num_pred_tokens + 1  # drafts may run past the last kept token
+        if self.opts.n_ctx and need > self.opts.n_ctx:
+            raise ValueError(f"a request needs {need} tokens (with drafts) but n_ctx is {self.opts.n_ctx}")
+        if self._llm is not None and need <= self._llm.n_ctx():
+            return
+        n_ctx = self.opts.n_ctx or -(-need // _CTX_ROUND) * _CTX_ROUND
+        if self._llm is not None:
+            self._llm.close()
+            self._llm = None
+        kwargs = dict(n_gpu_layers=self.n_gpu_layers, n_ctx=n_ctx, n_batch=self.opts.n_batch,
+                      n_ubatch=min(self.opts.n_ubatch, self.opts.n_batch), n_threads=self.n_threads,
+                      n_threads_batch=self.n_threads, flash_attn=self.flash_attn == "on",
+                      type_k=_KV_TYPES[self.opts.type_k][0] if self.opts.type_k else None,
+                      type_v=_KV_TYPES[self.opts.type_v][0] if self.opts.type_v else None,
+                      draft_model=LlamaPromptLookupDecoding(max_ngram_size=self.opts.max_ngram_size,
+                                                            num_pred_tokens=self.opts.num_pred_tokens),
+                      logits_all=True, seed=self.spec.seed, verbose=False)
+        own_logs = logs if logs is not None else []
+        with _llama_defaults(self.opts.use_extra_bufts, _FLASH_ATTN[self.flash_attn]), captured_llama_logs(own_logs):
+            self._llm = llama_cpp.Llama(self.gguf_path, **kwargs)
+        self._n_vocab = self._llm.n_vocab()
+        if logs is None:
+            self._record_context(own_logs)
+
+    def _fresh_llm(self, prompt: list[int], extra: int) -> None:
+        self._ensure_llama(len(prompt) + extra)
+        if not self.opts.keep_kv_between_runs:
+            self._llm.reset()
+            self._L.llama_memory_clear(self._L.llama_get_memory(self._llm.ctx), True)
+
+    def _greedy_stream(self, prompt: list[int]):
+        # temp=0 -> llama-cpp-python's greedy sampler; reset=True lets Llama reuse a cached prefix only
+        # when keep_kv_between_runs left one there (otherwise _fresh_llm emptied it)
+        return self._llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                                  reset=True)
+
+    def _generate_sequential(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> BatchTiming:
+        L = self._L
+        for p in prompts:
+            self._ensure_llama(len(p) + output_len)  # any context rebuild happens before the clock starts
+        times: list[list[float]] = []
+        engine_ttft: list[float] = []
+        start = time.perf_counter()
+        for p in prompts:
+            self._fresh_llm(p, output_len)
+            ctx = self._llm.ctx
+            L.llama_perf_context_reset(ctx)
+            ts: list[float] = []
+            for token in self._greedy_stream(p):
+                ts.append(time.perf_counter())
+                if len(ts) == 1:
+                    perf = L.llama_perf_context(ctx)
+                    engine_ttft.append((perf.t_p_eval_ms + perf.t_eval_ms) / 1e3)
+                if len(ts) >= output_len or (not ignore_eos and self._llm.token_eos() == token):
+                    break
+            times.append(ts)
+        end = time.perf_counter()
+        return BatchTiming(start=start, end=end, first_token=[t[0] for t in times], token_times=times,
+                           output_tokens=[len(t) for t in times], prompt_tokens=[len(p) for p in prompts],
+                           engine_ttft_s=engine_ttft)
+
+    def _score_one(self, prompt: list[int], top_k: int) -> TokenScores:
+        self._ensure_llama(len(prompt))
+        self._llm.reset()
+        self._L.llama_memory_clear(self._L.llama_get_memory(self._llm.ctx), True)
+        self._llm.eval(prompt)
+        lp = log_softmax(np.array(self._llm.scores[: len(prompt) - 1]))
+        return topk_scores(lp, np.asarray(prompt[1:], np.int64), top_k)
+
+    def _greedy_one(self, prompt: list[int], n_tokens: int, top_k: int) -> TokenScores:
+        self._fresh_llm(prompt, n_tokens)
+        tokens: list[int] = []
+        for token in self._greedy_stream(prompt):
+            tokens.append(int(token))
+            if len(tokens) >= n_tokens:
+                break
+        # row i of Llama.scores holds the logits after position i; token j was chosen from row n-1+j
+        rows = np.array(self._llm.scores[len(prompt) - 1: len(prompt) - 1 + n_tokens])
+        return topk_scores(log_softmax(rows), np.asarray(tokens, np.int64), top_k)
+
+
+def _last_error(logs: list[str]) -> str:
+    text = "".join(logs).strip().splitlines()
+    errs = [line for line in text if "error" in line.lower() or "failed" in line.lower()]
+    return (errs or text or ["no log output"])[-1]
+
+
+def _tensor_types(path) -> dict[str, int]:
+    import gguf
+
+    counts: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _gguf_head_dim(path) -> int | None:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None:
+        return None
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+
+    def val(key):
+        f = reader.fields.get(f"{arch}.{key}")
+        return int(f.parts[f.data[0]][0]) if f is not None else None
+
+    if val("attention.key_length"):
+        return val("attention.key_length")
+    emb, heads = val("embedding_length"), val("attention.head_count")
+    return emb // heads if emb and heads else None

@@ -71,6 +71,40 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
     out.print(summary_table(store.read_cells(), title=f"{store.root}"))
 
 
+@app.command()
+def submit(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
+           address: str = typer.Option(..., help="Ray dashboard address, e.g. http://HEAD:8265"),
+           run_dir: str = typer.Option(..., help="Results path on the head node (a shared file system)"),
+           rerun_failed: bool = typer.Option(False),
+           follow: bool = typer.Option(False, help="Print the job's output until it ends")) -> None:
+    """Run a matrix on a remote Ray cluster through the Ray Jobs API; prints the job id."""
+    from orchestrator import jobs
+
+    try:
+        job_id = jobs.submit(matrix, address, run_dir, rerun_failed)
+    except MatrixError as e:
+        _fail(str(e))
+    print(job_id)
+    if follow:
+        state = jobs.follow(job_id, address, echo=err.out)
+        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+
+
+@app.command()
+def status(job_id: str, address: str = typer.Option(..., help="Ray dashboard address, e.g. http://HEAD:8265"),
+           follow: bool = typer.Option(False, help="Print new output until the job ends")) -> None:
+    """The state and output of a job started by `bench submit`; exits 1 when it failed."""
+    from orchestrator import jobs
+
+    if follow:
+        state = jobs.follow(job_id, address, echo=err.out)
+    else:
+        state, logs = jobs.status(job_id, address)
+        err.out(logs[-5000:])
+    print(state)
+    raise typer.Exit(1 if state in ("FAILED", "STOPPED") else 0)
+
+
 def _fmt(v, spec: str = ".1f") -> str:
     if v is None or v != v:  # None or NaN (pandas turns missing numbers into NaN)
         return "-"

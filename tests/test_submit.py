@@ -1,0 +1,94 @@
+"""`bench submit` / `bench status` against a real Ray head (with its dashboard) started on this machine."""
+
+import copy
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, SMALL_MATRIX, bench_cmd
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+TOKEN = secrets.token_hex(32)
+
+
+def client_env() -> dict:
+    """Ray's token authentication, as on a real cluster: head and clients share RAY_AUTH_TOKEN."""
+    return os.environ | {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
+
+
+@pytest.fixture
+def ray_head():
+    """`ray start --head --block` in its own process group: stopping it stops only this cluster."""
+    gcs, dash = _free_port(), _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = client_env()
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+                             f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                             "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={temp_dir}"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"http://127.0.0.1:{dash}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{address}/api/version", timeout=2)
+            break
+        except urllib.error.HTTPError:  # it answers (Ray's token auth says 401): it is up
+            break
+        except OSError:
+            time.sleep(1)
+    else:
+        os.killpg(head.pid, signal.SIGKILL)
+        pytest.fail("the Ray head's dashboard did not come up")
+    yield address
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(head.pid, signal.SIGKILL)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_submit_runs_the_matrix_on_the_cluster_and_status_follows_it(ray_head, write_matrix, tmp_path, tiny_model):
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"]["batch_size"] = [1]
+    run_dir = tmp_path / "shared" / "run"
+    env = client_env()
+    submitted = subprocess.run(bench_cmd("submit", str(write_matrix(data)), "--address", ray_head,
+                                         "--run-dir", str(run_dir)),
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().splitlines()[-1]
+    followed = subprocess.run(bench_cmd("status", job_id, "--address", ray_head, "--follow"),
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert followed.stdout.strip().splitlines()[-1] == "SUCCEEDED", followed.stderr[-3000:]
+    cells = pd.read_parquet(run_dir / "cells")
+    assert list(cells.status) == ["ok"]
+
+
+def test_submit_rejects_a_bad_matrix_before_contacting_the_cluster(write_matrix, tmp_path):
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"]["framework"] = ["vlm"]
+    done = subprocess.run(bench_cmd("submit", str(write_matrix(data)), "--address", "http://127.0.0.1:9",
+                                    "--run-dir", str(tmp_path / "run")),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "axes.framework[0]: unknown framework 'vlm'" in done.stderr
