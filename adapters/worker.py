@@ -81,7 +81,12 @@ def run_cell(adapter: Adapter, cell: dict, scoring: dict | None, memory: MemoryT
              for b in batches[cell["warmup"]: cell["warmup"] + cell["repeats"]]]
     record = latency_stats(timed)
     record["peak_mem_bytes"] = memory.peak()
-    logprobs = capture_logprobs(adapter, scoring, cell["batch_size"]) if scoring else {}
+    logprobs = {}
+    if scoring:
+        try:
+            logprobs = capture_logprobs(adapter, scoring, cell["batch_size"])
+        except Unsupported as err:  # e.g. a KV-reuse flag that forbids full logits: keep the timings
+            record["capture_skipped"] = str(err)
     return record, logprobs
 
 

@@ -265,4 +265,9 @@ def _load_facts(loaded: dict) -> dict:
 
 
 def _measured(loaded: dict, record_path: Path) -> dict:
-    return _load_facts(loaded) | json.loads(record_path.read_text())
+    record = json.loads(record_path.read_text())
+    facts = _load_facts(loaded)
+    skipped = record.pop("capture_skipped", None)
+    if skipped:
+        facts["notes"] = json.dumps(json.loads(facts.get("notes") or "[]") + [f"logprobs not captured: {skipped}"])
+    return facts | record
