@@ -4,7 +4,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS := hf,llamacpp,test
+EXTRAS := hf,llamacpp,serve,test
 
 .PHONY: setup smoke test env-vllm browser clean
 
