@@ -1,0 +1,287 @@
+"""Capacity planning from a run: which batch size, how many replicas and GPUs, at what cost.
+
+    bench plan RUN --qps Q --input-len I --output-len O [--slo-ttft-p99 MS] [--slo-tpot-p99 MS]
+                   [--gpu-hour-cost USD] [--max-replicas N]
+
+Per measured engine config (engine_key: framework/model/quantization/flags), from its ok cells:
+
+  batch      the largest measured batch size whose TTFT p99 and TPOT p99 meet both SLOs (no SLO
+             given: the largest measured batch). A config none of whose batches meets them is
+             reported with the SLO(s) it misses and by how much, at its closest miss (the batch
+             with the smallest relative overshoot).
+  rate       requests/s per replica at that batch. Cells at the requested lengths: the measured
+             `req_s` (rate_basis "measured req_s"). See "lengths" for the others.
+  replicas   ceil(Q / rate); utilisation = Q / (replicas x rate) is the headroom left.
+  GPUs       per replica: tensor_parallel_size x pipeline_parallel_size from the cell's flags or
+             engine arguments, else 1. On a CPU run the unit is a "node": the measured host.
+  cost       per million output tokens = GPUs x cost per hour / (3600 x output tok/s served) x 1e6,
+             with output tok/s served = Q x O (the demand actually served, not the capacity bought).
+
+Lengths: a config measured at exactly I/O uses those cells as measured. Otherwise the cells at
+its closest measured lengths (smallest |ln I/I_m| + |ln O/O_m|) are *scaled* with a first-order
+latency model, and the row says so (`scaled`, `lengths`):
+  TTFT  x I / I_m                      (prefill grows with the prompt)
+  TPOT  unchanged                      (one decode step per token; context growth ignored)
+  rate  req_s_m x e2e(I_m, O_m) / e2e(I, O), e2e(i, o) = TTFT_p50 x i / I_m + (o - 1) x TPOT_p50
+        (rate_basis "scaled req_s"); where TPOT is unknown (O_m = 1): output_tok_s_m / O
+        ("output_tok_s / O": output tokens/s assumed not to depend on the lengths).
+Scaled numbers are estimates: measure the config at I/O to plan on it.
+
+Batch extrapolation: with --max-replicas N, a config that needs more than N replicas at its
+batch needs each replica to serve Q / N requests/s. When its chosen batch is the largest measured
+one, the batch that would give that rate is extrapolated along the secant of the two largest
+measured batches (one batch measured: requests/s assumed proportional to the batch) and the row is
+marked `extrapolated`: its SLOs and rate at that batch were never measured. When a larger measured
+batch already misses an SLO, or throughput stops growing with the batch, the config cannot serve Q
+with N replicas and says why.
+
+Caveat: cells are static batches measured closed-loop, so queueing delay at Q is not modelled;
+keep utilisation below 1 with some margin.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.store import RunStore
+
+COLUMNS = ["config", "engine_key", "framework", "model", "quantization", "flags", "device", "unit",
+           "measured_batches", "meets_slo", "batch_size", "extrapolated", "scaled", "lengths",
+           "ttft_p99_ms", "tpot_p99_ms", "req_s_per_replica", "rate_basis", "output_tok_s_per_replica",
+           "replicas", "gpus_per_replica", "gpus", "utilisation", "output_tok_s_served",
+           "cost_per_m_tokens", "slo_miss", "notes"]
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float, np.number)) and math.isfinite(v)
+
+
+def _json(text: Any) -> dict:
+    if not isinstance(text, str) or not text:
+        return {}
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def gpus_per_replica(row: dict) -> tuple[int, str]:
+    """(devices per replica, unit): tensor x pipeline parallel size on GPU, 1 node on CPU."""
+    if str(row.get("device") or "cpu") == "cpu":
+        return 1, "node"
+    opts = {**_json(row.get("engine_args")), **_json(row.get("flags_json"))}
+
+    def size(*names: str) -> int:
+        for n in names:
+            try:
+                if opts.get(n) is not None:
+                    return max(1, int(opts[n]))
+            except (TypeError, ValueError):
+                pass
+        return 1
+
+    return size("tensor_parallel_size", "tp") * size("pipeline_parallel_size", "pp"), "GPU"
+
+
+def _config_label(r: dict) -> str:
+    return f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}"
+
+
+def _estimate(c: dict, input_len: int, output_len: int, scaled: bool) -> dict:
+    """One cell's numbers at the requested lengths: as measured, or scaled (module docstring)."""
+    if not scaled:
+        return {"ttft_p99": c["ttft_ms_p99"], "tpot_p99": c["tpot_ms_p99"], "req_s": c["req_s"],
+                "basis": "measured req_s"}
+    fi = input_len / c["input_len"]
+    e2e_m = c["ttft_ms_p50"] + (c["output_len"] - 1) * c["tpot_ms_p50"]
+    e2e = c["ttft_ms_p50"] * fi + (output_len - 1) * c["tpot_ms_p50"]
+    if _finite(e2e_m) and _finite(e2e) and e2e_m > 0 and e2e > 0:
+        req_s, basis = c["req_s"] * e2e_m / e2e, "scaled req_s"
+    else:
+        req_s, basis = c["output_tok_s"] / output_len, "output_tok_s / O"
+    return {"ttft_p99": c["ttft_ms_p99"] * fi, "tpot_p99": c["tpot_ms_p99"], "req_s": req_s, "basis": basis}
+
+
+def _misses(est: dict, slo_ttft: float | None, slo_tpot: float | None) -> list[tuple[str, float, float]]:
+    """[(name, value, slo)] of the SLOs this estimate misses; an unmeasured metric misses its SLO."""
+    out = []
+    for name, v, slo in (("TTFT p99", est["ttft_p99"], slo_ttft), ("TPOT p99", est["tpot_p99"], slo_tpot)):
+        if slo is not None and not (_finite(v) and v <= slo):
+            out.append((name, v, slo))
+    return out
+
+
+def _miss_text(misses: list[tuple[str, float, float]]) -> str:
+    parts = []
+    for name, v, slo in misses:
+        if not _finite(v):
+            parts.append(f"{name} not measured (SLO {slo:g} ms)")
+        else:
+            pct = (v / slo - 1) * 100
+            parts.append(f"{name} {v:.1f} ms > SLO {slo:g} ms by {v - slo:.1f} ms (+{pct:.0f}%)" if pct >= 10 else
+                         f"{name} {v:.1f} ms > SLO {slo:g} ms by {v - slo:.2g} ms (+{pct:.2g}%)")
+    return "; ".join(parts)
+
+
+def _closest_lengths(lengths: set[tuple[int, int]], input_len: int, output_len: int) -> tuple[int, int]:
+    return min(lengths, key=lambda lo: (abs(math.log(input_len / lo[0])) + abs(math.log(output_len / lo[1])),
+                                        -lo[0], -lo[1]))
+
+
+def plan(run_dir: str | Path, qps: float, input_len: int, output_len: int,
+         slo_ttft_p99_ms: float | None = None, slo_tpot_p99_ms: float | None = None,
+         gpu_hour_cost: float | None = None, max_replicas: int | None = None) -> pd.DataFrame:
+    """One row per engine config of the run (COLUMNS); see the module docstring for the model."""
+    if not qps > 0:
+        raise ValueError(f"qps must be > 0, got {qps}")
+    if input_len < 1 or output_len < 1:
+        raise ValueError("input and output lengths must be >= 1")
+    if max_replicas is not None and max_replicas < 1:
+        raise ValueError("max_replicas must be >= 1")
+    cells = RunStore(run_dir).read_cells()
+    if cells.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    derived = cells[["framework", "model", "quantization", "flags"]].astype(str).agg("/".join, axis=1)
+    cells["engine_key"] = cells["engine_key"].where(cells["engine_key"].notna(), derived)
+
+    rows = []
+    for key, grp in cells.groupby("engine_key", sort=False):
+        rows.append(_plan_config(grp.to_dict("records"), qps, input_len, output_len, slo_ttft_p99_ms,
+                                 slo_tpot_p99_ms, gpu_hour_cost, max_replicas) | {"engine_key": key})
+    df = pd.DataFrame(rows, columns=COLUMNS).astype(
+        {"batch_size": "Int64", "replicas": "Int64", "gpus": "Int64", "gpus_per_replica": "Int64",
+         "meets_slo": bool, "extrapolated": bool, "scaled": bool,
+         **{c: float for c in ("ttft_p99_ms", "tpot_p99_ms", "req_s_per_replica", "output_tok_s_per_replica",
+                                "utilisation", "output_tok_s_served", "cost_per_m_tokens")}})
+    order = df.assign(_m=~df.meets_slo, _g=df.gpus.astype(float).fillna(np.inf),
+                      _r=-df.req_s_per_replica.fillna(0))
+    return df.loc[order.sort_values(["_m", "_g", "_r", "config"]).index].reset_index(drop=True)
+
+
+def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: int,
+                 slo_ttft: float | None, slo_tpot: float | None, cost: float | None,
+                 max_replicas: int | None) -> dict:
+    first = all_cells[0]
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    row.update(config=_config_label(first), framework=first["framework"], model=first["model"],
+               quantization=first["quantization"], flags=first["flags"], device=first.get("device"),
+               meets_slo=False, extrapolated=False, scaled=False, notes="")
+    ok = [c for c in all_cells if c["status"] == "ok" and _finite(c["req_s"]) and c["req_s"] > 0
+          and _finite(c["input_len"]) and _finite(c["output_len"])]
+    if not ok:
+        statuses = sorted({str(c["status"]) for c in all_cells})
+        row["slo_miss"] = "no ok cell to plan from (status: " + ", ".join(statuses) + ")"
+        return row
+    row["device"] = ok[0].get("device")
+    gpr, unit = gpus_per_replica(ok[0])
+    row.update(gpus_per_replica=gpr, unit=unit)
+
+    lengths = {(int(c["input_len"]), int(c["output_len"])) for c in ok}
+    lm = (input_len, output_len) if (input_len, output_len) in lengths else _closest_lengths(lengths, input_len, output_len)
+    scaled = lm != (input_len, output_len)
+    at = sorted((c for c in ok if (int(c["input_len"]), int(c["output_len"])) == lm),
+                key=lambda c: (int(c["batch_size"]), -c["req_s"]))
+    row.update(scaled=scaled, lengths=(f"scaled from in={lm[0]}/out={lm[1]}" if scaled else "measured"),
+               measured_batches=",".join(str(b) for b in sorted({int(c["batch_size"]) for c in at})))
+    notes = []
+    if any(c.get("batch_mode") == "sequential" for c in at):
+        notes.append("engine ran its batches sequentially")
+
+    ests = [(c, _estimate(c, input_len, output_len, scaled)) for c in at]
+    passing = [(c, e) for c, e in ests if not _misses(e, slo_ttft, slo_tpot)]
+    if not passing:
+        def overshoot(ce):
+            return max((v / slo if _finite(v) else math.inf) for _, v, slo in _misses(ce[1], slo_ttft, slo_tpot))
+        c, e = min(ests, key=overshoot)
+        row.update(slo_miss=f"at batch {int(c['batch_size'])} (closest miss): " + _miss_text(_misses(e, slo_ttft, slo_tpot)),
+                   ttft_p99_ms=e["ttft_p99"], tpot_p99_ms=e["tpot_p99"], notes="; ".join(notes))
+        return row
+
+    chosen, est = passing[-1]  # the largest batch meeting both SLOs (sorted by batch)
+    batch, rate = int(chosen["batch_size"]), float(est["req_s"])
+    row.update(meets_slo=True, batch_size=batch, ttft_p99_ms=est["ttft_p99"], tpot_p99_ms=est["tpot_p99"],
+               rate_basis=est["basis"])
+    replicas = math.ceil(qps / rate - 1e-9)
+    max_b = int(at[-1]["batch_size"])
+    if batch < max_b:
+        c_next, e_next = next((c, e) for c, e in ests if int(c["batch_size"]) > batch)
+        notes.append(f"batch {int(c_next['batch_size'])}: " + _miss_text(_misses(e_next, slo_ttft, slo_tpot)))
+
+    if max_replicas is not None and replicas > max_replicas:
+        need = qps / max_replicas
+        if batch < max_b:
+            row.update(meets_slo=False, slo_miss=(
+                f"{max_replicas} replica(s) need {need:.3g} req/s each; batch {batch} gives {rate:.3g} "
+                f"and the larger measured batch {int(c_next['batch_size'])} misses an SLO"))
+            row["notes"] = "; ".join(notes)
+            return row
+        pts = sorted({int(c["batch_size"]): e["req_s"] for c, e in ests}.items())
+        if len(pts) == 1:
+            b_need = math.ceil(batch * need / rate - 1e-9)
+            notes.append("one batch size measured: requests/s assumed proportional to the batch")
+        else:
+            (b0, r0), (b1, r1) = pts[-2], pts[-1]
+            slope = (r1 - r0) / (b1 - b0)
+            if slope <= 0:
+                row.update(meets_slo=False, slo_miss=(
+                    f"{max_replicas} replica(s) need {need:.3g} req/s each; batch {batch} gives {rate:.3g} "
+                    f"and requests/s did not grow from batch {b0} to {b1}"))
+                row["notes"] = "; ".join(notes)
+                return row
+            b_need = math.ceil(b1 + (need - r1) / slope - 1e-9)
+        notes.append(f"extrapolated: needs batch {b_need} (measured up to {max_b}); SLOs and rate there unmeasured")
+        row.update(extrapolated=True, batch_size=b_need)
+        rate, replicas = need, max_replicas
+
+    gpus = replicas * gpr
+    served = qps * output_len
+    row.update(req_s_per_replica=rate, output_tok_s_per_replica=rate * output_len, replicas=replicas,
+               gpus=gpus, utilisation=qps / (replicas * rate), output_tok_s_served=served,
+               cost_per_m_tokens=(gpus * cost / (3600 * served) * 1e6) if cost is not None else None,
+               notes="; ".join(notes))
+    return row
+
+
+def plan_table(df: pd.DataFrame, qps: float, input_len: int, output_len: int, host: dict | None = None,
+               gpu_hour_cost: float | None = None) -> "rich.table.Table":  # noqa: F821
+    from rich.table import Table
+
+    def num(v, spec: str) -> str:
+        return format(v, spec) if _finite(v) else "-"
+
+    def txt(v) -> str:
+        return v if isinstance(v, str) and v else ""
+
+    units = set(df.unit.dropna())
+    unit = "/".join(u + "s" for u in sorted(units, key=lambda u: u != "GPU")) if units else "GPUs"
+    caption = [f"Q={qps:g} req/s, input {input_len}, output {output_len} tokens; served {qps * output_len:g} output tok/s."]
+    if "node" in units and host:
+        caption.append(f"1 node = the measured host ({host.get('cpu', '?')}, {host.get('cpu_count', '?')} CPUs).")
+    caption.append("Static batches measured closed-loop: queueing at Q is not modelled.")
+    t = Table(title=f"Plan: Q={qps:g} req/s, in={input_len}, out={output_len}", caption=" ".join(caption))
+    cost_col = f"$/M out tok (@${gpu_hour_cost:g}/h)" if gpu_hour_cost is not None else "$/M out tok"
+    for col in ("config", "batches", "batch", "TTFT p99", "TPOT p99", "req/s/replica", "basis", "replicas", unit, "util",
+                cost_col, "SLO / notes"):
+        t.add_column(col, overflow="fold", min_width=24 if col == "SLO / notes" else None,
+                     justify="left" if col in ("config", "basis", "SLO / notes") else "right")
+    for r in df.to_dict("records"):
+        flags = [f"[yellow]{r['lengths']}[/]"] if r["scaled"] else []
+        flags += [txt(r["notes"])] if txt(r["notes"]) else []
+        if r["meets_slo"]:
+            status = "; ".join(flags) or "[green]meets SLOs[/]"
+            batch = f"{int(r['batch_size'])}" + (" [yellow]extrapolated[/]" if r["extrapolated"] else "")
+        else:
+            status = "; ".join([f"[red]{txt(r['slo_miss'])}[/]"] + flags)
+            batch = "-"
+        t.add_row(r["config"], txt(r["measured_batches"]) or "-", batch, num(r["ttft_p99_ms"], ".1f"),
+                  num(r["tpot_p99_ms"], ".2f"), num(r["req_s_per_replica"], ".3g"), txt(r["rate_basis"]) or "-",
+                  num(r["replicas"], ".0f"), num(r["gpus"], ".0f"), num(r["utilisation"], ".0%"),
+                  num(r["cost_per_m_tokens"], ".4g"), status)
+    return t
