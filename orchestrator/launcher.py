@@ -133,6 +133,16 @@ def _tail(path: Path) -> str:
     return text[-STDERR_TAIL_CHARS:].strip()
 
 
+def scrub_paths(text: str | None) -> str | None:
+    """Reasons quote engine output and tracebacks: keep this machine's paths out of shared results."""
+    if not text:
+        return text
+    for path, name in ((tempfile.gettempdir(), "<tmp>"), (str(PROJECT_ROOT), "<project>"),
+                       (sys.prefix, "<python>"), (os.path.expanduser("~"), "~")):
+        text = text.replace(path, name)
+    return text
+
+
 def _describe_exit(code: int) -> str:
     if code < 0:
         name = signal.Signals(-code).name
@@ -163,7 +173,7 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
     attempt = 0
 
     def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None):
-        row = base_row(job, by_id[cell_id]) | {"status": status, "reason": reason, "attempt": attempt}
+        row = base_row(job, by_id[cell_id]) | {"status": status, "reason": scrub_paths(reason), "attempt": attempt}
         results[cell_id] = (row | (extra or {}), lp)
 
     reason = unsupported_reason(job, python)

@@ -140,3 +140,14 @@ def test_full_vocabulary_logprobs_sum_to_one(tiny_model):
     for a, b in zip(together, alone):
         assert (a.token_ids == b.token_ids).all()
     adapter.close()
+
+
+def test_bad_dataset_is_a_failed_row_whose_reason_keeps_paths_out(ray_local, write_matrix, tmp_path):
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"]["batch_size"] = [1]
+    data["workload"] = {"kind": "jsonl", "path": str(tmp_path / "missing.jsonl")}
+    store = run_matrix(write_matrix(data), tmp_path / "run")
+    row = store.read_cells().iloc[0]
+    assert row.status == "failed"
+    assert row.reason.startswith("preparing prompts: FileNotFoundError") and "missing.jsonl" in row.reason
+    assert str(tmp_path) not in row.reason and "<tmp>" in row.reason
