@@ -149,7 +149,7 @@ def topk_scores(logprobs: np.ndarray, actual: np.ndarray, k: int) -> TokenScores
     actual = np.asarray(actual, dtype=np.int64)
     n, vocab = logprobs.shape
     k = min(k, vocab)
-    # lexsort on (-logprob, id): stable and deterministic for ties
+    # a stable sort of -logprob keeps equal logprobs in id order
     order = np.argsort(-logprobs, axis=1, kind="stable")[:, :k]
     return TokenScores(
         token_ids=actual.astype(np.int32),
@@ -157,6 +157,13 @@ def topk_scores(logprobs: np.ndarray, actual: np.ndarray, k: int) -> TokenScores
         topk_ids=order.astype(np.int32),
         topk_logprobs=np.take_along_axis(logprobs, order, axis=1),
     )
+
+
+def logits_rows(t, rows: int, vocab: int | None) -> np.ndarray:
+    """An engine's logits (a torch tensor or an array) as float32 numpy: the first `rows` rows, and
+    only the tokenizer's vocabulary (engines pad the vocabulary dimension; padding is not a token)."""
+    arr = (t.float().cpu().numpy() if hasattr(t, "float") else np.asarray(t, dtype=np.float32))[:rows]
+    return arr[:, :vocab] if vocab and arr.shape[-1] > vocab else arr
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

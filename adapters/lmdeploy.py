@@ -44,7 +44,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           log_softmax, register, topk_scores)
+                           log_softmax, logits_rows, register, topk_scores)
 
 LMDEPLOY_VERSION = "0.16.0"
 
@@ -167,10 +167,6 @@ def checkpoint_problem(spec: LoadSpec) -> str | None:
             f"(e.g. made with `lmdeploy lite auto_awq`)")
 
 
-def _to_numpy(t) -> np.ndarray:
-    return t.float().cpu().numpy() if hasattr(t, "float") else np.asarray(t, dtype=np.float32)
-
-
 @register
 class LmdeployAdapter(Adapter):
     name = "lmdeploy"
@@ -245,10 +241,7 @@ class LmdeployAdapter(Adapter):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def _logits(self, t, rows: int) -> np.ndarray:
-        arr = _to_numpy(t)[:rows]
-        if self.vocab and arr.shape[-1] > self.vocab:
-            arr = arr[:, : self.vocab]  # padded vocabulary columns are not tokens
-        return arr
+        return logits_rows(t, rows, self.vocab)
 
     def _stream(self, prompts: list[list[int]], gen_config, stream: bool):
         """Send every prompt at once; per prompt: (chunk times, generated ids, last logits, logprobs)."""

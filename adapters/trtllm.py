@@ -41,7 +41,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           log_softmax, register, topk_scores)
+                           log_softmax, logits_rows, register, topk_scores)
 
 TRTLLM_VERSION = "1.2.1"
 
@@ -156,10 +156,6 @@ def _vocab_size(source: str) -> int | None:
     return config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
 
 
-def _to_numpy(t) -> np.ndarray:
-    return t.float().cpu().numpy() if hasattr(t, "float") else np.asarray(t, dtype=np.float32)
-
-
 @register
 class TrtllmAdapter(Adapter):
     name = "trtllm"
@@ -219,10 +215,7 @@ class TrtllmAdapter(Adapter):
 
     # -- helpers -----------------------------------------------------------------------------
     def _logits(self, t, rows: int) -> np.ndarray:
-        arr = _to_numpy(t)[:rows]
-        if self.vocab and arr.shape[-1] > self.vocab:
-            arr = arr[:, : self.vocab]  # padded vocabulary columns are not tokens
-        return arr
+        return logits_rows(t, rows, self.vocab)
 
     @staticmethod
     def _engine_ttft(output) -> float | None:
