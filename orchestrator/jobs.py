@@ -17,6 +17,7 @@ from orchestrator.cells import expand
 from orchestrator.matrix import load_matrix
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+AGENT_WAIT_S = 120
 
 
 def _client(address: str):
@@ -32,8 +33,17 @@ def submit(matrix_path: str | Path, address: str, run_dir: str, rerun_failed: bo
     shutil.copy(matrix_path, upload / "matrix.yaml")
     entrypoint = f"bench run matrix.yaml --run-dir {shlex.quote(run_dir)}" + (" --rerun-failed" if rerun_failed else "")
     try:
-        return _client(address).submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(upload)},
-                                           metadata={"matrix": m.name})
+        client = _client(address)
+        deadline = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                return client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": str(upload)},
+                                         metadata={"matrix": m.name})
+            except RuntimeError as err:
+                # a head that has just started answers before its job agent is up: wait for it
+                if "No available agent" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
     finally:
         shutil.rmtree(upload, ignore_errors=True)
 
