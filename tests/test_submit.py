@@ -43,7 +43,12 @@ def ray_head():
     env = client_env()
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
                              f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                             "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={temp_dir}"],
+                             "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={temp_dir}",
+                             # its own agent ports: the default ones may be held by another cluster
+                             # of this machine (the tests' local one), and then no job agent starts
+                             *(f"--{name}={_free_port()}" for name in (
+                                 "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                 "runtime-env-agent-port", "metrics-export-port", "ray-client-server-port"))],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
     deadline = time.monotonic() + 120
