@@ -74,7 +74,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.table import Table
 
 from adapters.base import normalize_quantization
-from orchestrator.matrix import AXES, Matrix, Tolerances, _pydantic_problems
+from orchestrator.matrix import AXES, Matrix, MatrixError, Tolerances, _pydantic_problems
 from orchestrator.store import CELLS_SCHEMA, RunStore
 
 VERDICTS = ("identical", "lossless", "near-lossless", "lossy")
@@ -581,10 +581,11 @@ def compare_table(df: pd.DataFrame) -> Table:
 
 # ------------------------------------------------------------------ policy gate
 
-class PolicyError(ValueError):
+class PolicyError(MatrixError):
+    """All the mistakes found in one policy file, one `path: message` per line (as for a matrix)."""
+
     def __init__(self, problems: list[str], source: str = "policy"):
-        self.problems = problems
-        super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  {p}" for p in problems))
+        super().__init__(problems, source)
 
 
 class Rule(BaseModel):
