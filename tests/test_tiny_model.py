@@ -17,25 +17,24 @@ def cache_root(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-@pytest.fixture(scope="module")
-def tiny(cache_root):
-    """builtin:tiny built once through the cache, for all tests of this module."""
+def _built(cache_root, name: str):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOSSLESS_BENCH_CACHE", str(cache_root))
         start = time.monotonic()
-        path = tiny_model.resolve_builtin("tiny")
-        print(f"\nbuild tiny (llama): {time.monotonic() - start:.1f}s")
+        path = tiny_model.resolve_builtin(name)
+        print(f"\nbuild {name}: {time.monotonic() - start:.1f}s")
     return path
+
+
+@pytest.fixture(scope="module")
+def tiny(cache_root):
+    """builtin:tiny built once through the cache, for all tests of this module."""
+    return _built(cache_root, "tiny")
 
 
 @pytest.fixture(scope="module")
 def tiny_qwen2(cache_root):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOSSLESS_BENCH_CACHE", str(cache_root))
-        start = time.monotonic()
-        path = tiny_model.resolve_builtin("tiny-qwen2")
-        print(f"\nbuild tiny-qwen2: {time.monotonic() - start:.1f}s")
-    return path
+    return _built(cache_root, "tiny-qwen2")
 
 
 def test_build_is_deterministic(tiny, tmp_path):
