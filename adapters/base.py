@@ -136,6 +136,13 @@ def register(cls: type[Adapter]) -> type[Adapter]:
     return cls
 
 
+def no_cuda_reason(engine: str) -> str | None:
+    """Why a CUDA engine cannot start here, checked in the engine's own environment (its torch)."""
+    import torch
+
+    return None if torch.cuda.is_available() else f"{engine} needs CUDA, and torch sees no GPU here"
+
+
 def normalize_quantization(name: str) -> str:
     return QUANTIZATION_ALIASES.get(name.lower(), name.lower())
 

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores,
-                           log_softmax, register, topk_scores)
+                           log_softmax, no_cuda_reason, register, topk_scores)
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -29,11 +29,7 @@ class HfAdapter(Adapter):
     requires_modules = ("torch", "transformers")
 
     def check(self, spec: LoadSpec) -> str | None:
-        import torch
-
-        if spec.device == "cuda" and not torch.cuda.is_available():
-            return "needs CUDA, and torch sees no GPU here"
-        return None
+        return no_cuda_reason("transformers on cuda") if spec.device == "cuda" else None
 
     def load(self, spec: LoadSpec) -> AdapterInfo:
         import torch

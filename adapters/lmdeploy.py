@@ -44,7 +44,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           log_softmax, logits_rows, register, topk_scores)
+                           log_softmax, logits_rows, no_cuda_reason, register, topk_scores)
 
 LMDEPLOY_VERSION = "0.16.0"
 
@@ -181,11 +181,7 @@ class LmdeployAdapter(Adapter):
         problem = checkpoint_problem(spec)
         if problem:
             return problem
-        import torch
-
-        if not torch.cuda.is_available():
-            return "lmdeploy needs CUDA, and torch sees no GPU here"
-        return None
+        return no_cuda_reason("lmdeploy")
 
     def load(self, spec: LoadSpec) -> AdapterInfo:
         import lmdeploy

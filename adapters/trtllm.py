@@ -41,7 +41,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           log_softmax, logits_rows, register, topk_scores)
+                           log_softmax, logits_rows, no_cuda_reason, register, topk_scores)
 
 TRTLLM_VERSION = "1.2.1"
 
@@ -175,11 +175,7 @@ class TrtllmAdapter(Adapter):
         problem = checkpoint_problem(spec)
         if problem:
             return problem
-        import torch
-
-        if not torch.cuda.is_available():
-            return "TensorRT-LLM needs CUDA, and torch sees no GPU here"
-        return None
+        return no_cuda_reason("TensorRT-LLM")
 
     def load(self, spec: LoadSpec) -> AdapterInfo:
         os.environ.update(env_vars(spec))  # read when tensorrt_llm is imported
