@@ -74,12 +74,12 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None]) ->
             runnable.append(job)
     pending: dict = {}
 
-    def submit(job: GroupJob) -> None:
+    def submit(job: GroupJob, nodes: list[dict[str, float]]) -> None:
         job.tries += 1
-        pending[_group_task.options(**job_need(job, alive_nodes()).ray_options()).remote(job)] = job
+        pending[_group_task.options(**job_need(job, nodes).ray_options()).remote(job)] = job
 
     for job in placement.longest_first(runnable, estimate):
-        submit(job)
+        submit(job, nodes)
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
@@ -88,7 +88,7 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None]) ->
                 rows = ray.get(ref)
             except Exception as err:  # the task's worker or node died; run_group itself never raises
                 if job.tries <= job.matrix.run.node_retries:
-                    submit(job)
+                    submit(job, alive_nodes())  # sized on the nodes left after the loss
                     continue
                 rows = status_rows(job, "failed", f"lost {job.tries} times (node or worker died): "
                                                   f"{type(err).__name__}: {str(err)[-1500:]}")
