@@ -8,10 +8,13 @@ imports happen inside `load()` only, so the orchestrator can validate a matrix w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from adapters.serving import ServerApi, ServerLaunch
 
 # Logical quantization levels a matrix may name; each adapter maps the ones it runs.
 QUANTIZATIONS = (
@@ -53,6 +56,7 @@ class LoadSpec:
     gpus: int = 0
     cache_dir: str = ""            # where conversions and quantized files are cached
     seed: int = 0
+    context_len: int = 0           # tokens the group's longest request needs (prompt + output)
 
 
 @dataclass
@@ -126,6 +130,19 @@ class Adapter:
 
     def close(self) -> None:
         pass
+
+    # Serving mode: the engine's own OpenAI-compatible server. An adapter that has one declares how
+    # its /v1/completions behaves (`server_api`) and returns the command that starts it.
+    server_api: ClassVar["ServerApi | None"] = None
+    no_server_reason: ClassVar[str] = ""     # said in the rows of serve cells when server_api is None
+
+    def server(self, spec: LoadSpec, port: int) -> "ServerLaunch":
+        """The command that starts this group's server on 127.0.0.1:port (conversions done first)."""
+        raise Unsupported(f"{self.name} has no OpenAI-compatible server here")
+
+    def token_strings(self, spec: LoadSpec) -> Callable[[str], int] | None:
+        """Token string -> id, for a server that returns token strings rather than ids (None: it returns ids)."""
+        return None
 
 
 ADAPTERS: dict[str, type[Adapter]] = {}

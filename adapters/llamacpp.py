@@ -22,7 +22,9 @@ import ctypes
 import importlib.metadata
 import logging
 import os
+import sys
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -31,6 +33,7 @@ from pydantic import Field
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
                            log_softmax, normalize_quantization, register, topk_scores)
 from adapters.gguf_convert import captured_llama_logs
+from adapters.serving import ServerApi, ServerLaunch
 
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
 # GGML_TYPE_* ids and bytes per element of the KV cache types (ggml.h; quantized types per 32-block)
@@ -141,6 +144,8 @@ class LlamacppAdapter(Adapter):
         self._cached: dict[int, list[int]] = {}   # tokens in the KV cache per sequence
         self.info: AdapterInfo | None = None
         self.last_perf: dict[str, float] = {}
+        self._logits_key: tuple[int, int] | None = None
+        self._logits_view: np.ndarray | None = None
 
     # ------------------------------------------------------------------------------------------
     def check(self, spec: LoadSpec) -> str | None:
@@ -168,20 +173,12 @@ class LlamacppAdapter(Adapter):
     def load(self, spec: LoadSpec) -> AdapterInfo:
         import llama_cpp
 
-        from adapters import gguf_convert
-
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's load chatter off stderr
         self._L = llama_cpp
         self.spec = spec
         self.opts = opts = self.Options(**(spec.options or {}))
         quant = normalize_quantization(spec.quantization)
-        if quant not in self.quantizations:
-            raise Unsupported(f"llamacpp does not run quantization {quant} (runs: {', '.join(self.quantizations)})")
-        source = str(spec.model.source)
-        if source.startswith("builtin:"):
-            from orchestrator.tiny_model import resolve_model_source
-            source = resolve_model_source(source)
-        path, facts = gguf_convert.gguf_for(source, quant, spec.cache_dir or None)
+        path, facts = self._model_file(spec)
         self.gguf_path = str(path)
 
         self.n_threads = opts.n_threads or len(os.sched_getaffinity(0))
@@ -230,6 +227,80 @@ class LlamacppAdapter(Adapter):
         self.info.notes.append("llama.cpp system info: " + llama_cpp.llama_print_system_info().decode().strip())
         self._record_context(logs)
         return self.info
+
+    @staticmethod
+    def _model_file(spec: LoadSpec):
+        """The GGUF this group runs (converted and quantized on first use, cached) and the conversion facts."""
+        from adapters import gguf_convert
+
+        quant = normalize_quantization(spec.quantization)
+        if quant not in LlamacppAdapter.quantizations:
+            raise Unsupported(f"llamacpp does not run quantization {quant} (runs: {', '.join(LlamacppAdapter.quantizations)})")
+        source = str(spec.model.source)
+        if source.startswith("builtin:"):
+            from orchestrator.tiny_model import resolve_model_source
+            source = resolve_model_source(source)
+        return gguf_convert.gguf_for(source, quant, spec.cache_dir or None)
+
+    # ------------------------------------------------------------------------------------------
+    # serving: llama-cpp-python's own OpenAI server (`python -m llama_cpp.server`), started through
+    # `serve_main` so the model parameters its CLI lacks (use_extra_bufts, flash attention auto) are
+    # set as the offline adapter sets them.
+    #
+    # What that server does (llama-cpp-python 0.3.36, llama_cpp/llama.py and server/): prompts are
+    # text only (a list of ids is a 422), tokenized by its /extras/tokenize; logprobs come keyed by
+    # token *string* (mapped back through the GGUF's vocabulary: `VocabMap`); one request runs at a
+    # time (one Llama behind a lock); EOS cannot be ignored; repeat_penalty defaults to 1.1, so every
+    # request sends the neutral sampler fields. /v1/models and /extras/* wait for the model's lock, so
+    # health is polled on /openapi.json. Its echo=True prompt logprobs assume a BOS token: for a
+    # model without one (add_bos false, as the built-in model) entry i holds the distribution of
+    # token i+1 labelled as token i, so prompt logprobs are not taken from it.
+    server_api = ServerApi(prompt_ids=False, ids_in_logprobs=False, prompt_logprobs=None, ignore_eos=False,
+                           batches=False, tokenize_path="/extras/tokenize", health_path="/openapi.json",
+                           greedy_fields={"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0,
+                                          "presence_penalty": 0.0, "frequency_penalty": 0.0})
+
+    def token_strings(self, spec: LoadSpec):
+        path, _ = self._model_file(spec)
+        return VocabMap(path).id
+
+    def server(self, spec: LoadSpec, port: int) -> ServerLaunch:
+        import llama_cpp
+
+        opts = self.Options(**(spec.options or {}))
+        if opts.keep_kv_between_runs or opts.kv_unified:
+            raise Unsupported("llamacpp serve: keep_kv_between_runs and kv_unified are offline-adapter options "
+                              "(the server keeps its own KV cache and reuses a common prompt prefix by itself)")
+        path, facts = self._model_file(spec)
+        n_threads = opts.n_threads or len(os.sched_getaffinity(0))
+        n_gpu_layers = opts.n_gpu_layers if opts.n_gpu_layers is not None else (-1 if spec.device == "cuda" else 0)
+        # one sequence at a time: the context holds the longest request, with room for a text prompt
+        # that the server's tokenizer makes a little longer than the run's token ids
+        n_ctx = opts.n_ctx or -(-int(spec.context_len * 1.25 + 64) // _CTX_ROUND) * _CTX_ROUND
+        flash = _flash_attn_mode(opts.flash_attn)
+        args = ["--model", str(path), "--host", "127.0.0.1", "--port", str(port), "--model_alias", spec.model.name,
+                "--n_threads", str(n_threads), "--n_threads_batch", str(n_threads), "--n_ctx", str(n_ctx),
+                "--n_batch", str(opts.n_batch), "--n_ubatch", str(min(opts.n_ubatch, opts.n_batch)),
+                "--n_gpu_layers", str(n_gpu_layers), "--seed", str(spec.seed), "--flash_attn", str(flash == "on"),
+                "--interrupt_requests", "False", "--verbose", "False"]
+        for name in ("type_k", "type_v"):
+            if getattr(opts, name):
+                args += [f"--{name}", str(_KV_TYPES[getattr(opts, name)][0])]
+        if opts.prompt_lookup:
+            args += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(opts.num_pred_tokens)]
+        argv = [sys.executable, "-c", "from adapters.llamacpp import serve_main; serve_main()",
+                str(opts.use_extra_bufts), flash, "--", *args]
+        engine_args = {"server": "llama_cpp.server", "server_args": [a if a != str(path) else "<gguf>" for a in args],
+                       "use_extra_bufts": opts.use_extra_bufts, "flash_attn": flash,
+                       "gguf_file_size_bytes": path.stat().st_size, **facts}
+        notes = list(engine_args.pop("conversion_notes", []))
+        if opts.prompt_lookup:
+            notes.append("prompt_lookup: the server's draft_model prompt-lookup-decoding (its max_ngram_size is fixed)")
+        # serve_main is imported from this checkout, wherever the server's working directory is
+        root = str(Path(__file__).resolve().parent.parent)
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        return ServerLaunch(argv=argv, model_name=spec.model.name, env=env, engine_args=engine_args, notes=notes,
+                            versions={"llama_cpp_python": llama_cpp.__version__}, to_id=VocabMap(path).id)
 
     def close(self) -> None:
         L = self._L
@@ -288,6 +359,7 @@ class LlamacppAdapter(Adapter):
         # llama.cpp clamps n_batch to n_ctx: a llama_decode call may carry at most llama_n_batch tokens
         self._batch = _Batch(L, L.llama_n_batch(self._ctx))
         self._cached = {}
+        self._logits_key = None
         if logs is None:
             self._record_context(own_logs)
 
@@ -349,6 +421,15 @@ class LlamacppAdapter(Adapter):
                 yield rows, np.ctypeslib.as_array(ptr, shape=(len(rows), self._n_vocab))
             else:
                 yield rows, None
+
+    def _logits(self, rows: int) -> np.ndarray:
+        """The last llama_decode's logits [rows, vocab], a view on llama.cpp's output buffer (valid until the
+        next call). The view is made again only when the buffer or the row count changes (~4 us saved a step)."""
+        ptr = self._L.llama_get_logits(self._ctx)
+        key = (ctypes.addressof(ptr.contents), rows)
+        if key != self._logits_key:
+            self._logits_view, self._logits_key = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab)), key
+        return self._logits_view
 
     def _perf_ms(self) -> float:
         p = self._L.llama_perf_context(self._ctx)
@@ -422,27 +503,41 @@ class LlamacppAdapter(Adapter):
                     logits[s].append(kept[j])
                 if stop_at_eos and eog(self._vocab, int(best[j])):
                     done[s] = True
+        # Decode steps: one token per live sequence (at most n_seq_max <= n_batch: one llama_decode call).
+        # This loop is the timed path, and on a small model a step takes ~0.1 ms: the batch is written
+        # once and then advanced in place (tokens <- argmax, positions + 1), no arrays built per step
+        # (building them, as _decode does, cost 20-30% of the throughput on the built-in model).
+        batch, ctx = self._batch, self._ctx
+        live = [s for s in range(B) if not done[s]]
+        n = len(live)
+        if n and n_tokens > 1:
+            batch.fill([generated[s][-1] for s in live], [len(prompts[s]) for s in live], live, 1)
         for step in range(1, n_tokens):
-            live = [s for s in range(B) if not done[s]]
-            if not live:
+            if not n:
                 break
-            tok = np.asarray([generated[s][-1] for s in live], np.int32)
-            pos = np.asarray([len(prompts[s]) + step - 1 for s in live], np.int32)
-            seq = np.asarray(live, np.int32)
-            out = np.ones(len(live), np.int8)
-            for rows, view in self._decode(tok, pos, seq, out):
-                best = view.argmax(axis=1)
+            rc = L.llama_decode(ctx, batch.struct)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} ({'no KV slot' if rc == 1 else 'error'}) for {n} tokens")
+            view = self._logits(n)
+            best = view.argmax(axis=1)
+            if keep_logits:
+                kept = view.copy()
+            now = time.perf_counter()
+            toks = best.tolist()
+            for j, s in enumerate(live):
+                generated[s].append(toks[j])
+                times[s].append(now)
                 if keep_logits:
-                    kept = view.copy()
-                now = time.perf_counter()
-                for j, r in enumerate(rows):
-                    s = live[int(r)]
-                    generated[s].append(int(best[j]))
-                    times[s].append(now)
-                    if keep_logits:
-                        logits[s].append(kept[j])
-                    if stop_at_eos and eog(self._vocab, int(best[j])):
-                        done[s] = True
+                    logits[s].append(kept[j])
+            if stop_at_eos and any(eog(self._vocab, t) for t in toks):
+                for s, t in zip(live, toks):
+                    done[s] = done[s] or bool(eog(self._vocab, t))
+                live = [s for s in live if not done[s]]
+                n = len(live)
+                batch.fill([generated[s][-1] for s in live], [len(prompts[s]) + step for s in live], live, 1)
+                continue
+            batch.token[:n] = best
+            batch.pos[:n] += 1
         end = time.perf_counter()
         perf = L.llama_perf_context(self._ctx)
         self.last_perf = {"t_p_eval_ms": perf.t_p_eval_ms, "t_eval_ms": perf.t_eval_ms,
@@ -620,3 +715,37 @@ def _gguf_head_dim(path) -> int | None:
         return val("attention.key_length")
     emb, heads = val("embedding_length"), val("attention.head_count")
     return emb // heads if emb and heads else None
+
+
+class VocabMap:
+    """Token string -> token id, built from a GGUF's vocabulary exactly as llama-cpp-python's server
+    renders tokens in logprobs (detokenize one id, decode UTF-8 ignoring errors). Strings shared by
+    several ids are ambiguous (-1)."""
+
+    def __init__(self, gguf_path) -> None:
+        import llama_cpp
+
+        with captured_llama_logs([]):
+            llm = llama_cpp.Llama(str(gguf_path), vocab_only=True, verbose=False)
+        ids: dict[str, list[int]] = {}
+        for i in range(llm.n_vocab()):
+            ids.setdefault(llm.detokenize([i]).decode("utf-8", errors="ignore"), []).append(i)
+        llm.close()
+        self.ids = {s: (v[0] if len(v) == 1 else -1) for s, v in ids.items()}
+        self.ambiguous = sum(1 for v in ids.values() if len(v) > 1)
+
+    def id(self, token: str) -> int:
+        return self.ids.get(token, -1)
+
+
+def serve_main(argv: list[str] | None = None) -> None:
+    """llama-cpp-python's server with use_extra_bufts and the flash-attention mode set:
+    `python -c 'from adapters.llamacpp import serve_main; serve_main()' USE_EXTRA_BUFTS FLASH_ATTN -- ARGS`."""
+    argv = sys.argv[1:] if argv is None else argv
+    use_extra_bufts, flash = argv[0] == "True", argv[1]
+    from llama_cpp.server.__main__ import main
+
+    sys.argv = ["llama_cpp.server", *argv[3:]]
+    # --flash_attn True selects "on"; False writes LLAMA_FLASH_ATTN_TYPE_DISABLED, which is set to auto's -1 or off's 0
+    with _llama_defaults(use_extra_bufts, _FLASH_ATTN[flash] if flash != "on" else _FLASH_ATTN["off"]):
+        main()

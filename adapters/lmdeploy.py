@@ -45,6 +45,7 @@ from pydantic import Field, model_validator
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
                            log_softmax, logits_rows, no_cuda_reason, register, topk_scores)
+from adapters.serving import ServerApi, ServerLaunch
 
 LMDEPLOY_VERSION = "0.16.0"
 
@@ -129,6 +130,25 @@ def engine_kwargs(spec: LoadSpec) -> dict[str, Any]:
             "speculative_config": speculative}
 
 
+def server_argv(spec: LoadSpec, port: int) -> list[str]:
+    """`lmdeploy serve api_server` for this group (flags of lmdeploy 0.16.0's cli/serve.py), without importing it."""
+    kw = engine_kwargs(spec)
+    if kw["speculative_config"]:
+        raise Unsupported("lmdeploy serve: speculative decoding is wired for the offline pipeline only")
+    cfg = kw["backend_config"]
+    argv = ["lmdeploy", "serve", "api_server", kw["model_path"], "--server-name", "127.0.0.1",
+            "--server-port", str(port), "--backend", kw["backend"], "--model-name", spec.model.name,
+            "--tp", str(cfg["tp"]), "--dtype", cfg["dtype"], "--cache-max-entry-count", str(cfg["cache_max_entry_count"]),
+            "--quant-policy", str(cfg["quant_policy"]), "--generation-config", "lmdeploy", "--log-level", "WARNING"]
+    flags = {"model_format": "--model-format", "session_len": "--session-len", "max_batch_size": "--max-batch-size",
+             "max_prefill_token_num": "--max-prefill-token-num", "logprobs_mode": "--logprobs-mode",
+             "revision": "--revision"}
+    argv += [x for key, flag in flags.items() if key in cfg for x in (flag, str(cfg[key]))]
+    switches = {"--enable-prefix-caching": cfg["enable_prefix_caching"], "--eager-mode": cfg.get("eager_mode"),
+                "--trust-remote-code": spec.model.trust_remote_code}
+    return argv + [flag for flag, on in switches.items() if on]
+
+
 def generation_kwargs(kind: Literal["timing", "greedy"], n_tokens: int, ignore_eos: bool, backend: str,
                       top_k: int = 1) -> dict[str, Any]:
     """GenerationConfig fields for a timed batch or a greedy capture. do_sample=False makes
@@ -182,6 +202,23 @@ class LmdeployAdapter(Adapter):
         if problem:
             return problem
         return no_cuda_reason("lmdeploy")
+
+    # -- serving: `lmdeploy serve api_server` ---------------------------------------------------
+    # Read from lmdeploy 0.16.0 (cli/serve.py, serve/openai/protocol.py, endpoints/completions.py;
+    # unverified on a GPU): text prompts only; /v1/completions returns no logprobs in 0.16 (so served
+    # outputs are not captured: timings only); ignore_eos is honoured; `--generation-config lmdeploy`
+    # keeps the model's generation_config.json from setting sampling defaults.
+    server_api = ServerApi(prompt_ids=False, ids_in_logprobs=False, prompt_logprobs=None, ignore_eos=True, batches=True,
+                           logprobs=False, health_path="/health",
+                           greedy_fields={"top_k": 1, "top_p": 1.0, "repetition_penalty": 1.0})
+
+    def server(self, spec: LoadSpec, port: int) -> ServerLaunch:
+        import lmdeploy
+
+        return ServerLaunch(argv=server_argv(spec, port), model_name=spec.model.name,
+                            engine_args={"server": "lmdeploy serve api_server", **engine_kwargs(spec)},
+                            env={"UVICORN_LOG_LEVEL": "warning"}, versions={"lmdeploy": lmdeploy.__version__},
+                            notes=["lmdeploy 0.16's /v1/completions returns no logprobs: served outputs not captured"])
 
     def load(self, spec: LoadSpec) -> AdapterInfo:
         import lmdeploy

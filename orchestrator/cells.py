@@ -1,8 +1,11 @@
 """Matrix -> cells -> engine groups.
 
 A cell is one point of the matrix; its id is a hash of its canonical config, so the same cell has
-the same id in every run (that is what makes resume work). Cells that differ only in batch size or
-lengths share an engine key, and so one engine load.
+the same id in every run (that is what makes resume work). Cells that differ only in batch size,
+lengths or request rate share an engine key, and so one engine load (or one server start).
+
+Axes that do not apply are not axes of a cell: an offline cell has no request rate, a model with an
+endpoint has no offline cells, and a flag set a framework does not define is not a cell of it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Cell:
     input_len: int
     output_len: int
     options: dict = field(hash=False, compare=False)
+    mode: str = "offline"
+    request_rate: float | None = None      # serve cells: requests/s (inf: closed loop); offline: None
     cell_id: str = ""
     engine_key: str = ""
 
@@ -47,20 +52,45 @@ class EngineGroup:
     flags: str
     options: dict
     cells: list[Cell]
+    mode: str = "offline"
 
 
 def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     fw = values["framework"]
     options = m.flag_sets(fw)[values["flags"]] or {}
     quant = normalize_quantization(values["quantization"])
-    engine = {"framework": fw, "model": m.model_entry(values["model"]).model_dump(),
-              "quantization": quant, "flags": values["flags"], "options": options}
+    model = m.model_entry(values["model"])
+    # the serving fields are left out where unset, so ids of cells without them stay as they were
+    entry = model.model_dump(exclude={k for k in ("endpoint", "api_key_env") if getattr(model, k) is None})
+    engine = {"framework": fw, "model": entry, "quantization": quant, "flags": values["flags"], "options": options}
+    serve = values["mode"] == "serve"
+    if serve:  # only serve cells name their mode, so offline ids stay what they were before modes existed
+        engine["mode"] = "serve"
     canonical = engine | {a: values[a] for a in ("batch_size", "input_len", "output_len")} | {
         "workload": m.workload.model_dump(), "measure": m.measure.model_dump()}
+    if serve:
+        canonical |= {"request_rate": values["request_rate"], "serve": m.serve.model_dump()}
     return Cell(framework=fw, model=values["model"], quantization=quant, flags=values["flags"],
                 batch_size=values["batch_size"], input_len=values["input_len"],
-                output_len=values["output_len"], options=options,
+                output_len=values["output_len"], options=options, mode=values["mode"],
+                request_rate=float(values["request_rate"]) if serve else None,
                 cell_id=_hash(canonical), engine_key=_hash(engine))
+
+
+def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
+    """(axis, why) where an axis combination is not a cell, None where it is one."""
+    if point["flags"] not in m.flag_sets(point["framework"]):
+        return "flags", (f"flag set '{point['flags']}' is not defined for {point['framework']} "
+                         f"(defined: {', '.join(m.flag_sets(point['framework']))})")
+    if point["mode"] == "offline" and m.model_entry(point["model"]).endpoint:
+        return "mode", f"model '{point['model']}' has an endpoint, so it makes serve cells only"
+    return None
+
+
+def _point(values: dict[str, Any]) -> dict[str, Any]:
+    if values["mode"] == "offline":
+        values["request_rate"] = None  # a static batch has no arrival rate
+    return values
 
 
 def matches(values: dict[str, Any], rule: dict[str, Any]) -> bool:
@@ -80,19 +110,16 @@ def expand(m: Matrix) -> list[Cell]:
     axes = m.axes
     combos = []
     for values in itertools.product(*(getattr(axes, a) for a in AXES)):
-        point = dict(zip(AXES, values))
-        # flag sets are named per framework: a set a framework does not define is not a cell of it
-        if point["flags"] not in m.flag_sets(point["framework"]):
-            continue
-        if any(matches(point, rule) for rule in m.exclude):
+        point = _point(dict(zip(AXES, values)))
+        if _applies(m, point) or any(matches(point, rule) for rule in m.exclude):
             continue
         combos.append(point)
     problems = []
     for i, rule in enumerate(m.include):
-        point = {a: rule.get(a, getattr(axes, a)[0]) for a in AXES}
-        if point["flags"] not in m.flag_sets(point["framework"]):
-            problems.append(f"include[{i}].flags: flag set '{point['flags']}' is not defined for "
-                            f"{point['framework']} (defined: {', '.join(m.flag_sets(point['framework']))})")
+        point = _point({a: rule.get(a, getattr(axes, a)[0]) for a in AXES})
+        why = _applies(m, point)
+        if why:
+            problems.append(f"include[{i}].{why[0]}: {why[1]}")
             continue
         combos.append(point)
     if problems:
@@ -108,15 +135,25 @@ def expand(m: Matrix) -> list[Cell]:
     return cells
 
 
+def load_label(mode: str | None, batch_size: int, request_rate: float | None, arrival: str | None = None) -> str:
+    """How a cell's load reads in tables: 'batch 4' offline, 'c=4' a served closed loop of 4, and
+    'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight."""
+    if mode != "serve":
+        return f"batch {batch_size}"
+    if request_rate is None or request_rate != request_rate or request_rate == float("inf"):
+        return f"c={batch_size}"
+    return f"{arrival or 'rate'} {request_rate:g}/s, c<={batch_size}"
+
+
 def group(cells: list[Cell]) -> list[EngineGroup]:
     groups: dict[str, EngineGroup] = {}
     for c in cells:
         g = groups.get(c.engine_key)
         if g is None:
             g = groups[c.engine_key] = EngineGroup(c.engine_key, c.framework, c.model, c.quantization,
-                                                   c.flags, c.options, [])
+                                                   c.flags, c.options, [], c.mode)
         g.cells.append(c)
     for g in groups.values():
         # small batches first: a crash at a large batch then leaves the small ones measured
-        g.cells.sort(key=lambda c: (c.batch_size, c.input_len, c.output_len))
+        g.cells.sort(key=lambda c: (c.batch_size, c.request_rate or 0, c.input_len, c.output_len))
     return list(groups.values())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -10,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.cells import load_label
 from orchestrator.matrix import MatrixError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -40,11 +43,11 @@ def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) ->
         _fail(str(e))
     groups = group(cells)
     table = Table(title=f"{m.name}: {len(cells)} cells in {len(groups)} engine groups")
-    for col in ("cell_id", "framework", "model", "quant", "flags", "batch", "in", "out"):
+    for col in ("cell_id", "framework", "model", "quant", "flags", "mode", "batch", "rate", "in", "out"):
         table.add_column(col)
     for c in cells:
-        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, str(c.batch_size),
-                      str(c.input_len), str(c.output_len))
+        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, c.mode, str(c.batch_size),
+                      _rate(c.request_rate), str(c.input_len), str(c.output_len))
     out.print(table)
 
 
@@ -68,7 +71,7 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
         store = run_matrix(matrix, run_dir, address, rerun_failed, console=err)
     except MatrixError as e:
         _fail(str(e))
-    out.print(summary_table(store.read_cells(), title=f"{store.root}"))
+    print_table(summary_table(store.read_cells(), title=f"{store.root}"))
 
 
 @app.command()
@@ -105,25 +108,68 @@ def status(job_id: str, address: str = typer.Option(..., help="Ray dashboard add
     raise typer.Exit(1 if state in ("FAILED", "STOPPED") else 0)
 
 
+RICH_ROWS = 2000  # above this a table prints as plain aligned text: rich lays out ~2 ms a row (100k: minutes)
+_STYLED = re.compile(r"\[[a-z][a-z ]*\]([^\[]*)\[/[a-z ]*\]")   # one styled span, the common case
+
+
+def print_table(table: Table) -> None:
+    """A rich table to stdout; a large one as plain columns (same cells, markup dropped, no wrapping)."""
+    if table.row_count <= RICH_ROWS:
+        out.print(table)
+        return
+    from rich.text import Text
+
+    def plain(cell) -> str:
+        text = cell.plain if isinstance(cell, Text) else str(cell)
+        if "[/" in text and not isinstance(cell, Text):   # markup ("[green]ok[/]"); "[1.2, 1.4]" stays as it is
+            whole = _STYLED.fullmatch(text)
+            text = whole.group(1) if whole else Text.from_markup(text).plain
+        return text.replace("\n", " ")
+
+    cols = [[str(c.header)] + [plain(x) for x in c.cells] for c in table.columns]
+    widths = [max(map(len, col)) for col in cols[:-1]] + [0]   # the last column (a reason) runs on
+    just = [str.rjust if c.justify == "right" else str.ljust for c in table.columns]
+    lines = [str(table.title or "")] if table.title else []
+    for i in range(len(cols[0])):
+        lines.append("  ".join(j(col[i], w) for col, w, j in zip(cols, widths, just)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * max(w, len(col[0])) for col, w in zip(cols, widths)))
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
 def _fmt(v, spec: str = ".1f") -> str:
     if v is None or v != v:  # None or NaN (pandas turns missing numbers into NaN)
         return "-"
     return format(v, spec)
 
 
+def _rate(rate) -> str:
+    """A serve cell's request rate: 'inf' is a closed loop; an offline cell has none."""
+    if rate is None or rate != rate:
+        return "-"
+    return "closed" if rate == float("inf") else f"{rate:g}/s"
+
+
 def summary_table(df, title: str) -> Table:
     table = Table(title=title)
-    for col in ("framework", "model", "quant", "flags", "batch", "status", "load s", "TTFT p50 ms",
-                "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB", "reason"):
-        table.add_column(col, overflow="fold")
-    df = df.sort_values(["framework", "model", "quantization", "flags", "batch_size"])
+    serve = "mode" in df and (df["mode"] == "serve").any()
+    for col in ("framework", "model", "quant", "flags", "mode" if serve else None, "batch" if not serve else "load",
+                "status", "load s", "TTFT p50 ms", "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB",
+                "errors" if serve else None, "reason"):
+        if col:
+            table.add_column(col, overflow="fold")
+    df = df.sort_values(["framework", "model", "quantization", "flags", "mode", "batch_size", "request_rate"],
+                        na_position="first")
     for r in df.itertuples():
         color = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         reason = r.reason.splitlines()[0][:80] if isinstance(r.reason, str) and r.reason else ""
-        table.add_row(r.framework, r.model, r.quantization, r.flags, str(r.batch_size),
+        head = [r.framework, r.model, r.quantization, r.flags] + (
+            [r.mode, load_label(r.mode, r.batch_size, r.request_rate, r.load)] if serve else [str(r.batch_size)])
+        tail = [_fmt(r.errors, ".0f")] if serve else []
+        table.add_row(*head,
                       f"[{color}]{r.status}[/{color}]", _fmt(r.load_s, ".2f"), _fmt(r.ttft_ms_p50, ".2f"),
                       _fmt(r.tpot_ms_p50, ".2f"), _fmt(r.e2e_ms_p50, ".1f"), _fmt(r.output_tok_s),
-                      _fmt(r.peak_mem_bytes / 2**20, ".0f"),
+                      _fmt(r.peak_mem_bytes / 2**20, ".0f"), *tail,
                       reason)
     return table
 
@@ -172,7 +218,7 @@ def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
     cells = store.read_cells()
     name = (store.read_manifest().get("matrix") or {}).get("name")
     counts = ", ".join(f"{n} {s}" for s, n in cells.status.value_counts().items())
-    out.print(summary_table(cells, title=f"{store.root}" + (f" (matrix {name})" if name else "")
+    print_table(summary_table(cells, title=f"{store.root}" + (f" (matrix {name})" if name else "")
                             + f": {len(cells)} cells" + (f", {counts}" if counts else "")))
 
 
@@ -215,6 +261,26 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
         print(f"{path}\t{n} rows")
 
 
+@app.command("compact")
+def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory")) -> None:
+    """Fold a run's per-cell files into one cells and one logprobs file per framework (bench run does
+    this when it ends); atomic, and a no-op when there is nothing to fold."""
+    from orchestrator.compaction import compact
+    from orchestrator.store import RunStore
+
+    if not (run / "cells").is_dir():
+        _fail(f"{run} is not a run directory (no cells/)")
+    try:
+        stats = compact(RunStore(run))
+    except RuntimeError as e:  # another writer holds the run dir, or its compacted files lack their record
+        _fail(str(e))
+    if stats["cells_folded"]:
+        print(f"{run}: folded {stats['cells_folded']} per-cell files into compaction {stats['generation']} "
+              f"({', '.join(stats['frameworks'])}) in {stats['seconds']:.1f}s")
+    else:
+        print(f"{run}: nothing to compact (compaction {stats['generation']})")
+
+
 @app.command("diff-endpoints")
 def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoint A, e.g. http://127.0.0.1:8000"),
                        url_b: str = typer.Argument(..., help="Base URL of endpoint B"),
@@ -252,7 +318,7 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
                      tolerances=parse_tolerances(tolerances) if tolerances else None)
     except ValueError as e:
         _fail(str(e))
-    out.print(compare_table(df))
+    print_table(compare_table(df))
     if output:
         df.to_parquet(output)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ import adapters
 from orchestrator.cells import Cell, EngineGroup
 from orchestrator.matrix import Matrix
 from orchestrator.store import LOGPROBS_SCHEMA
-from orchestrator.workload import Tokenizer, scoring_prompts, timing_prompts
+from orchestrator.workload import Tokenizer, scoring_prompts, text_prompts, timing_prompts
 
 PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
 POLL_S = 0.05
@@ -52,6 +53,13 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the child must not outlive its Ray worker
 
 
+def load_kind(m: Matrix, cell: Cell) -> str:
+    """batch (an offline static batch), closed (a served closed loop), or the arrival of a served rate."""
+    if cell.mode == "offline":
+        return "batch"
+    return "closed" if math.isinf(cell.request_rate) else m.serve.arrival
+
+
 def base_row(job: GroupJob, cell: Cell) -> dict:
     m = job.matrix
     return {
@@ -61,6 +69,8 @@ def base_row(job: GroupJob, cell: Cell) -> dict:
         "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
         "workload": json.dumps(m.workload.model_dump(), sort_keys=True), "device": job.device,
         "warmup": m.measure.warmup, "repeats": m.measure.repeats, "group_tries": job.tries,
+        "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
+        "endpoint": m.model_entry(cell.model).endpoint if cell.mode == "serve" else None,
     }
 
 
@@ -78,23 +88,52 @@ def build_spec(job: GroupJob, cells: list[Cell]) -> dict:
     source = _resolve_source(entry.source, job.cache_dir)
     tok = Tokenizer(_resolve_source(entry.tokenizer, job.cache_dir) if entry.tokenizer else source,
                     entry.trust_remote_code)
+    serve = g.mode == "serve"
+    api = adapters.ADAPTERS[g.framework].server_api if serve else None
+    as_text = serve and not api.prompt_ids   # a server that takes text only gets the prompts' text
     spec_cells = []
     for c in cells:
-        n = (m.measure.warmup + m.measure.repeats) * c.batch_size
+        per_run = m.serve.requests if serve else c.batch_size
+        n = m.measure.warmup * c.batch_size + m.measure.repeats * per_run
+        prompts, texts = timing_prompts(m.workload, tok, n, c.input_len), None
+        if as_text:
+            prompts, texts = text_prompts(tok, prompts)
         spec_cells.append({"cell_id": c.cell_id, "batch_size": c.batch_size, "output_len": c.output_len,
                            "warmup": m.measure.warmup, "repeats": m.measure.repeats,
-                           "ignore_eos": m.measure.ignore_eos,
-                           "timing_prompts": timing_prompts(m.workload, tok, n, c.input_len)})
+                           "ignore_eos": m.measure.ignore_eos, "timing_prompts": prompts, "timing_texts": texts,
+                           # null: a closed loop (JSON has no infinity)
+                           "request_rate": None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate})
+    scoring = scoring_prompts(m.measure, tok)
     return {
+        "mode": g.mode,
         "load": {"framework": g.framework, "quantization": g.quantization, "options": g.options,
                  "device": job.device, "gpus": 0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
                  "cache_dir": str(Path(job.cache_dir) / "engines"), "seed": 0,
+                 "context_len": max([c.input_len + c.output_len for c in cells]
+                                    + [m.measure.scoring_len + m.measure.greedy_tokens]),
                  "model": {"name": g.model, "source": source, "trust_remote_code": entry.trust_remote_code,
                            "revision": entry.revision}},
         "cells": spec_cells,
-        "scoring": {"prompts": scoring_prompts(m.measure, tok), "top_k": m.measure.top_k,
-                    "greedy_tokens": m.measure.greedy_tokens, "repeats": m.measure.score_repeats},
+        "scoring": None if serve and not m.serve.capture_logprobs else {
+            "prompts": scoring, "texts": [tok.decode(p) for p in scoring] if as_text else None,
+            "top_k": m.measure.top_k, "greedy_tokens": m.measure.greedy_tokens, "repeats": m.measure.score_repeats},
+        "serve": None if not serve else m.serve.model_dump() | {
+            "endpoint": entry.endpoint, "api_key_env": entry.api_key_env,
+            "startup_timeout_s": 0.95 * m.run.load_timeout_s, "seed": getattr(m.workload, "seed", 0)},
     }
+
+
+def _arrow(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """A numpy array as Arrow, zero-copy over its buffer. pa.array() would import pandas and pyarrow.compute
+    on first use (about 0.5 s of CPU, more on a busy host) in this process, while the child times its next cell."""
+    values = np.ascontiguousarray(values, dtype=type_.to_pandas_dtype())
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
+
+
+def _strings(values: list[bytes]) -> pa.Array:
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
 
 
 def _logprob_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
@@ -102,13 +141,15 @@ def _logprob_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
     if "token_id" not in data or data["token_id"].size == 0:
         return None
     n, k = data["topk_ids"].shape
-    topk = lambda a, t: pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1), t), k).cast(pa.list_(t))  # noqa: E731
+    offsets = _arrow(np.arange(0, (n + 1) * k, k), pa.int32())
+    topk = lambda a, t: pa.ListArray.from_arrays(offsets, _arrow(a.reshape(-1), t))  # noqa: E731
+    kinds = [b"prompt", b"generation"]
     return pa.table({
-        "run_id": pa.array([run_id] * n, pa.string()),
-        "cell_id": pa.array([cell_id] * n, pa.string()),
-        "kind": pa.array(np.where(data["kind"] == 0, "prompt", "generation")),
-        "repeat": data["repeat"].astype(np.int16), "prompt_index": data["prompt_index"],
-        "position": data["position"], "token_id": data["token_id"], "logprob": data["logprob"],
+        "run_id": _strings([run_id.encode()] * n), "cell_id": _strings([cell_id.encode()] * n),
+        "kind": _strings([kinds[x != 0] for x in data["kind"].tolist()]),
+        "repeat": _arrow(data["repeat"], pa.int16()), "prompt_index": _arrow(data["prompt_index"], pa.int32()),
+        "position": _arrow(data["position"], pa.int32()), "token_id": _arrow(data["token_id"], pa.int32()),
+        "logprob": _arrow(data["logprob"], pa.float32()),
         "topk_ids": topk(data["topk_ids"], pa.int32()), "topk_logprobs": topk(data["topk_logprobs"], pa.float32()),
     }, schema=LOGPROBS_SCHEMA)
 
@@ -154,6 +195,12 @@ def _describe_exit(code: int) -> str:
 def unsupported_reason(job: GroupJob, python: str) -> str | None:
     """What rules a group out before any process starts: the engine's declared support, the env."""
     cls, g = adapters.ADAPTERS[job.group.framework], job.group
+    endpoint = g.mode == "serve" and job.matrix.model_entry(g.model).endpoint
+    if g.mode == "serve" and cls.server_api is None:
+        return f"{g.framework} has no OpenAI-compatible server to run serve cells with" + (
+            f": {cls.no_server_reason}" if cls.no_server_reason else "")
+    if endpoint:
+        return None   # someone else's server: nothing of the engine runs here
     if g.quantization not in cls.quantizations:
         return f"{g.framework} does not run quantization {g.quantization} (it runs: {', '.join(cls.quantizations)})"
     if cls.needs_cuda and job.device != "cuda":
@@ -277,7 +324,10 @@ def _load_facts(loaded: dict) -> dict:
 def _measured(loaded: dict, record_path: Path) -> dict:
     record = json.loads(record_path.read_text())
     facts = _load_facts(loaded)
+    notes = record.pop("cell_notes", [])
     skipped = record.pop("capture_skipped", None)
     if skipped:
-        facts["notes"] = json.dumps(json.loads(facts.get("notes") or "[]") + [f"logprobs not captured: {skipped}"])
+        notes.append(f"logprobs not captured: {skipped}")
+    if notes:
+        facts["notes"] = json.dumps(json.loads(facts.get("notes") or "[]") + notes)
     return facts | record

@@ -5,16 +5,18 @@ Every mistake is collected and raised together as a `MatrixError` before any eng
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapters import ADAPTERS
 from adapters.base import QUANTIZATIONS, normalize_quantization
 
-AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len")
+AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate")
+MODES = ("offline", "serve")
 DEFAULT_FLAGS = "default"
 
 
@@ -35,6 +37,18 @@ class ModelEntry(_Strict):
     tokenizer: str | None = Field(None, description="Tokenizer dir, where the source has none (e.g. a .gguf)")
     trust_remote_code: bool = False
     revision: str | None = None
+    endpoint: str | None = Field(None, description="Base URL of a server already running this model "
+                                 "(OpenAI-compatible, e.g. http://10.0.0.5:8000): its cells are serve cells only, "
+                                 "and nothing is started or stopped; `source` then only gives the tokenizer")
+    api_key_env: str | None = Field(None, description="Environment variable holding the endpoint's API key "
+                                    "(sent as a bearer token; the key itself is never stored)")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not (v.startswith("http://") or v.startswith("https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v.rstrip("/") if v else v
 
 
 class Axes(_Strict):
@@ -45,6 +59,11 @@ class Axes(_Strict):
     flags: list[str] = [DEFAULT_FLAGS]
     input_len: list[Annotated[int, Field(ge=1)]] = [32]
     output_len: list[Annotated[int, Field(ge=1)]] = [16]
+    mode: list[Literal["offline", "serve"]] = Field(["offline"], description="offline: the engine's Python API, "
+                                                    "static batches; serve: its own OpenAI-compatible server under load")
+    request_rate: list[Annotated[float, Field(gt=0)]] = Field([math.inf], description="Serve cells: requests/s "
+                                                              "arriving (see serve.arrival), at most batch_size in "
+                                                              "flight; .inf: a closed loop of batch_size requests")
 
 
 class SyntheticWorkload(_Strict):
@@ -73,6 +92,22 @@ class Measure(_Strict):
     greedy_tokens: int = Field(16, ge=1, description="Greedy tokens generated after each scoring prompt")
     score_repeats: int = Field(2, ge=1, description="Scoring passes per cell; 2 gives the run-to-run noise floor")
     scoring_text: str = Field("builtin", description="Text the scoring prompts are cut from: 'builtin' or a path")
+
+
+class Serve(_Strict):
+    """Serve cells: each is one load point (batch_size = requests in flight at most, request_rate) run
+    `measure.repeats` times against the engine's server, after `measure.warmup` x batch_size untimed requests."""
+
+    requests: int = Field(32, ge=1, description="Requests per timed run of a load point")
+    time_limit_s: float = Field(120, gt=0, description="A timed run sends nothing after this, and requests still "
+                                "running then are cut (and counted as errors)")
+    arrival: Literal["constant", "poisson"] = Field("poisson", description="Arrivals at a finite request_rate: evenly "
+                                                    "spaced, or a Poisson process (exponential gaps, seeded)")
+    request_timeout_s: float = Field(60, gt=0, description="Per request; a request over it is an error")
+    slo_ttft_ms: float | None = Field(None, gt=0, description="Goodput counts requests within both SLOs")
+    slo_tpot_ms: float | None = Field(None, gt=0)
+    capture_logprobs: bool = Field(True, description="Capture greedy outputs with logprobs through the API "
+                                   "(measure.scoring_*), so served cells compare with offline ones")
 
 
 class Tolerances(_Strict):
@@ -117,9 +152,11 @@ class Matrix(_Strict):
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="Cells matching every key are dropped; a value may be a list")
     workload: Workload = Field(default_factory=SyntheticWorkload)
     measure: Measure = Field(default_factory=Measure)
-    baseline: dict[str, Any] = Field(default_factory=lambda: {"framework": "hf", "quantization": "fp32", "flags": DEFAULT_FLAGS},
+    baseline: dict[str, Any] = Field(default_factory=lambda: {"framework": "hf", "quantization": "fp32", "flags": DEFAULT_FLAGS,
+                                                              "mode": "offline"},
                                      description="Axis values of the baseline; axes not named match the cell's own")
     tolerances: Tolerances = Field(default_factory=Tolerances)
+    serve: Serve = Field(default_factory=Serve)
     run: Run = Field(default_factory=Run)
 
     def model_entry(self, name: str) -> ModelEntry:
@@ -147,7 +184,13 @@ def _path(loc: tuple) -> str:
 def _pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
     problems = []
     for e in err.errors():
-        path = _path(tuple(e["loc"]))
+        loc = tuple(e["loc"])
+        if len(loc) >= 3 and loc[0] == "models" and loc[2] in ("str", "ModelEntry"):
+            # a model is a string or a mapping: report the branch the YAML took, without pydantic's tag
+            if (loc[2] == "str") == isinstance(e.get("input"), dict) and len(loc) == 3:
+                continue
+            loc = loc[:2] + loc[3:]
+        path = _path(loc)
         if prefix:
             path = f"{prefix}.{path}" if path != "(top level)" else prefix
         msg = e["msg"]
@@ -171,6 +214,9 @@ def _check_semantics(m: Matrix) -> list[str]:
     for i, model in enumerate(m.axes.model):
         if model not in m.models:
             problems.append(f"axes.model[{i}]: unknown model '{model}' (defined in models: {_known(m.models) or 'none'})")
+        elif m.model_entry(model).endpoint and "serve" not in m.axes.mode:
+            problems.append(f"models.{model}.endpoint: a model with an endpoint makes serve cells only, and "
+                            f"axes.mode has no serve (it has: {_known(m.axes.mode)})")
     for i, q in enumerate(m.axes.quantization):
         if normalize_quantization(q) not in QUANTIZATIONS:
             problems.append(f"axes.quantization[{i}]: unknown quantization '{q}' (known: {_known(QUANTIZATIONS)})")
@@ -229,6 +275,10 @@ def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
         return f"unknown quantization '{v}' (known: {_known(QUANTIZATIONS)})"
     if axis in ("batch_size", "input_len", "output_len") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
         return f"expected a positive integer, got {v!r}"
+    if axis == "mode" and v not in MODES:
+        return f"unknown mode {v!r} (known: {_known(MODES)})"
+    if axis == "request_rate" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+        return f"expected a positive number of requests/s (.inf: a closed loop), got {v!r}"
     if axis == "flags":
         defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
         if v not in defined:

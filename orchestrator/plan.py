@@ -37,6 +37,10 @@ with N replicas and says why.
 
 Caveat: cells are static batches measured closed-loop, so queueing delay at Q is not modelled;
 keep utilisation below 1 with some margin.
+
+Served cells (mode serve, label ".../serve") plan from their closed-loop load points, batch_size
+being the number of requests in flight; their open-loop rate cells measured the rate they were
+offered, not what the server can do, and are left out.
 """
 
 from __future__ import annotations
@@ -91,7 +95,8 @@ def gpus_per_replica(row: dict) -> tuple[int, str]:
 
 
 def _config_label(r: dict) -> str:
-    return f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}"
+    label = f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}"
+    return label + "/serve" if r.get("mode") == "serve" else label
 
 
 def _estimate(c: dict, input_len: int, output_len: int, scaled: bool) -> dict:
@@ -146,6 +151,8 @@ def plan(run_dir: str | Path, qps: float, input_len: int, output_len: int,
     if max_replicas is not None and max_replicas < 1:
         raise ValueError("max_replicas must be >= 1")
     cells = RunStore(run_dir).read_cells()
+    # a served open-loop cell measured the rate it was offered, not what the server can do
+    cells = cells[~((cells["mode"] == "serve") & (cells["request_rate"] != np.inf))]
     if cells.empty:
         return pd.DataFrame(columns=COLUMNS)
     derived = cells[["framework", "model", "quantization", "flags"]].astype(str).agg("/".join, axis=1)

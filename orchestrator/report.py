@@ -35,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from orchestrator.cells import load_label
 from orchestrator.store import STATUSES, RunStore
 
 VERDICT_ORDER = ("identical", "lossless", "near-lossless", "lossy", "n/a")
@@ -45,6 +46,12 @@ STATUS_COLOR = {"ok": "#1a7f37", "unsupported": "#b58900", "failed": "#d73027", 
 _METRICS = ("verdict", "reason", "kl_mean", "max_abs", "greedy_match", "greedy_close", "top1", "ppl_rel",
             "noise_kl_mean", "noise_max_abs", "noise_greedy_match", "speedup", "speedup_lo", "speedup_hi",
             "baseline_cell_id", "baseline_match")
+# What one HTML page holds and a browser still opens: a larger run is aggregated or capped, and
+# the page says so (the numbers of every cell: `bench compare RUN -o cells.parquet`, `bench export`).
+MAX_POINTS = 2000       # quality-vs-speed: above this, a density of all cells plus the Pareto frontier
+MAX_SERIES = 24         # throughput/latency lines: the engine configs with the highest throughput
+MAX_TABLE_CELLS = 2000  # cells table (and report.md): the Pareto frontier, then the fastest cells
+MAX_LISTED = 50         # cells not ok, cells not placed: listed one by one up to this, else grouped
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
             "#bcbd22", "#17becf")
 
@@ -85,10 +92,14 @@ def load(run_dir: str | Path) -> tuple[pd.DataFrame, dict, str | None]:
         df["status_reason"] = None
     df = df.sort_values(["framework", "model", "quantization", "flags", "batch_size", "input_len", "output_len"],
                         ignore_index=True)
-    df["config"] = df[["framework", "model", "quantization", "flags"]].astype(str).agg("/".join, axis=1) if len(df) else ""
+    # column-wise, not a row-wise join (that alone took 18 s at 100k cells)
+    df["config"] = (df["framework"].astype(str) + "/" + df["model"].astype(str) + "/"
+                    + df["quantization"].astype(str) + "/" + df["flags"].astype(str)) if len(df) else ""
+    df["config"] += np.where(df["mode"] == "serve", "/serve", "") if len(df) else ""
+    df["load_label"] = [load_label(m, b, r, a) for m, b, r, a in zip(df["mode"], df.batch_size, df.request_rate, df.load)]
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
-    df["label"] = [f"{c} b{b}" + (f" in{i}/out{o}" if multi_len else "")
-                   for c, b, i, o in zip(df.config, df.batch_size, df.input_len, df.output_len)]
+    df["label"] = [f"{c} {lo}" + (f" in{i}/out{o}" if multi_len else "")
+                   for c, lo, i, o in zip(df.config, df.load_label, df.input_len, df.output_len)]
     return df, manifest, analysis_error
 
 
@@ -168,8 +179,15 @@ def quality_figure(df: pd.DataFrame, tolerances: dict) -> tuple[Any, list[str]]:
                 + ("<br><b>on the Pareto frontier</b>" if r.front else ""))
 
     fig = go.Figure()
+    dense = len(d) > MAX_POINTS
+    fig._note = ""
+    if dense:  # one point per cell would be a page no browser opens: the density of all, and the frontier
+        _density(fig, d)
+        fig._note = (f"{len(d):,} cells are too many to draw one by one: the shading counts the cells per "
+                     f"(speedup, KL) bin, all {len(d):,} of them; the points are the "
+                     f"{int(d.front.sum())} cells on the Pareto frontier, coloured by verdict.")
     for verdict in VERDICT_ORDER:
-        g = d[d.verdict == verdict]
+        g = d[(d.verdict == verdict) & (d.front | (not dense))]
         if g.empty:
             continue
         fig.add_trace(go.Scatter(
@@ -209,6 +227,18 @@ def quality_figure(df: pd.DataFrame, tolerances: dict) -> tuple[Any, list[str]]:
     return fig, left_out
 
 
+def _density(fig, d: pd.DataFrame) -> None:
+    """A 2-D histogram of (speedup, KL) on log axes, computed here: the page holds the counts only."""
+    import plotly.graph_objects as go
+
+    x, y = np.log10(d.speedup.clip(lower=1e-9).to_numpy(float)), np.log10(d.kl_plot.to_numpy(float))
+    counts, xe, ye = np.histogram2d(x, y, bins=(90, 70))
+    z = np.where(counts.T > 0, counts.T, np.nan)
+    fig.add_trace(go.Heatmap(x=10 ** ((xe[:-1] + xe[1:]) / 2), y=10 ** ((ye[:-1] + ye[1:]) / 2), z=z,
+                             colorscale="Blues", zmin=0, name="cells per bin", colorbar=dict(title="cells", x=1.02),
+                             hovertemplate="speedup %{x:.3g}, KL %{y:.2g}: %{z} cells<extra></extra>"))
+
+
 def speed_figure(df: pd.DataFrame) -> Any:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -217,7 +247,15 @@ def speed_figure(df: pd.DataFrame) -> Any:
     if ok.empty:
         return None
     multi_len = ok[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
-    ok["series"] = ok.config + [f" in{i}/out{o}" if multi_len else "" for i, o in zip(ok.input_len, ok.output_len)]
+    # a served open-loop rate is its own series (x: the concurrency cap), apart from the closed loop
+    rate = [f" {a} {r:g}/s" if m == "serve" and r != np.inf else "" for m, r, a in zip(ok["mode"], ok.request_rate, ok.load)]
+    ok["series"] = ok.config + rate + [f" in{i}/out{o}" if multi_len else "" for i, o in zip(ok.input_len, ok.output_len)]
+    n_series, note = ok.series.nunique(), ""
+    if n_series > MAX_SERIES:  # thousands of lines help nobody: the fastest configs
+        top = ok.groupby("series").output_tok_s.max().nlargest(MAX_SERIES).index
+        ok = ok[ok.series.isin(top)]
+        note = (f"Showing the {MAX_SERIES} of {n_series:,} engine configs with the highest output tokens/s "
+                f"(at their best batch size); the others are in the tables.")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07, subplot_titles=(
         "output tokens/s", "TTFT ms (p50, bar to p99)", "TPOT ms (p50, bar to p99)"))
     for n, (series, g) in enumerate(ok.groupby("series", sort=True)):
@@ -237,10 +275,12 @@ def speed_figure(df: pd.DataFrame) -> Any:
                                      showlegend=col == 1, line=dict(color=color), marker=dict(color=color, size=8),
                                      error_y=err, hovertext=hover, hoverinfo="text"), row=1, col=col)
     batches = sorted(int(b) for b in ok.batch_size.unique())
-    fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches], title_text="batch size")
+    fig.update_xaxes(type="log", tickvals=batches, ticktext=[str(b) for b in batches],
+                     title_text="batch size (serve: requests in flight)")
     fig.update_yaxes(type="log", rangemode="tozero")
     fig.update_layout(height=470, margin=dict(l=60, r=20, t=40, b=40), template="plotly_white", hovermode="closest",
                       legend=dict(orientation="h", y=-0.22))
+    fig._note = note
     return fig
 
 
@@ -317,7 +357,9 @@ def _columns(multi_len: bool) -> list[Column]:
         ("quant", "quant", "quantization", lambda r: r["quantization"], lambda r: r["quantization"], ""),
         ("flags", "flags", "the flag-set name; its options are in the row's tooltip",
          lambda r: r["flags"], lambda r: r["flags"], ""),
-        ("batch", "batch", "", lambda r: r["batch_size"], lambda r: str(r["batch_size"]), "n"),
+        ("load", "load", "batch N: an offline static batch; c=N: a served closed loop of N requests in flight; "
+         "a served rate: requests/s arriving, at most N in flight", lambda r: f"{r['mode']}:{int(r['batch_size']):06d}:"
+         f"{r['request_rate'] if _finite(r['request_rate']) else 0:012.3f}", lambda r: r["load_label"], ""),
     ]
     if multi_len:
         cols += [("in", "in", "input tokens", lambda r: r["input_len"], lambda r: str(r["input_len"]), "n"),
@@ -345,7 +387,9 @@ def _columns(multi_len: bool) -> list[Column]:
         ("tpot-p99", "TPOT p99 ms", "", lambda r: r["tpot_ms_p99"], lambda r: _num(r["tpot_ms_p99"], ".2f"), "n"),
         ("tok-s", "out tok/s", "output tokens/s, mean over the timed batches", lambda r: r["output_tok_s"],
          lambda r: _num(r["output_tok_s"], ".1f"), "n"),
-        ("mem", "peak MiB", "peak memory during the timed batches (rss-tree on CPU, nvml on GPU)",
+        ("errors", "errors", "served requests that failed, of those sent (never dropped)", lambda r: r["errors"],
+         lambda r: _num(r["errors"], ".0f") if r["mode"] == "serve" else "", "n"),
+        ("mem", "peak MiB", "peak memory during the timed batches (the kernel's peak RSS on CPU, nvml on GPU)",
          lambda r: r["peak_mem_bytes"], lambda r: _mib(r["peak_mem_bytes"]), "n"),
         ("speedup", "speedup [95% CI]", "output tokens/s / the baseline cell's, bootstrap CI over repeats",
          lambda r: r["speedup"], _speed, "n"),
@@ -379,6 +423,73 @@ def _cells_table(df: pd.DataFrame) -> str:
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
+def _counts(values: pd.Series) -> str:
+    return ", ".join(f"{k} {n:,}" for k, n in values.astype(str).value_counts().items())
+
+
+def _bad_groups(bad: pd.DataFrame) -> str:
+    """Cells not ok, one line per (status, first line of the reason), most frequent first, capped."""
+    why = [first_line(r) or "(no reason given)" for r in bad.status_reason]
+    g = pd.DataFrame({"status": bad.status.astype(str), "why": why, "label": bad.label, "cell": bad.cell_id}) \
+        .groupby(["status", "why"], sort=False).agg(n=("cell", "size"), label=("label", "first"), cell=("cell", "first")) \
+        .sort_values("n", ascending=False)
+    more = len(g) - MAX_LISTED
+    g = g.head(MAX_LISTED)
+    items = "".join(f"<li><b>{n:,}</b> × <span style='color:{STATUS_COLOR.get(st, '#333')}'>{_esc(st)}</span>: "
+                    f"{_esc(why)} <span class='muted'>e.g. {_esc(label)}, cell {_esc(cell)}</span></li>"
+                    for (st, why), n, label, cell in zip(g.index, g.n, g.label, g.cell))
+    return f"<ul>{items}</ul>" + (f"<p class='muted'>and {more:,} other reasons (bench show RUN lists every cell)</p>"
+                                  if more > 0 else "")
+
+
+def table_cells(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The cells the per-cell tables show, and what was left out (empty when every cell is shown):
+    at most MAX_TABLE_CELLS, the Pareto frontier first, then the fastest cells by speedup."""
+    if len(df) <= MAX_TABLE_CELLS:
+        return df, ""
+    placed = df.speedup.map(_finite) & df.kl_mean.map(_finite)
+    front = pd.Series(False, index=df.index)
+    if placed.any():
+        front[placed] = pareto_front(df.speedup[placed].to_numpy(), df.kl_mean[placed].to_numpy())
+    speed = df.speedup.where(df.speedup.map(_finite), -np.inf)
+    order = pd.DataFrame({"f": ~front, "s": -speed}).sort_values(["f", "s"], kind="stable").index
+    shown = df.loc[sorted(order[:MAX_TABLE_CELLS])]
+    note = (f"This run has {len(df):,} cells, more than one page can hold: the table shows {len(shown):,} of them, "
+            f"the {int(front.sum())} on the Pareto frontier and then the fastest by speedup; the engine-config table "
+            f"aggregates every cell, and every cell's numbers are in `bench compare RUN -o cells.parquet` "
+            f"or `bench export RUN`.")
+    return shown, note
+
+
+def _configs_table(df: pd.DataFrame) -> str:
+    """One row per engine config (every cell counted): verdicts, worst KL, best speedups."""
+    d = pd.DataFrame({"config": df.config, "verdict": df.verdict.astype(str), "ok": df.status == "ok",
+                      "kl": pd.to_numeric(df.kl_mean, errors="coerce"), "speedup": pd.to_numeric(df.speedup, errors="coerce")})
+    d["lossless_speedup"] = d.speedup.where(d.verdict.isin(["identical", "lossless"]))
+    g = d.groupby("config", sort=False).agg(cells=("ok", "size"), ok=("ok", "sum"), kl_max=("kl", "max"),
+                                            best=("speedup", "max"), best_lossless=("lossless_speedup", "max"))
+    counts = pd.crosstab(d.config, d.verdict).reindex(columns=list(VERDICT_ORDER), fill_value=0)
+    g = g.join(counts).sort_values(["best_lossless", "best"], ascending=False, na_position="last")
+    total = len(g)
+    g = g.head(MAX_TABLE_CELLS)
+    head = "".join(f'<th data-key="cfg-{k}">{_esc(h)}</th>' for k, h in (
+        ("config", "engine config"), ("cells", "cells"), ("ok", "ok"), *((v, v) for v in VERDICT_ORDER),
+        ("kl", "worst KL mean"), ("best", "best speedup"), ("best-lossless", "best lossless speedup")))
+    rows = []
+    for cfg, r in zip(g.index, g.to_dict("records")):
+        counts = [int(r[v]) for v in VERDICT_ORDER]
+        vals = [(cfg, cfg, ""), (int(r["cells"]), f"{int(r['cells']):,}", "n"), (int(r["ok"]), f"{int(r['ok']):,}", "n"),
+                *((n, f"{n:,}" if n else "", "n") for n in counts),
+                (r["kl_max"], _sci(r["kl_max"]), "n"), (r["best"], _num(r["best"], ".2f"), "n"),
+                (r["best_lossless"], _num(r["best_lossless"], ".2f"), "n")]
+        rows.append("<tr>" + "".join(f'<td class="{c}" data-v="{_esc(v if _finite(v) or isinstance(v, str) else "")}">'
+                                     f"{_esc(t)}</td>" for v, t, c in vals) + "</tr>")
+    note = "" if total <= MAX_TABLE_CELLS else \
+        f"<p class='muted'>The {MAX_TABLE_CELLS:,} of {total:,} engine configs with the best lossless speedup.</p>"
+    return (note + f'<div class="wrap"><table class="sortable" id="configs"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
+
+
 def _kv(rows: list[tuple[str, Any]]) -> str:
     return '<table class="kv">' + "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in rows) + "</table>"
 
@@ -404,16 +515,19 @@ def _fastest(df: pd.DataFrame, verdicts: tuple[str, ...]) -> dict | None:
 
 
 def _versions_rows(df: pd.DataFrame) -> str:
-    groups: dict[tuple[str, str], list[str]] = {}
-    for r in df.to_dict("records"):
-        v = r.get("versions")
+    groups: dict[tuple[str, str], int] = {}
+    versions = df["versions"] if "versions" in df else pd.Series([None] * len(df), index=df.index)
+    # one parse per distinct versions text, not per cell
+    for (fw, v), n in pd.DataFrame({"fw": df.framework.astype(str), "v": versions.astype(object)}) \
+            .groupby(["fw", "v"], dropna=False).size().items():
         try:
             text = ", ".join(f"{k} {x}" for k, x in sorted(json.loads(v).items())) if isinstance(v, str) and v else ""
         except ValueError:
             text = str(v)
-        groups.setdefault((str(r["framework"]), text or "(not recorded)"), []).append(r["label"])
-    rows = "".join(f"<tr><td>{_esc(fw)}</td><td>{_esc(text)}</td><td class='n'>{len(cells)}</td></tr>"
-                   for (fw, text), cells in sorted(groups.items()))
+        key = (str(fw), text or "(not recorded)")
+        groups[key] = groups.get(key, 0) + int(n)
+    rows = "".join(f"<tr><td>{_esc(fw)}</td><td>{_esc(text)}</td><td class='n'>{n}</td></tr>"
+                   for (fw, text), n in sorted(groups.items()))
     return f"<table><thead><tr><th>framework</th><th>engine-side versions</th><th>cells</th></tr></thead>{rows}</table>"
 
 
@@ -458,7 +572,10 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
             lines.append(f"<li>{name}: <b>{_esc(r['label'])}</b> — {_esc(_speed(r))}, {_esc(r['verdict'])}</li>")
     if lines:
         parts.append("<ul>" + "".join(lines) + "</ul>")
-    if len(bad):
+    if len(bad) > MAX_LISTED:
+        parts.append(f"<p class='bad'><b>{len(bad):,} of {len(df):,} cells did not run ok</b>, grouped by status and "
+                     f"the first line of the reason:</p>" + _bad_groups(bad))
+    elif len(bad):
         items = "".join(f"<li><b>{_esc(r['label'])}</b> <span style='color:{STATUS_COLOR.get(r['status'], '#333')}'>"
                         f"{_esc(r['status'])}</span>: {_esc(first_line(r.get('status_reason')) or '(no reason given)')}"
                         f" <span class='muted'>cell {_esc(r['cell_id'])}</span></li>"
@@ -478,7 +595,12 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
                      "is the Pareto frontier: cells no other cell beats on both speed and KL.</p>")
     else:
         parts.append("<p class='muted'>No cell has both a speedup and a KL to place.</p>")
-    if left_out:
+    if fig is not None and fig._note:
+        parts.append(f"<p class='muted'><b>{_esc(fig._note)}</b></p>")
+    if len(left_out) > MAX_LISTED:
+        parts.append(f"<p class='muted'>Not placed (no KL or no speedup, see their verdict reason): {len(left_out):,} "
+                     f"cells; by verdict: {_esc(_counts(df.verdict[~(df.speedup.map(_finite) & df.kl_mean.map(_finite))]))}</p>")
+    elif left_out:
         parts.append(f"<p class='muted'>Not placed (no KL or no speedup, see their verdict reason): "
                      f"{_esc(', '.join(left_out))}</p>")
 
@@ -488,7 +610,8 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     if sfig is not None:
         parts.append(_fig_html(sfig, "plot-speed"))
         parts.append("<p class='muted'>One line per engine config (framework/model/quantization/flags); "
-                     "latency markers are p50, the error bar reaches p99. Click a legend entry to hide a config.</p>")
+                     "latency markers are p50, the error bar reaches p99. Click a legend entry to hide a config."
+                     + (f" <b>{_esc(sfig._note)}</b>" if sfig._note else "") + "</p>")
     else:
         parts.append("<p class='muted'>No ok cell to plot.</p>")
 
@@ -496,7 +619,11 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     parts.append("<h2>Cells</h2><p class='muted'>Click a header to sort. Grey columns: the noise floor "
                  "(the baseline engine against itself, run to run and batch 1 vs N) next to the metric it floors; "
                  "a deviation within it counts as lossless. Hover a row for its cell id and flags.</p>")
-    parts.append(_cells_table(df))
+    shown, note = table_cells(df)
+    if note:
+        parts.append(f"<p class='muted'><b>{_esc(note)}</b></p>")
+        parts.append("<h3>Engine configs</h3>" + _configs_table(df))
+    parts.append(_cells_table(shown))
 
     # provenance
     gpus = host.get("gpus") or []
@@ -552,8 +679,11 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
     head = ["framework", "model", "quant", "flags", "batch"] + (["in", "out"] if multi_len else []) + [
         "status", "verdict", "KL mean", "noise KL", "greedy", "speedup [95% CI]", "out tok/s", "TTFT p50 ms",
         "TPOT p50 ms", "reason"]
+    shown, note = table_cells(df)
+    if note:
+        out += [f"> {note}", ""]
     out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in df.to_dict("records"):
+    for r in shown.to_dict("records"):
         row = [r["framework"], r["model"], r["quantization"], r["flags"], r["batch_size"]] + (
             [r["input_len"], r["output_len"]] if multi_len else []) + [
             r["status"], f"**{r['verdict']}**" if r["verdict"] in ("lossy",) else r["verdict"], _sci(r["kl_mean"]),
@@ -561,7 +691,11 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
             _num(r["ttft_ms_p50"], ".1f"), _num(r["tpot_ms_p50"], ".2f"), first_line(_why(r), 120)]
         out.append("| " + " | ".join(_md(x) for x in row) + " |")
     bad = df[df.status != "ok"]
-    if len(bad):
+    if len(bad) > MAX_LISTED:
+        why = pd.Series([f"{st}: {first_line(r) or '-'}" for st, r in zip(bad.status, bad.status_reason)])
+        out += ["", f"**{len(bad):,} cell(s) not ok**, by status and reason:", ""]
+        out += [f"- {n:,} × {_md(w)}" for w, n in why.value_counts().head(MAX_LISTED).items()]
+    elif len(bad):
         out += ["", f"**{len(bad)} cell(s) not ok:**", ""]
         out += [f"- `{r['cell_id']}` {_md(r['label'])}: {r['status']}: {_md(first_line(r.get('status_reason')) or '-')}"
                 for r in bad.to_dict("records")]
@@ -598,8 +732,6 @@ def _is_run(path: Path) -> bool:
 
 def list_runs(results: str | Path) -> pd.DataFrame:
     """One row per run directory in `results` (or `results` itself when it is a run)."""
-    import pyarrow.dataset as ds
-
     root = Path(results)
     runs = [root] if _is_run(root) else sorted(p for p in root.iterdir() if p.is_dir() and _is_run(p)) \
         if root.is_dir() else []
@@ -607,10 +739,8 @@ def list_runs(results: str | Path) -> pd.DataFrame:
     for path in runs:
         store = RunStore(path)
         manifest = store.read_manifest()
-        status, frameworks = [], []
-        if any((path / "cells").glob("framework=*/*.parquet")):
-            t = ds.dataset(path / "cells", format="parquet", partitioning="hive").to_table(columns=["status", "framework"])
-            status, frameworks = t["status"].to_pylist(), [str(f) for f in t["framework"].to_pylist()]
+        t = store.read_cells_table(["status", "framework"])   # per-cell and compacted files, each cell once
+        status, frameworks = t["status"].to_pylist(), t["framework"].to_pylist()
         sessions = manifest.get("sessions") or []
         started = min((s["started"] for s in sessions if s.get("started")), default=None)
         ended = sessions[-1].get("ended") if sessions else None
@@ -668,31 +798,19 @@ def export_run(run_dir: str | Path, fmt: str = "csv", out_dir: str | Path | None
     CSV: one header row, list columns as JSON arrays, missing values empty. JSONL: one JSON object
     per line, missing values and NaN as null.
     """
-    import pyarrow as pa
-
     if fmt not in ("csv", "jsonl"):
         raise ValueError(f"format must be csv or jsonl, got {fmt!r}")
     store = RunStore(run_dir)
     if not _is_run(store.root):
         raise FileNotFoundError(f"{store.root} is not a run directory (no cells/ and no manifest.json)")
     out = Path(out_dir) if out_dir else store.root / "export"
-    import pyarrow.dataset as ds
-
-    from orchestrator.store import CELLS_FILE_SCHEMA, CELLS_SCHEMA
-
-    # arrow, not pandas: integer columns with a null stay integers
-    if any((store.root / "cells").glob("framework=*/*.parquet")):
-        cells = ds.dataset(store.root / "cells", format="parquet", partitioning="hive").to_table(
-            columns=CELLS_FILE_SCHEMA.names + ["framework"])
-        cells = cells.set_column(cells.schema.get_field_index("framework"), "framework",
-                                 cells["framework"].cast(pa.string())).select(CELLS_SCHEMA.names)
-    else:
-        cells = CELLS_SCHEMA.empty_table()
+    # arrow, not pandas: integer columns with a null stay integers; each cell once (its newest copy)
+    cells = store.read_cells_table()
     written = {out / f"cells.{fmt}": _write_rows(cells.to_batches(), cells.schema.names, out / f"cells.{fmt}", fmt)}
     if logprobs:
         from orchestrator.store import LOGPROBS_SCHEMA
 
         path = out / f"logprobs.{fmt}"
-        batches = store.logprobs_dataset().to_batches(batch_size=65536) if (store.root / "logprobs").is_dir() else []
+        batches = store.logprob_batches(batch_size=65536)
         written[path] = _write_rows(batches, LOGPROBS_SCHEMA.names, path, fmt)
     return written

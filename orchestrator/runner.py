@@ -40,6 +40,13 @@ def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, addre
     m, text = load_matrix(matrix_path)            # every matrix mistake is raised here, before Ray
     cells = expand(m)
     store = RunStore(run_dir or Path("results") / m.name)
+    with store.writing():                         # the driver is the only writer of its run dir
+        _run(m, text, cells, store, address, rerun_failed, console)
+    return store
+
+
+def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str | None, rerun_failed: bool,
+         console: Console) -> None:
     store.remove_partial_writes()
     todo = cells_to_run(cells, store, rerun_failed)
     skipped = len(cells) - len(todo)
@@ -60,7 +67,8 @@ def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, addre
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("ok {task.fields[ok]}  not ok {task.fields[bad]}"), TimeElapsedColumn(),
                    TimeRemainingColumn())
-        with Progress(*columns, console=console, transient=False) as progress:
+        # refreshed once a second (rich's default is 10): the driver shares the CPUs with the engines it times
+        with Progress(*columns, console=console, transient=False, refresh_per_second=1) as progress:
             task = progress.add_task(m.name, total=len(todo), ok=0, bad=0)
 
             def on_done(job: GroupJob, rows) -> None:
@@ -71,5 +79,11 @@ def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, addre
                 progress.update(task, advance=len(rows), ok=counts["ok"], bad=counts["not ok"])
 
             schedule(jobs, on_done)
+    try:  # a few large files instead of two per cell (orchestrator/compaction.py); crash-safe
+        from orchestrator.compaction import compact
+
+        compact(store)
+    except Exception as e:  # the per-cell files are intact and readable; `bench compact` tries again
+        console.print(f"[yellow]compaction of {store.root} failed ({type(e).__name__}: {e}); the results are "
+                      f"complete as per-cell files, `bench compact {store.root}` tries again[/yellow]")
     manifest.write(store, m, text, cells, started=started, ended=datetime.now(timezone.utc).isoformat())
-    return store

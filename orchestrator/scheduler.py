@@ -26,7 +26,10 @@ def init_ray(address: str | None = None) -> None:
     if address:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        # address="local": always a fresh local instance; without it ray.init joins any cluster another
+        # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus
+        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
+                 log_to_driver=False)
 
 
 def cluster_device() -> str:
@@ -46,11 +49,23 @@ def job_need(job: GroupJob, nodes: list[dict[str, float]]) -> placement.Need:
 
 
 # max_retries=0: Ray does not re-run a group by itself; the driver decides (node loss only).
-# max_calls=1: a fresh Ray worker per group, so no engine state leaks from one group to the next.
-@ray.remote(max_retries=0, max_calls=1)
-def _group_task(job: GroupJob) -> Rows:
+# No engine runs in the Ray worker (each group's engine is a child interpreter that exits with it), so
+# CPU groups reuse Ray workers: a fresh one per group (max_calls=1) cost 0.7-2 s of the group's time on
+# a 2-core host, and its replacement started while the next group's engine was being timed. GPU groups
+# keep a fresh worker each (max_calls=1, Ray's own default for GPU tasks; Ray takes it only in the decorator).
+def _run_on_node(job: GroupJob) -> Rows:
     node = ray.get_runtime_context().get_node_id()
     return [(row | {"node_id": node}, lp) for row, lp in run_group(job)]
+
+
+@ray.remote(max_retries=0)
+def _group_task(job: GroupJob) -> Rows:
+    return _run_on_node(job)
+
+
+@ray.remote(max_retries=0, max_calls=1)
+def _gpu_group_task(job: GroupJob) -> Rows:
+    return _run_on_node(job)
 
 
 def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
@@ -76,7 +91,9 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None]) ->
 
     def submit(job: GroupJob, nodes: list[dict[str, float]]) -> None:
         job.tries += 1
-        pending[_group_task.options(**job_need(job, nodes).ray_options()).remote(job)] = job
+        need = job_need(job, nodes)
+        task = _gpu_group_task if need.gpus else _group_task
+        pending[task.options(**need.ray_options()).remote(job)] = job
 
     for job in placement.longest_first(runnable, estimate):
         submit(job, nodes)

@@ -2,15 +2,26 @@
 
 results/<run>/
   manifest.json                                   the matrix as given, the cells, host, versions
-  cells/framework=<fw>/<cell_id>.parquet          one row per cell (CELLS_SCHEMA)
+  cells/framework=<fw>/<cell_id>.parquet          one row per cell (CELLS_SCHEMA), as the run stores it
   logprobs/framework=<fw>/<cell_id>.parquet       one row per scored position (LOGPROBS_SCHEMA)
+  compacted.json                                  after a compaction: which compacted files are live
+  cells/framework=<fw>/compacted-<g>.parquet      the cells folded by compaction <g> (one file)
+  logprobs/framework=<fw>/compacted-<g>.parquet   their logprobs, grouped by cell (likely references first)
 
 Each file is written to a temporary name and renamed, so a killed driver leaves whole files or
-none, and a re-run replaces a cell's files instead of adding rows: no duplicates.
+none, and a re-run replaces a cell's files instead of adding rows: no duplicates. While a run
+goes, every cell is its own pair of files; at its end (and with `bench compact`) they are folded
+into one cells file and one logprobs file per framework (orchestrator/compaction.py), so readers
+open a few files instead of two per cell. A cell stored again after that (`--rerun-failed`) is a
+per-cell file again, and wins over its older copy in the compacted files until the next compaction.
+Readers go through RunStore (read_cells_table, stored_status, logprob_files, logprob_batches),
+which apply that rule; only compacted files named in compacted.json are live.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -37,6 +48,10 @@ CELLS_SCHEMA = pa.schema([
     ("batch_size", pa.int32()),
     ("input_len", pa.int32()),
     ("output_len", pa.int32()),
+    ("mode", pa.string()),                # offline (the engine's Python API) | serve (its OpenAI-compatible server)
+    ("request_rate", _f64),               # serve: requests/s arriving (inf: a closed loop); offline: null
+    ("load", pa.string()),                # batch (offline static batch) | closed | constant | poisson
+    ("endpoint", pa.string()),            # serve: the given server's base URL; null when the cell started its own
     ("workload", pa.string()),            # JSON of the workload section
     ("device", pa.string()),
     ("node_id", pa.string()),             # the Ray node that ran the cell
@@ -54,6 +69,16 @@ CELLS_SCHEMA = pa.schema([
     ("output_tok_s", _f64),               # mean over repeats
     ("total_tok_s", _f64),
     ("req_s", _f64),
+    ("output_tokens", pa.int64()),        # output tokens of the timed requests (serve: as the server counted them)
+    ("prompt_tokens", pa.int64()),        # prompt tokens of the timed requests
+    ("requests_planned", pa.int32()),     # serve: requests the timed runs meant to send
+    ("requests_sent", pa.int32()),        # serve: requests sent (the rest: time limit reached first)
+    ("errors", pa.int32()),               # serve: sent requests that failed (errors_by_kind: JSON kind -> count)
+    ("errors_by_kind", pa.string()),
+    ("goodput", _f64),                    # serve: share of planned requests within the SLOs
+    ("goodput_req_s", _f64),              # serve: requests/s within the SLOs
+    ("slo_ttft_ms", _f64), ("slo_tpot_ms", _f64),
+    ("queue_ms_p50", _f64), ("queue_ms_p90", _f64), ("queue_ms_p99", _f64),  # serve: wait for a free slot
     ("ttft_ms", _list_f64),               # per request, for percentiles and bootstrap
     ("tpot_ms", _list_f64),
     ("e2e_ms", _list_f64),
@@ -61,7 +86,7 @@ CELLS_SCHEMA = pa.schema([
     ("engine_ttft_ms", _list_f64),        # the engine's own TTFT where it reports one
     ("peak_mem_bytes", pa.int64()),       # during this cell's timed runs
     ("load_peak_mem_bytes", pa.int64()),
-    ("mem_source", pa.string()),          # rss-tree | nvml | ...
+    ("mem_source", pa.string()),          # rss-peak-tree | rss-tree | nvml-tree | ...
     ("kv_budget_bytes", pa.int64()),
     ("versions", pa.string()),            # JSON: library versions in the engine's environment
     ("engine_args", pa.string()),         # JSON: the arguments given to the engine
@@ -91,12 +116,32 @@ STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
 CELLS_FILE_SCHEMA = CELLS_SCHEMA.remove(CELLS_SCHEMA.get_field_index("framework"))
 
 
-def _atomic_write_table(table: pa.Table, path: Path) -> None:
+def _parquet_options(schema: pa.Schema) -> dict:
+    """Writer settings: zstd; float columns (and float lists) as BYTE_STREAM_SPLIT without a
+    dictionary (a dictionary of ~distinct float32 logprobs only costs, and keeps byte-stream-split
+    off); every other column dictionary-encoded where it pays (ids, strings). Lossless: the values
+    read back bit for bit."""
+    floats, others = [], []
+    for field in schema:
+        t = field.type
+        leaf = t.value_type if pa.types.is_list(t) else t
+        path = f"{field.name}.list.element" if pa.types.is_list(t) else field.name
+        (floats if pa.types.is_floating(leaf) else others).append(path)
+    return {"compression": "zstd", "use_dictionary": others, "use_byte_stream_split": floats}
+
+
+LOGPROBS_WRITE_OPTIONS = _parquet_options(LOGPROBS_SCHEMA)
+# A one-row cells file is all footer (~80 column chunks): compression, dictionaries and statistics
+# only make it slower to write and to read (~3x and ~2x here); compaction compresses the table.
+CELL_FILE_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+
+
+def _atomic_write_table(table: pa.Table, path: Path, options: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
     os.close(fd)
     try:
-        pq.write_table(table, tmp, compression="zstd")
+        pq.write_table(table, tmp, **(options or {"compression": "zstd"}))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -139,42 +184,84 @@ class RunStore:
         fw, cid = row["framework"], row["cell_id"]
         lp_path = self.logprobs_path(fw, cid)
         if logprobs is not None and logprobs.num_rows:
-            _atomic_write_table(logprobs.cast(LOGPROBS_SCHEMA), lp_path)
+            _atomic_write_table(logprobs.cast(LOGPROBS_SCHEMA), lp_path, LOGPROBS_WRITE_OPTIONS)
         else:
             lp_path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
-        _atomic_write_table(cell_row(row), self.cell_path(fw, cid))
+        _atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
 
     def remove_partial_writes(self) -> int:
-        """Temporary files left by a driver killed mid-write; never read, removed on resume."""
-        stale = list(self.root.rglob(".tmp-*")) if self.root.exists() else []
+        """What a driver killed mid-write left: temporary files, and the unfinished steps of a
+        compaction (orchestrator.compaction.recover). Never read; removed on resume (driver only)."""
+        if not self.root.exists():
+            return 0
+        from orchestrator.compaction import recover
+
+        removed = recover(self)
+        stale = list(self.root.rglob(".tmp-*"))
         for path in stale:
             path.unlink(missing_ok=True)
-        return len(stale)
+        return len(stale) + removed
+
+    @contextlib.contextmanager
+    def writing(self):
+        """Hold the run dir's writer lock (re-entrant in this process): one writer per run dir.
+        An flock, so a killed writer leaves no stale lock."""
+        key = str(self.root.resolve())
+        held = _WRITER_LOCKS.get(key)
+        if held:
+            held[1] += 1
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            f = open(self.root / ".lock", "w")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                raise RuntimeError(f"another bench process is writing {self.root} (bench run or bench compact)") from None
+            except OSError:  # a file system without locks: one writer by convention, as before
+                pass
+            _WRITER_LOCKS[key] = held = [f, 1]
+        try:
+            yield self
+        finally:
+            held[1] -= 1
+            if not held[1]:
+                del _WRITER_LOCKS[key]
+                held[0].close()
+
+    # ------------------------------------------------------------------ reading (both layouts)
+
+    def layout(self) -> "Layout":
+        """Which files hold the run's rows now: per-cell files, and the compacted ones compacted.json names."""
+        return Layout.scan(self.root)
+
+    def read_cells_table(self, columns: list[str] | None = None) -> pa.Table:
+        """The cells table as Arrow (CELLS_SCHEMA order, or `columns`): one row per cell, its newest copy."""
+        return self.layout().read_cells(columns)
 
     def stored_status(self) -> dict[str, str]:
         """cell_id -> status of every cell stored so far."""
-        out = {}
-        for path in (self.root / "cells").glob("framework=*/*.parquet"):
-            table = pq.read_table(path, columns=["cell_id", "status"])
-            for cid, status in zip(table["cell_id"].to_pylist(), table["status"].to_pylist()):
-                out[cid] = status
-        return out
+        t = self.read_cells_table(["cell_id", "status"])
+        return dict(zip(t["cell_id"].to_pylist(), t["status"].to_pylist()))
 
     def read_cells(self):
         """The cells table as pandas (small: one row per cell)."""
-        import pyarrow.dataset as ds
+        return self.read_cells_table().to_pandas()
 
-        if not (self.root / "cells").exists():
-            return CELLS_SCHEMA.empty_table().to_pandas()
-        dataset = ds.dataset(self.root / "cells", format="parquet", partitioning="hive")
-        table = dataset.to_table(columns=CELLS_FILE_SCHEMA.names + ["framework"])
-        framework = table["framework"].cast(pa.string())
-        return table.set_column(table.schema.get_field_index("framework"), "framework", framework).to_pandas()
+    def logprob_files(self) -> dict[str, Path]:
+        """cell_id -> the file holding its logprobs, for every stored cell that has logprobs. A
+        compacted file also holds other cells (and maybe older rows of a cell stored again since):
+        select its rows by cell_id and file."""
+        return self.layout().logprob_files()
 
-    def logprobs_dataset(self):
-        import pyarrow.dataset as ds
+    def logprob_batches(self, columns: list[str] | None = None, batch_size: int = 65536):
+        """The logprobs table as Arrow record batches: every stored cell's rows once (its newest copy)."""
+        return self.layout().logprob_batches(columns, batch_size)
 
-        return ds.dataset(self.root / "logprobs", format="parquet", schema=LOGPROBS_SCHEMA, partitioning="hive")
+    def read_logprobs(self, columns: list[str] | None = None) -> pa.Table:
+        """The whole logprobs table as Arrow (large runs: prefer logprob_batches)."""
+        schema = LOGPROBS_SCHEMA if columns is None else pa.schema([LOGPROBS_SCHEMA.field(c) for c in columns])
+        return pa.Table.from_batches(list(self.logprob_batches(columns)), schema=schema)
 
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_text(self.root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
@@ -183,3 +270,177 @@ class RunStore:
         path = self.root / "manifest.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
+
+
+# ------------------------------------------------------------------ layout: per-cell and compacted files
+
+_WRITER_LOCKS: dict[str, list] = {}   # resolved run dir -> [open lock file, depth]
+COMMIT_FILE = "compacted.json"        # the commit record of the last compaction
+COMPACTED_PREFIX = "compacted-"       # cells|logprobs/framework=<fw>/compacted-<generation>.parquet
+STAGING_PREFIX = ".compacting-"       # a compaction's files before its commit (hidden from pandas/DuckDB globs)
+
+
+def is_cell_file(name: str) -> bool:
+    """A per-cell file (<cell_id>.parquet), not a compacted, temporary or staging one."""
+    return name.endswith(".parquet") and not name.startswith((".", "_", COMPACTED_PREFIX))
+
+
+_CELL_FILES_PER_SCAN = 4000
+
+
+def read_cell_files(paths: list[str], columns: list[str]) -> pa.Table:
+    """`columns` (of CELLS_FILE_SCHEMA) of many per-cell files, in one DuckDB scan (about half the
+    per-file cost of a pyarrow dataset on ~80-column files); a column a file lacks (written before
+    the schema grew) reads as null."""
+    import duckdb
+
+    schema = pa.schema([CELLS_FILE_SCHEMA.field(c) for c in columns])
+    names = ", ".join(f'"{c}"' for c in columns)
+    out = []
+    # a few thousand files per scan: DuckDB holds every file's metadata of a scan (100k files at
+    # once took 11 GiB here; 4,000 at a time stays under 1 GiB, and is as fast)
+    for i in range(0, len(paths), _CELL_FILES_PER_SCAN):
+        batch = paths[i:i + _CELL_FILES_PER_SCAN]
+        con = duckdb.connect(config={"memory_limit": "1GB", "enable_external_file_cache": False})
+        try:
+            con.execute("SET enable_progress_bar = false")
+            try:   # only the columns wanted (a third of the cost for two), when every file has them all
+                t = con.sql(f"SELECT {names} FROM read_parquet($files, hive_partitioning = false)",
+                            params={"files": batch}).to_arrow_table()
+            except duckdb.Error:   # files written before the schema grew: a column a file lacks reads as null
+                t = con.sql("SELECT * FROM read_parquet($files, union_by_name = true, hive_partitioning = false)",
+                            params={"files": batch}).to_arrow_table()
+        finally:
+            con.close()
+        # copied into whole buffers: DuckDB's result holds a 2048-row vector per one-row file (~100 KB each)
+        t = t.combine_chunks()
+        cols = [t[c].cast(f.type) if c in t.column_names else pa.nulls(t.num_rows, f.type) for c, f in zip(columns, schema)]
+        out.append(pa.Table.from_arrays(cols, schema=schema))
+    return pa.concat_tables(out) if out else schema.empty_table()
+
+
+def read_commit(root: Path) -> dict:
+    path = Path(root) / COMMIT_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _per_cell(table_dir: Path, compacted: list | None = None) -> dict[tuple[str, str], Path]:
+    """(framework, cell_id) -> path of every per-cell file under cells/ or logprobs/ (one listing, no
+    opens); the compacted files seen go to `compacted`."""
+    out: dict[tuple[str, str], Path] = {}
+    if not table_dir.is_dir():
+        return out
+    for part in os.scandir(table_dir):
+        if not (part.is_dir() and part.name.startswith("framework=")):
+            continue
+        fw = part.name.split("=", 1)[1]
+        for entry in os.scandir(part.path):
+            if is_cell_file(entry.name):
+                out[(fw, entry.name[: -len(".parquet")])] = Path(entry.path)
+            elif compacted is not None and entry.name.startswith(COMPACTED_PREFIX):
+                compacted.append(Path(entry.path))
+    return out
+
+
+class Layout:
+    """The files that hold a run's rows, and the rule that picks each cell's newest copy.
+
+    A cell is stored either as its own files (cells/framework=<fw>/<cell_id>.parquet, and its
+    logprobs beside it under logprobs/) or inside the compacted files the commit record names. Its
+    own files win: they are written only after the compaction that folded the older copy (or are
+    that copy itself, when a compaction was killed before it removed them). A cell's logprobs come
+    from the same place as its cells row; a per-cell logprobs file without a cells row is an
+    interrupted write and is not read.
+    """
+
+    def __init__(self, root: Path, record: dict, percell: dict, percell_lp: dict):
+        self.root, self.record = Path(root), record
+        staged = record.get("staged") or {}
+
+        def resolve(rel: str) -> Path:  # after the commit, before the rename: the staging name
+            final = self.root / rel
+            return final if final.exists() or rel not in staged else self.root / staged[rel]
+
+        self.generation = int(record.get("generation", 0))
+        self.cells_parts: dict[str, Path] = {fw: resolve(rel) for fw, rel in (record.get("cells") or {}).items()}
+        self.lp_parts: dict[Path, dict] = {resolve(rel): info for rel, info in (record.get("logprobs") or {}).items()}
+        self.percell: dict[str, str] = {cid: fw for fw, cid in percell}           # cell_id -> framework
+        self.percell_paths: dict[str, Path] = {cid: p for (fw, cid), p in percell.items()}
+        self.percell_lp: dict[tuple[str, str], Path] = percell_lp
+
+    @classmethod
+    def scan(cls, root: Path) -> "Layout":
+        root = Path(root)
+        compacted: list[Path] = []
+        record = read_commit(root)
+        percell, percell_lp = _per_cell(root / "cells", compacted), _per_cell(root / "logprobs", compacted)
+        if compacted and not record:  # never guess, and never write over them
+            raise RuntimeError(f"{root} has compacted files ({compacted[0].relative_to(root)}, ...) but no "
+                               f"{COMMIT_FILE}, which says which rows they hold: restore it (it was copied or "
+                               f"removed without them?), or move the compacted files away")
+        return cls(root, record, percell, percell_lp)
+
+    @property
+    def compacted(self) -> bool:
+        return bool(self.cells_parts)
+
+    def read_cells(self, columns: list[str] | None = None) -> pa.Table:
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        names = list(columns or CELLS_SCHEMA.names)
+        out_schema = pa.schema([CELLS_SCHEMA.field(c) for c in names])
+        read = [c for c in names if c != "framework"]
+        read += [] if "cell_id" in read else ["cell_id"]
+        tables = []
+        newer = pa.array(sorted(self.percell), pa.string())
+        for fw, path in sorted(self.cells_parts.items()):
+            t = ds.dataset(str(path), format="parquet", schema=CELLS_FILE_SCHEMA).to_table(columns=read)
+            if len(newer):
+                t = t.filter(pc.invert(pc.is_in(t["cell_id"], value_set=newer)))
+            tables.append(t.append_column("framework", pa.array([fw] * t.num_rows, pa.string())))
+        if self.percell:
+            t = read_cell_files([str(self.percell_paths[c]) for c in sorted(self.percell)], read)
+            fws = pa.array([self.percell[c] for c in t["cell_id"].to_pylist()], pa.string())
+            tables.append(t.append_column("framework", fws))
+        if not tables:
+            return out_schema.empty_table()
+        return pa.concat_tables(tables).select(names).cast(out_schema)
+
+    def logprob_files(self) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        for path, info in self.lp_parts.items():
+            out.update(dict.fromkeys(info["cells"], path))
+        for cid, fw in self.percell.items():
+            lp = self.percell_lp.get((fw, cid))
+            if lp is None:
+                out.pop(cid, None)   # stored again without logprobs: the compacted rows are stale
+            else:
+                out[cid] = lp
+        return out
+
+    def compacted_rows(self) -> dict[str, tuple[Path, int, int]]:
+        """cell_id -> (compacted logprobs file, first row, rows) of every cell read from one."""
+        out: dict[str, tuple[Path, int, int]] = {}
+        for path, info in self.lp_parts.items():
+            start = 0
+            for cid, n in zip(info["cells"], info["rows"]):
+                if cid not in self.percell:
+                    out[cid] = (path, start, n)
+                start += n
+        return out
+
+    def logprob_batches(self, columns: list[str] | None = None, batch_size: int = 65536):
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        columns = list(columns or LOGPROBS_SCHEMA.names)
+        for path, info in sorted(self.lp_parts.items()):
+            stale = [c for c in info["cells"] if c in self.percell]
+            where = pc.invert(pc.field("cell_id").isin(pa.array(stale, pa.string()))) if stale else None
+            yield from ds.dataset(str(path), format="parquet", schema=LOGPROBS_SCHEMA).to_batches(
+                columns=columns, filter=where, batch_size=batch_size)
+        live = [str(p) for (fw, cid), p in sorted(self.percell_lp.items()) if self.percell.get(cid) == fw]
+        if live:
+            yield from ds.dataset(live, format="parquet", schema=LOGPROBS_SCHEMA).to_batches(
+                columns=columns, batch_size=batch_size)

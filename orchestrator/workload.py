@@ -26,6 +26,7 @@ class Tokenizer:
 
             tok = FastTokenizer.from_file(str(path / "tokenizer.json"))
             self.encode = lambda text: tok.encode(text, add_special_tokens=False).ids
+            self.decode = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
             self.vocab_size = tok.get_vocab_size()
             self.special_ids = set(tok.get_added_tokens_decoder())
         else:
@@ -33,6 +34,7 @@ class Tokenizer:
 
             tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             self.encode = lambda text: tok.encode(text, add_special_tokens=False)
+            self.decode = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
             self.vocab_size = len(tok)
             self.special_ids = set(tok.all_special_ids)
 
@@ -69,6 +71,25 @@ def timing_prompts(workload: SyntheticWorkload | DatasetWorkload, tok: Tokenizer
         ids = list(item) if isinstance(item, list) else tok.encode(item)
         prompts.append(ids[:input_len])
     return prompts
+
+
+def text_prompts(tok: Tokenizer, prompts: list[list[int]]) -> tuple[list[list[int]], list[str]]:
+    """Timing prompts for a server that takes text only. Random token ids rarely survive decode ->
+    encode (neighbouring tokens merge), so each prompt becomes the ids its own text tokenizes to, cut
+    or topped up (with those ids again) to its length, until text and ids agree: the server then gets
+    prompts of the length the matrix asked for, as far as its tokenizer agrees with this one."""
+    ids_out, texts = [], []
+    for ids in prompts:
+        n, cur = len(ids), list(ids)
+        for _ in range(8):
+            back = tok.encode(tok.decode(cur))
+            if back == cur:
+                break
+            cur = (back * (n // max(len(back), 1) + 1))[:n]
+        text = tok.decode(cur)
+        ids_out.append(tok.encode(text))
+        texts.append(text)
+    return ids_out, texts
 
 
 def _dataset_prompts(workload: DatasetWorkload) -> list:

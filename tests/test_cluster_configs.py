@@ -208,7 +208,7 @@ def test_engine_versions_in_the_images_are_the_ones_the_project_pins():
     assert "FROM nvcr.io/nvidia/tensorrt-llm/release:${TRTLLM_VERSION}" in dockerfile("trtllm")
     assert arg(dockerfile("lmdeploy"), "LMDEPLOY_VERSION") == lmdeploy.LMDEPLOY_VERSION
     pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["llamacpp"]
-    assert f"llama-cpp-python=={arg(dockerfile('llamacpp'), 'LLAMA_CPP_PYTHON_VERSION')}" in pins
+    assert f"llama-cpp-python[server]=={arg(dockerfile('llamacpp'), 'LLAMA_CPP_PYTHON_VERSION')}" in pins
     assert "-DGGML_CUDA=on" in dockerfile("llamacpp")
 
 

@@ -573,3 +573,51 @@ def test_gpu_check_matrix_is_valid():
     m, _ = load_matrix(ROOT / "matrices" / "gpu-check.yaml")
     assert {"hf", "vllm", "trtllm", "lmdeploy"} <= set(m.axes.framework)
     assert m.run.device == "cuda"
+
+
+# -- serve cells: the servers' command lines ---------------------------------------------------------
+# Flags each server's CLI defines, read from its source: lmdeploy 0.16.0 lmdeploy/cli/serve.py
+# (add_parser_api_server) with cli/utils.py (ArgumentHelper); tensorrt_llm/commands/serve.py (click
+# options of `serve`; recent main, not the 1.2.1 tag). These servers need CUDA: the command lines are
+# checked here, the servers themselves only on a GPU host (tests/gpu).
+LMDEPLOY_SERVE_FLAGS = {"--server-name", "--server-port", "--backend", "--model-name", "--tp", "--dtype",
+                        "--cache-max-entry-count", "--quant-policy", "--generation-config", "--log-level",
+                        "--model-format", "--session-len", "--max-batch-size", "--max-prefill-token-num",
+                        "--logprobs-mode", "--revision", "--enable-prefix-caching", "--eager-mode",
+                        "--trust-remote-code"}
+TRTLLM_SERVE_FLAGS = {"--host", "--port", "--backend", "--tp_size", "--log_level", "--extra_llm_api_options",
+                      "--trust_remote_code"}
+
+
+def _flags(argv: list[str]) -> set[str]:
+    return {a for a in argv if a.startswith("--")}
+
+
+@pytest.mark.parametrize("quant,options", LMDEPLOY_CASES)
+def test_lmdeploy_api_server_command_uses_only_its_flags(quant, options):
+    spec = load_spec("lmdeploy", quant, options, trust_remote_code=True)
+    try:
+        argv = lmd.server_argv(spec, 23333)
+    except Unsupported as err:   # speculative decoding: offline only, and said so
+        assert options.get("speculative_method") and "offline pipeline only" in str(err)
+        return
+    assert argv[:4] == ["lmdeploy", "serve", "api_server", "/models/m"]
+    assert _flags(argv) <= LMDEPLOY_SERVE_FLAGS, _flags(argv) - LMDEPLOY_SERVE_FLAGS
+    value = lambda flag: argv[argv.index(flag) + 1]  # noqa: E731
+    kw = lmd.engine_kwargs(spec)
+    assert value("--server-port") == "23333" and value("--server-name") == "127.0.0.1"
+    assert value("--backend") == kw["backend"] and value("--tp") == str(kw["backend_config"]["tp"])
+    assert ("--enable-prefix-caching" in argv) == kw["backend_config"]["enable_prefix_caching"]
+    assert "--trust-remote-code" in argv and value("--generation-config") == "lmdeploy"
+
+
+@pytest.mark.parametrize("quant,options", TRTLLM_CASES)
+def test_trtllm_serve_command_and_its_extra_options(quant, options, tmp_path):
+    spec = load_spec("trtllm", quant, options)
+    spec.cache_dir = str(tmp_path)
+    argv, extra = trt.server_argv(spec, 8123)
+    assert argv[:3] == ["trtllm-serve", "serve", "/models/m"] and _flags(argv) <= TRTLLM_SERVE_FLAGS
+    assert argv[argv.index("--port") + 1] == "8123" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    # the LLM API arguments go whole into the options file: the same ones the offline adapter builds
+    assert extra == {k: v for k, v in trt.engine_kwargs(spec).items() if k != "model"}
+    assert argv[argv.index("--extra_llm_api_options") + 1].startswith(str(tmp_path))

@@ -13,7 +13,6 @@ import sys
 import time
 
 import pandas as pd
-import pytest
 
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
 from orchestrator.runner import run_matrix

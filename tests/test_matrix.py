@@ -66,6 +66,28 @@ def test_exclude_and_include():
                     ("llamacpp", "q4_0", "default", 1)]
 
 
+def test_serve_cells_expand_over_modes_and_rates():
+    data = with_(axes__framework=["llamacpp"], axes__flags=["default"], axes__mode=["offline", "serve"],
+                 axes__request_rate=[float("inf"), 8.0],
+                 models__remote={"source": "/models/other", "endpoint": "http://127.0.0.1:9/"},
+                 axes__model=["tiny", "remote"], exclude=[{"mode": "serve", "request_rate": 8.0, "batch_size": 1}])
+    cells = expand(parse_matrix(data))
+    got = sorted((c.model, c.mode, c.batch_size, c.request_rate or 0) for c in cells)
+    inf = float("inf")
+    # an offline cell has no rate (one per batch size); a model with an endpoint makes serve cells only
+    assert got == [("remote", "serve", 1, inf), ("remote", "serve", 4, 8.0), ("remote", "serve", 4, inf),
+                   ("tiny", "offline", 1, 0), ("tiny", "offline", 4, 0),
+                   ("tiny", "serve", 1, inf), ("tiny", "serve", 4, 8.0), ("tiny", "serve", 4, inf)]
+    groups = group(cells)
+    assert sorted((g.model, g.mode, len(g.cells)) for g in groups) == [
+        ("remote", "serve", 3), ("tiny", "offline", 2), ("tiny", "serve", 3)]
+    # offline ids do not depend on the serve settings; serve ids do
+    other = expand(parse_matrix(data | {"serve": {"requests": 7}}))
+    same = {c.cell_id for c in cells if c.mode == "offline"}
+    assert same <= {c.cell_id for c in other}
+    assert not {c.cell_id for c in cells if c.mode == "serve"} & {c.cell_id for c in other}
+
+
 def test_unknown_framework_names_index_and_choices():
     got = problems(with_(axes__framework=["hf", "llamacpp", "vlm"]))
     assert got == ["axes.framework[2]: unknown framework 'vlm' (known: hf, vllm, trtllm, lmdeploy, llamacpp)"]
@@ -91,6 +113,16 @@ def test_unknown_framework_names_index_and_choices():
     (with_(run={"python": {"vlm": "/x"}}), "run.python.vlm: unknown framework 'vlm'"),
     (with_(run={"device": "tpu"}), "run.device: Input should be 'auto', 'cpu' or 'cuda'"),
     (with_(bogus=1), "bogus: unknown key"),
+    (with_(axes__mode=["offline", "served"]), "axes.mode[1]: Input should be 'offline' or 'serve'"),
+    (with_(axes__request_rate=[0]), "axes.request_rate[0]: Input should be greater than 0"),
+    (with_(exclude=[{"mode": "online"}]), "exclude[0].mode: unknown mode 'online' (known: offline, serve)"),
+    (with_(exclude=[{"request_rate": "fast"}]), "exclude[0].request_rate: expected a positive number of requests/s"),
+    (with_(models__other={"source": "/m", "endpoint": "10.0.0.5:8000"}), "models.other.endpoint: Value error, "
+     "expected an http:// or https:// URL"),
+    (with_(axes__model=["tiny", "other"], models__other={"source": "/m", "endpoint": "http://10.0.0.5:8000"}),
+     "models.other.endpoint: a model with an endpoint makes serve cells only, and axes.mode has no serve"),
+    (with_(serve={"arrival": "bursty"}), "serve.arrival: Input should be 'constant' or 'poisson'"),
+    (with_(serve={"requests": 0}), "serve.requests: Input should be greater than or equal to 1"),
 ])
 def test_each_kind_of_mistake_names_its_yaml_path(data, expected):
     got = problems(data)

@@ -195,3 +195,44 @@ def test_report_cli(report_run):
     res = CliRunner().invoke(app, ["report", str(report_run.root)])
     assert res.exit_code == 0, res.output
     assert (report_run.root / "report.html").exists() and (report_run.root / "report.md").exists()
+
+
+def test_large_run_report_is_aggregated_and_capped(tmp_path, monkeypatch):
+    """A run with more cells than a page holds (caps lowered here to 100 for a 600-cell run):
+    the quality plot becomes a density plus the Pareto frontier, the speed plot keeps the fastest
+    configs, the cells table and report.md are capped, the configs table counts every cell, the
+    cells not ok are grouped, and the page says so; it still draws in Chromium."""
+    import importlib.util
+    import sys
+
+    from conftest import ROOT
+    from orchestrator import report as rep
+    from orchestrator.compaction import compact
+    from orchestrator.store import RunStore
+
+    spec = importlib.util.spec_from_file_location("analysis_at_scale", ROOT / "benchmarks" / "analysis_at_scale.py")
+    scale = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("analysis_at_scale", scale)
+    spec.loader.exec_module(scale)
+    run = tmp_path / "big"
+    scale.generate(run, 600, 120_000, seed=1)
+    compact(RunStore(run))
+    for name, cap in (("MAX_POINTS", 100), ("MAX_SERIES", 5), ("MAX_TABLE_CELLS", 100), ("MAX_LISTED", 3)):
+        monkeypatch.setattr(rep, name, cap)
+    html_path, md_path = write_report(run)
+    text = html_path.read_text()
+    assert "600 cells, more than one page can hold: the table shows 100 of them" in text
+    assert "cells are too many to draw one by one" in text and '"type":"heatmap"' in text
+    assert "Showing the 5 of" in text and "grouped by status and the first line of the reason" in text
+    body = re.search(r'<table class="sortable" id="cells">.*?<tbody>(.*?)</tbody>', text, re.S).group(1)
+    assert body.count("<tr") == 100
+    configs = re.search(r'<table class="sortable" id="configs">.*?<tbody>(.*?)</tbody>', text, re.S).group(1)
+    counted = [int(x.replace(",", "")) for x in re.findall(r'<tr><td class="" data-v="[^"]*">[^<]*</td>'
+                                                            r'<td class="n" data-v="(\d+)"', configs)]
+    assert sum(counted) == 600  # every cell is in the engine-config table
+    md = md_path.read_text()
+    assert md.count("\n| ") == 100 + 1 and "the table shows 100" in md  # header + 100 rows
+    if CHROMIUM:
+        res = _chromium(tmp_path, "--dump-dom", html_path.as_uri())
+        assert res.returncode == 0 and not _console_errors(res.stderr), res.stderr[-2000:]
+        assert re.search(r'<body[^>]*data-plots="2"', res.stdout)

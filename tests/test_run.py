@@ -12,7 +12,7 @@ import pytest
 
 from conftest import SMALL_MATRIX
 from orchestrator.runner import run_matrix
-from orchestrator.store import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, STATUSES, RunStore
+from orchestrator.store import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, STATUSES
 
 M = SMALL_MATRIX["measure"]
 
@@ -42,7 +42,7 @@ def test_one_row_per_cell_with_sane_numbers(small_run):
         assert r.ttft_ms_p50 <= r.ttft_ms_p99
         assert r.tpot_ms_p50 > 0 and r.output_tok_s > 0 and r.total_tok_s > r.output_tok_s
         assert len(r.output_tok_s_runs) == M["repeats"]
-        assert r.load_s > 0 and r.peak_mem_bytes > 50 * 2**20 and r.mem_source == "rss-tree"
+        assert r.load_s > 0 and r.peak_mem_bytes > 50 * 2**20 and r.mem_source == "rss-peak-tree"
         assert json.loads(r.versions)["torch"].startswith("2.13.0")
         assert r.batch_mode == "batched"
     bad = cells[cells.quantization == "q4_0"]
@@ -105,12 +105,17 @@ def test_rerun_skips_stored_cells_and_rerun_failed_retries_the_rest(small_run):
     before = {f: f.stat().st_mtime_ns for f in files}
     run_matrix(path, store.root)
     assert {f: f.stat().st_mtime_ns for f in files} == before
+    # the run ended compacted: one cells and one logprobs file for the framework, nothing per cell
+    assert [f.name for f in files] == ["compacted-1.parquet"]
+    first = store.read_cells().set_index("cell_id").started_at
     run_matrix(path, store.root, rerun_failed=True)
-    after = {f: f.stat().st_mtime_ns for f in files}
-    changed = {f.stem for f in files if after[f] != before[f]}
     cells = store.read_cells()
-    assert changed == set(cells[cells.status != "ok"].cell_id)
-    assert len(cells) == 4
+    again = set(cells[cells.started_at != cells.cell_id.map(first)].cell_id)
+    assert again == set(cells[cells.status != "ok"].cell_id) and again  # only the cells not ok ran again
+    assert len(cells) == 4 and cells.cell_id.is_unique
+    raw = pd.read_parquet(store.root / "cells")  # compacted again: a plain read sees each cell once
+    assert len(raw) == 4 and raw.cell_id.is_unique
+    assert sorted(f.name for f in (store.root / "cells").rglob("*.parquet")) == ["compacted-2.parquet"]
 
 
 def test_missing_environment_is_an_unsupported_row_naming_the_fix(ray_local, write_matrix, tmp_path):

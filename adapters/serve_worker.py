@@ -1,0 +1,217 @@
+"""The worker's serve mode: one server per engine group, one load point per cell.
+
+The group's server is the engine's own (`Adapter.server`), started on a free loopback port and
+stopped at the end; or, for a model with an `endpoint`, a server someone else runs (nothing is
+started or stopped, and its memory is not ours to measure). Per cell: `warmup` x batch_size untimed
+requests, then `repeats` timed runs of the load point (at most batch_size in flight, arriving at
+request_rate, or a closed loop), then the output capture through the API at the same concurrency.
+
+A server that dies during a cell takes the worker with it (exit 3, the server's last output on
+stdout): the launcher records the cell as crashed and starts a fresh worker, and so a fresh server,
+for the cells left.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from adapters import serving
+from adapters.base import Adapter, AdapterInfo, LoadSpec, Unsupported
+from adapters.trackers import MemoryTracker
+from adapters.worker import LOGPROB_FIELDS, Events, _logprob_rows, logprob_arrays, run_cells
+
+
+@dataclass
+class Target:
+    """The server the cells talk to."""
+
+    url: str
+    api: serving.ServerApi
+    model: str | None
+    to_id: object
+    headers: dict | None
+    settings: dict                       # the matrix's serve section (+ endpoint, seed, startup timeout)
+    server: serving.ServerProcess | None = None
+    reset_path: str | None = None
+
+    def reset_cache(self) -> None:
+        if self.reset_path:
+            serving.post(self.url, self.reset_path, self.headers)
+
+    def load_kwargs(self, output_len: int, ignore_eos: bool) -> dict:
+        s = self.settings
+        return dict(max_tokens=output_len, ignore_eos=ignore_eos, seed=s["seed"],
+                    request_timeout_s=s["request_timeout_s"], model=self.model, headers=self.headers)
+
+    def check_alive(self) -> None:
+        """Exit the worker when the started server has died: the launcher makes the cell `crashed`."""
+        how = self.server.exit_description() if self.server else None
+        if how:  # the launcher keeps the end of this output as the reason: the verdict goes last
+            print(f"the server's last output:\n{self.server.log_tail(1200)}\n"
+                  f"the engine's server {how} while this cell ran", flush=True)
+            os._exit(3)
+
+
+def _server_tokens(target: Target, texts: list[str], notes: list[str], what: str, intended: list[list[int]]):
+    """Prompt token ids of text prompts as the server tokenizes them (None where it cannot say)."""
+    ids = [serving.tokenize_remote(target.url, target.api, t, target.model, target.headers) for t in texts]
+    known = [(a, b) for a, b in zip(ids, intended) if a is not None]
+    if not known:
+        notes.append(f"{what} sent as text (this server takes no token ids) and it has no tokenizer endpoint: "
+                     "prompt lengths as its usage reports them")
+        return ids
+    differ = sum(a != b for a, b in known)
+    lengths = [len(a) for a, _ in known]
+    notes.append(f"{what} sent as text (this server takes no token ids): the server's tokenizer gave "
+                 f"{min(lengths)}-{max(lengths)} tokens (mean {np.mean(lengths):.1f}); {differ} of {len(known)} "
+                 f"differ from the run's token ids")
+    return ids
+
+
+def run_served_cell(target: Target, cell: dict, scoring: dict | None, memory: MemoryTracker | None) -> tuple[dict, dict]:
+    api, s = target.api, target.settings
+    conc, per_run = cell["batch_size"], s["requests"]
+    rate = math.inf if cell["request_rate"] is None else cell["request_rate"]
+    ids = cell["timing_prompts"]
+    notes: list[str] = []
+    if api.prompt_ids:
+        prompts, lengths = ids, [len(p) for p in ids]
+    else:
+        prompts = cell["timing_texts"]
+        server_ids = _server_tokens(target, prompts, notes, "timing prompts", ids)
+        lengths = [len(x) if x is not None else None for x in server_ids]
+        lengths = None if any(x is None for x in lengths) else lengths
+    kw = target.load_kwargs(cell["output_len"], cell["ignore_eos"])
+    n_warm = cell["warmup"] * conc
+    if n_warm:
+        serving.run_load(target.url, api, prompts[:n_warm],
+                         serving.LoadProfile(concurrency=conc, requests=n_warm, time_limit_s=s["time_limit_s"]),
+                         prompt_tokens=lengths[:n_warm] if lengths else None, **kw)
+    if memory:
+        memory.reset_peak()
+    runs = []
+    for r in range(cell["repeats"]):
+        target.reset_cache()
+        lo = n_warm + r * per_run
+        profile = serving.LoadProfile(concurrency=conc, rate=rate, arrival=s["arrival"], requests=per_run,
+                                      time_limit_s=s["time_limit_s"])
+        runs.append(serving.run_load(target.url, api, prompts[lo:lo + per_run], profile,
+                                     prompt_tokens=lengths[lo:lo + per_run] if lengths else None, **kw))
+    target.check_alive()
+    record = serving.summarize(runs, s["slo_ttft_ms"], s["slo_tpot_ms"])
+    first_errors = record.pop("first_errors")
+    if first_errors:
+        notes.append("first errors: " + " | ".join(first_errors))
+    if cell["ignore_eos"] and not api.ignore_eos:
+        early = sum(1 for run in runs for r in run["results"] if r.ok and r.finish_reason == "stop")
+        notes.append(f"this server cannot ignore EOS: {early} of {record['requests']} timed requests ended at EOS "
+                     f"before output_len")
+    record["peak_mem_bytes"] = memory.peak() if memory else None
+    logprobs = {}
+    if scoring and not api.logprobs:
+        record["capture_skipped"] = "this server returns no logprobs over its OpenAI API"
+    elif scoring:
+        logprobs = capture_served(target, scoring, conc, notes)
+    record["cell_notes"] = notes
+    return record, logprobs
+
+
+def capture_served(target: Target, scoring: dict, concurrency: int, notes: list[str]) -> dict[str, np.ndarray]:
+    """The scoring prompts through the API, `concurrency` at a time, `repeats` times: greedy rows, and
+    teacher-forced rows where the server offers prompt logprobs."""
+    api = target.api
+    intended = scoring["prompts"]
+    if api.prompt_ids:
+        prompts, prompt_ids = intended, intended
+    else:
+        prompts = scoring["texts"]
+        prompt_ids = _server_tokens(target, prompts, notes, "scoring prompts", intended)
+    if api.prompt_logprobs is None:
+        notes.append("this server offers no prompt logprobs: only greedy rows were captured (text layer only)")
+    rows: dict[str, list] = {n: [] for n in LOGPROB_FIELDS}
+    want, early = scoring["greedy_tokens"], 0
+    for repeat in range(scoring["repeats"]):
+        caps = serving.capture(target.url, api, prompts, prompt_ids, max_tokens=want, top_k=scoring["top_k"],
+                               concurrency=concurrency, seed=target.settings["seed"], model=target.model,
+                               to_id=target.to_id, headers=target.headers,
+                               timeout_s=target.settings["request_timeout_s"])
+        for i, c in enumerate(caps):
+            context = c.prompt_ids or [0] * int(c.usage.get("prompt_tokens") or 0)   # only its length is used
+            if c.prompt is not None:
+                _logprob_rows([c.prompt], [context], "prompt", repeat, i, rows)
+            _logprob_rows([c.generation], [context], "generation", repeat, i, rows)
+            early += len(c.generation) < want
+    if early:
+        notes.append(f"greedy capture: {early} completions ended before {want} tokens (EOS: this server cannot "
+                     "ignore it); the analysis counts the missing tokens as a divergence")
+    unmapped = sum(int((a < 0).sum()) for a in rows["token_id"])
+    if unmapped:
+        notes.append(f"{unmapped} captured tokens could not be mapped to one token id (token_id -1)")
+    return logprob_arrays(rows)
+
+
+def _start(spec: dict, adapter: Adapter, load_spec: LoadSpec, out: Path) -> tuple[Target, AdapterInfo]:
+    s, api = spec["serve"], type(adapter).server_api
+    headers = None
+    if s.get("api_key_env"):
+        key = os.environ.get(s["api_key_env"])
+        if not key:
+            raise Unsupported(f"serve: the environment variable {s['api_key_env']} (the model's api_key_env) is not set")
+        headers = {"Authorization": f"Bearer {key}"}
+    if s["endpoint"]:
+        url = s["endpoint"]
+        model = serving.served_model_name(url, headers)
+        info = AdapterInfo(engine_args={"endpoint": url, "served_model": model},
+                           notes=["an endpoint given by the matrix: nothing was started or stopped here, and its "
+                                  "memory is not measured"])
+        to_id = None if api.ids_in_logprobs else adapter.token_strings(load_spec)
+        return Target(url, api, model, to_id, headers, s), info
+    port = serving.free_port()
+    launch = adapter.server(load_spec, port)
+    server = serving.ServerProcess(launch, port, str(out / "server.log"), s["startup_timeout_s"],
+                                   api.health_path).start()
+    info = AdapterInfo(versions=launch.versions, engine_args=launch.engine_args, notes=list(launch.notes))
+    if not launch.reset_path:
+        info.notes.append("the server's prefix cache is not emptied between timed runs: a request may reuse KV "
+                          "of an earlier one with the same prompt prefix")
+    return Target(server.url, api, launch.model_name, launch.to_id, headers, s, server, launch.reset_path), info
+
+
+def serve_group(spec: dict, adapter: Adapter, load_spec: LoadSpec, events: Events, out: Path) -> int:
+    cell_ids = [c["cell_id"] for c in spec["cells"]]
+    api = type(adapter).server_api
+    memory = None if spec["serve"]["endpoint"] else MemoryTracker(load_spec.device).start()
+    t0 = time.perf_counter()
+    try:
+        target, info = _start(spec, adapter, load_spec, out)
+    except Unsupported as err:
+        events.emit("unsupported", cells=cell_ids, reason=str(err))
+        return 0
+    except Exception as err:
+        events.emit("load_failed", cells=cell_ids, reason=f"{type(err).__name__}: {err}",
+                    traceback=traceback.format_exc()[-4000:])
+        return 0
+    info.batch_mode = "batched" if api.batches else "sequential"
+    if not api.batches:
+        info.notes.append("this server runs one request at a time: concurrent requests wait in its queue")
+    events.emit("loaded", load_s=None if target.server is None else time.perf_counter() - t0,
+                load_peak_mem_bytes=memory.peak() if memory else None,
+                mem_source=memory.source if memory else "not measured (endpoint)", info=info.__dict__)
+    try:
+        # a failure because the server died is a crash, not an error: check_alive ends the worker
+        run_cells(spec["cells"], lambda cell: run_served_cell(target, cell, spec.get("scoring"), memory),
+                  events, out, target.check_alive)
+    finally:
+        if target.server:
+            target.server.stop()
+        if memory:
+            memory.stop()
+    events.emit("end")
+    return 0

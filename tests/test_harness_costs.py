@@ -1,0 +1,77 @@
+"""The harness's own costs kept small (benchmarks/overhead.py, benchmarks/fixed_cost.py measure them):
+the launcher's Arrow conversion imports nothing heavy, and the memory tracker reads the kernel's peak
+marks of its process tree, with nothing sampling while an engine is timed."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+
+from orchestrator.launcher import _logprob_table
+from orchestrator.store import LOGPROBS_SCHEMA
+
+
+def _npz(path, n=50, k=4, seed=0):
+    rng = np.random.default_rng(seed)
+    data = {"kind": rng.integers(0, 2, n).astype(np.int8), "repeat": rng.integers(0, 3, n).astype(np.int16),
+            "prompt_index": rng.integers(0, 9, n).astype(np.int32), "position": np.arange(n, dtype=np.int32),
+            "token_id": rng.integers(0, 500, n).astype(np.int32), "logprob": rng.random(n).astype(np.float32),
+            "topk_ids": rng.integers(0, 500, (n, k)).astype(np.int32),
+            "topk_logprobs": rng.random((n, k)).astype(np.float32)}
+    np.savez(path, **data)
+    return data
+
+
+def test_logprob_table_has_the_schema_and_every_value(tmp_path):
+    data = _npz(tmp_path / "c.npz")
+    table = _logprob_table("run-1", "cell-1", tmp_path / "c.npz")
+    table.validate(full=True)
+    assert table.schema.equals(LOGPROBS_SCHEMA)
+    for name in ("repeat", "prompt_index", "position", "token_id", "logprob", "topk_ids", "topk_logprobs"):
+        assert table[name].to_pylist() == data[name].tolist(), name
+    assert table["kind"].to_pylist() == ["prompt" if x == 0 else "generation" for x in data["kind"]]
+    assert set(table["run_id"].to_pylist()) == {"run-1"} and set(table["cell_id"].to_pylist()) == {"cell-1"}
+    # what pyarrow itself builds from the same arrays
+    ref = pa.table({"topk_ids": pa.FixedSizeListArray.from_arrays(pa.array(data["topk_ids"].reshape(-1)), 4)
+                    .cast(pa.list_(pa.int32()))})
+    assert table["topk_ids"].equals(ref["topk_ids"])
+
+
+def test_logprob_table_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
+    # the launcher converts a cell's outputs while the child times the next cell: ~1 s of imports there
+    _npz(tmp_path / "c.npz")
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from orchestrator.launcher import _logprob_table
+        _logprob_table("r", "c", Path({str(tmp_path / "c.npz")!r}))
+        print(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_memory_tracker_reads_the_peak_of_its_tree_between_reset_and_read():
+    """No thread samples while the engine is timed, yet a child's short-lived peak after the reset is
+    seen, and an earlier peak is forgotten by the reset."""
+    from adapters.trackers import MemoryTracker
+
+    tracker = MemoryTracker().start()
+    assert tracker.source == "rss-peak-tree" and not tracker._thread.is_alive()
+    blob = bytearray(300 * 2**20)     # a peak of this process before the reset
+    del blob
+    tracker.reset_peak()
+    before = tracker.peak()
+    assert before < tracker.sample() + 100 * 2**20, before   # the 300 MiB peak is forgotten
+    # a child that peaks at 200 MiB for 0.2 s, then holds 10 MiB: a sampler might miss it, the mark does not
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(200 * 2**20); time.sleep(0.2); "
+                              "del x; print('low', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "low"
+        assert tracker.peak() > before + 190 * 2**20
+        assert tracker.sample() < before + 100 * 2**20     # what a sample now sees
+    finally:
+        child.kill()
+        child.wait()
