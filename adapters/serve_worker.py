@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 from adapters import serving
 from adapters.base import Adapter, AdapterInfo, LoadSpec, Unsupported
 from adapters.trackers import MemoryTracker
-from adapters.worker import LOGPROB_FIELDS, Events, _logprob_rows, logprob_arrays, run_cells
+from adapters.worker import LOGPROB_FIELDS, Events, _logprob_rows, load_or_report, logprob_arrays, run_cells
 
 
 @dataclass
@@ -189,15 +188,10 @@ def serve_group(spec: dict, adapter: Adapter, load_spec: LoadSpec, events: Event
     api = type(adapter).server_api
     memory = None if spec["serve"]["endpoint"] else MemoryTracker(load_spec.device).start()
     t0 = time.perf_counter()
-    try:
-        target, info = _start(spec, adapter, load_spec, out)
-    except Unsupported as err:
-        events.emit("unsupported", cells=cell_ids, reason=str(err))
+    started = load_or_report(lambda: _start(spec, adapter, load_spec, out), events, cell_ids)
+    if started is None:
         return 0
-    except Exception as err:
-        events.emit("load_failed", cells=cell_ids, reason=f"{type(err).__name__}: {err}",
-                    traceback=traceback.format_exc()[-4000:])
-        return 0
+    target, info = started
     info.batch_mode = "batched" if api.batches else "sequential"
     if not api.batches:
         info.notes.append("this server runs one request at a time: concurrent requests wait in its queue")

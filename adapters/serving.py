@@ -87,7 +87,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_worker() -> None:
+def die_with_parent() -> None:
+    """In a child, before exec: the kernel kills it when its parent dies (it must not outlive it)."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
@@ -124,7 +125,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         # same process group as the worker (no new session): killing the worker's group kills the server
         self.proc = subprocess.Popen(self.launch.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=os.environ | self.launch.env, preexec_fn=_die_with_worker)
+                                     env=os.environ | self.launch.env, preexec_fn=die_with_parent)
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
         while True:

@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -59,6 +59,7 @@ def _logprob_rows(scores: list[TokenScores], prompts: list[list[int]], kind: str
         rows["topk_logprobs"].append(s.topk_logprobs.astype(np.float32))
 
 
+T = TypeVar("T")
 LOGPROB_FIELDS = ("kind", "repeat", "prompt_index", "position", "token_id", "logprob", "topk_ids", "topk_logprobs")
 
 
@@ -99,6 +100,18 @@ def run_cell(adapter: Adapter, cell: dict, scoring: dict | None, memory: MemoryT
 
 def _missing_modules(cls: type[Adapter]) -> list[str]:
     return [m for m in cls.requires_modules if importlib.util.find_spec(m) is None]
+
+
+def load_or_report(load: Callable[[], T], events: Events, cell_ids: list[str]) -> T | None:
+    """What load() returns, or None once an event says why none of the group's cells can run."""
+    try:
+        return load()
+    except Unsupported as err:
+        events.emit("unsupported", cells=cell_ids, reason=str(err))
+    except Exception as err:
+        events.emit("load_failed", cells=cell_ids, reason=f"{type(err).__name__}: {err}",
+                    traceback=traceback.format_exc()[-4000:])
+    return None
 
 
 def run_cells(cells: list[dict], measure: Callable[[dict], tuple[dict, dict]], events: Events, out: Path,
@@ -158,14 +171,8 @@ def main(spec_path: str, out_dir: str) -> int:
 
     memory = MemoryTracker(load_spec.device).start()
     t0 = time.perf_counter()
-    try:
-        info = adapter.load(load_spec)
-    except Unsupported as err:
-        events.emit("unsupported", cells=cell_ids, reason=str(err))
-        return 0
-    except Exception as err:
-        events.emit("load_failed", cells=cell_ids, reason=f"{type(err).__name__}: {err}",
-                    traceback=traceback.format_exc()[-4000:])
+    info = load_or_report(lambda: adapter.load(load_spec), events, cell_ids)
+    if info is None:
         return 0
     load_s = time.perf_counter() - t0
     memory.extra_pids = info.memory_pids

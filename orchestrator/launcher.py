@@ -7,7 +7,6 @@ one cell becomes that cell's row, and a fresh child is started for the cells sti
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import os
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 import adapters
+from adapters.serving import die_with_parent
 from orchestrator.cells import Cell, EngineGroup
 from orchestrator.matrix import Matrix
 from orchestrator.store import LOGPROBS_SCHEMA
@@ -47,10 +47,9 @@ class GroupJob:
     tries: int = 0          # times the scheduler has sent this group to Ray
 
 
-def _die_with_parent() -> None:
-    os.setsid()
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the child must not outlive its Ray worker
+def _own_group_dying_with_parent() -> None:
+    os.setsid()          # its own process group: a kill of the group takes the engine's helpers too
+    die_with_parent()    # and it must not outlive its Ray worker
 
 
 def load_kind(m: Matrix, cell: Cell) -> str:
@@ -247,7 +246,7 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.Popen([python, "-m", "adapters.worker", str(work / "spec.json"), str(work)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=work, env=env, preexec_fn=_die_with_parent)
+                                cwd=work, env=env, preexec_fn=_own_group_dying_with_parent)
         state = {"current": None, "loaded": {}}
 
         def handle(ev: dict) -> None:

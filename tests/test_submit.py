@@ -5,7 +5,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,13 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from adapters.serving import free_port
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 TOKEN = secrets.token_hex(32)
@@ -38,7 +32,7 @@ def client_env() -> dict:
 @pytest.fixture
 def ray_head():
     """`ray start --head --block` in its own process group: stopping it stops only this cluster."""
-    gcs, dash = _free_port(), _free_port()
+    gcs, dash = free_port(), free_port()
     temp_dir = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env = client_env()
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
@@ -46,7 +40,7 @@ def ray_head():
                              "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={temp_dir}",
                              # its own agent ports: the default ones may be held by another cluster
                              # of this machine (the tests' local one), and then no job agent starts
-                             *(f"--{name}={_free_port()}" for name in (
+                             *(f"--{name}={free_port()}" for name in (
                                  "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
                                  "runtime-env-agent-port", "metrics-export-port", "ray-client-server-port"))],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
