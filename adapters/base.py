@@ -7,14 +7,15 @@ imports happen inside `load()` only, so the orchestrator can validate a matrix w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from adapters.contract import LoadFacts, LoadSpec, TimedRun, TokenScores
+
 if TYPE_CHECKING:
-    from adapters.serving import ServerApi, ServerLaunch
+    from adapters.server_process import ServerApi, ServerLaunch
 
 # Logical quantization levels a matrix may name; each adapter maps the ones it runs.
 QUANTIZATIONS = (
@@ -36,67 +37,6 @@ class Unsupported(Exception):
     """Raised by an adapter when a cell cannot run on this engine/hardware; becomes an `unsupported` row."""
 
 
-@dataclass
-class ModelSpec:
-    name: str                      # the matrix's name for the model
-    source: str                    # local path or hub id (resolved by the worker)
-    trust_remote_code: bool = False
-    revision: str | None = None
-
-
-@dataclass
-class LoadSpec:
-    """What one engine group hands its adapter: everything that needs a fresh engine."""
-
-    framework: str
-    model: ModelSpec
-    quantization: str
-    options: dict[str, Any]
-    device: str                    # "cpu" or "cuda"
-    gpus: int = 0
-    cache_dir: str = ""            # where conversions and quantized files are cached
-    seed: int = 0
-    context_len: int = 0           # tokens the group's longest request needs (prompt + output)
-
-
-@dataclass
-class BatchTiming:
-    """Timestamps (time.perf_counter seconds) of one timed batch of requests."""
-
-    start: float
-    end: float
-    first_token: list[float]               # per request
-    token_times: list[list[float]]         # per request, one time per output token (may be empty)
-    output_tokens: list[int]               # per request
-    prompt_tokens: list[int]               # per request
-    engine_ttft_s: list[float] | None = None   # the engine's own TTFT, to cross-check wall clock
-
-
-@dataclass
-class TokenScores:
-    """Logprobs of a token sequence. Row i scores token_ids[i]; top-k is by token id."""
-
-    token_ids: np.ndarray          # int32 [n]
-    logprobs: np.ndarray           # float32 [n]
-    topk_ids: np.ndarray           # int32 [n, k]
-    topk_logprobs: np.ndarray      # float32 [n, k]
-
-    def __len__(self) -> int:
-        return int(self.token_ids.shape[0])
-
-
-@dataclass
-class AdapterInfo:
-    """Facts an adapter reports after load, stored with every cell of the group."""
-
-    versions: dict[str, str] = field(default_factory=dict)
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    kv_budget_bytes: int | None = None
-    batch_mode: str = "batched"    # "batched", or "sequential" where the engine cannot batch
-    notes: list[str] = field(default_factory=list)
-    memory_pids: list[int] = field(default_factory=list)  # extra processes to count (engine children)
-
-
 class Adapter:
     """One engine. The worker calls: check -> load -> (generate | score | greedy)* -> close."""
 
@@ -113,11 +53,12 @@ class Adapter:
         """Return why this group cannot run here (an `unsupported` reason), before anything loads."""
         return None
 
-    def load(self, spec: LoadSpec) -> AdapterInfo:
+    def load(self, spec: LoadSpec) -> LoadFacts:
         raise NotImplementedError
 
-    def generate(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> BatchTiming:
-        """Generate for all prompts together as one batch, timing each request."""
+    def generate(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> TimedRun:
+        """Generate for all prompts together as one batch, timing each request: every output chunk's
+        time is when it becomes available to this process (adapters.contract.RequestTiming)."""
         raise NotImplementedError
 
     def score(self, prompts: list[list[int]], top_k: int) -> list[TokenScores]:
@@ -149,6 +90,8 @@ ADAPTERS: dict[str, type[Adapter]] = {}
 
 
 def register(cls: type[Adapter]) -> type[Adapter]:
+    if cls.name in ADAPTERS and ADAPTERS[cls.name] is not cls:
+        raise ValueError(f"two adapters register the framework name {cls.name!r}")
     ADAPTERS[cls.name] = cls
     return cls
 
@@ -162,25 +105,6 @@ def no_cuda_reason(engine: str) -> str | None:
 
 def normalize_quantization(name: str) -> str:
     return QUANTIZATION_ALIASES.get(name.lower(), name.lower())
-
-
-def topk_scores(logprobs: np.ndarray, actual: np.ndarray, k: int) -> TokenScores:
-    """Top-k by token id from full-vocabulary logprobs [n, vocab], plus each actual token's logprob.
-
-    Ties are broken by the lower token id, so two engines with equal logprobs give equal lists.
-    """
-    logprobs = np.asarray(logprobs, dtype=np.float32)
-    actual = np.asarray(actual, dtype=np.int64)
-    n, vocab = logprobs.shape
-    k = min(k, vocab)
-    # a stable sort of -logprob keeps equal logprobs in id order
-    order = np.argsort(-logprobs, axis=1, kind="stable")[:, :k]
-    return TokenScores(
-        token_ids=actual.astype(np.int32),
-        logprobs=logprobs[np.arange(n), actual] if n else np.zeros(0, np.float32),
-        topk_ids=order.astype(np.int32),
-        topk_logprobs=np.take_along_axis(logprobs, order, axis=1),
-    )
 
 
 def logits_rows(t, rows: int, vocab: int | None) -> np.ndarray:

@@ -7,8 +7,8 @@ from typing import Literal
 
 import numpy as np
 
-from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores,
-                           log_softmax, no_cuda_reason, register, topk_scores)
+from adapters.base import Adapter, EngineOptions, log_softmax, no_cuda_reason, register
+from adapters.contract import LoadFacts, LoadSpec, TimedRun, TokenScores, per_token_run, topk_dense
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -33,7 +33,7 @@ class HfAdapter(Adapter):
     def check(self, spec: LoadSpec) -> str | None:
         return no_cuda_reason("transformers on cuda") if spec.device == "cuda" else None
 
-    def load(self, spec: LoadSpec) -> AdapterInfo:
+    def load(self, spec: LoadSpec) -> LoadFacts:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -62,7 +62,7 @@ class HfAdapter(Adapter):
                       cache_implementation="static" if opts.static_cache else None)
         self.gen_eos = GenerationConfig(eos_token_id=eos, **common)
         self.gen_no_eos = GenerationConfig(eos_token_id=None, **common)
-        info = AdapterInfo(
+        info = LoadFacts(
             versions={"torch": torch.__version__, "transformers": transformers.__version__},
             engine_args={k: str(v) for k, v in args.items()} | opts.model_dump(exclude_none=True),
         )
@@ -87,7 +87,7 @@ class HfAdapter(Adapter):
         return ids.to(self.device), mask.to(self.device)
 
     # -- the interface -----------------------------------------------------------------------
-    def generate(self, prompts, output_len, ignore_eos) -> BatchTiming:
+    def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         stamps: list[float] = []
@@ -114,9 +114,7 @@ class HfAdapter(Adapter):
             end = time.perf_counter()
         new = out[:, ids.shape[1]:].cpu().numpy()
         counts = [self._generated_count(row) if not ignore_eos else new.shape[1] for row in new]
-        return BatchTiming(start=start, end=end, first_token=[stamps[0]] * len(prompts),
-                           token_times=[stamps[:n] for n in counts], output_tokens=counts,
-                           prompt_tokens=[len(p) for p in prompts])
+        return per_token_run(start, end, [stamps[:n] for n in counts], prompts)
 
     def _generated_count(self, row: np.ndarray) -> int:
         eos = self.gen_eos.eos_token_id
@@ -140,7 +138,7 @@ class HfAdapter(Adapter):
         out = []
         for i, p in enumerate(prompts):
             lp = log_softmax(logits[i, : len(p) - 1].float().cpu().numpy())
-            out.append(topk_scores(lp, np.asarray(p[1:]), top_k))
+            out.append(topk_dense(lp, np.asarray(p[1:]), top_k))
         return out
 
     def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
@@ -152,7 +150,7 @@ class HfAdapter(Adapter):
         new = out.sequences[:, ids.shape[1]:].cpu().numpy()
         # raw logits per step, [steps, batch, vocab] -> per prompt [steps, vocab]
         logits = self.torch.stack(out.logits).float().cpu().numpy()
-        return [topk_scores(log_softmax(logits[:, i]), new[i], top_k) for i in range(len(prompts))]
+        return [topk_dense(log_softmax(logits[:, i]), new[i], top_k) for i in range(len(prompts))]
 
     def close(self) -> None:
         self.model = None

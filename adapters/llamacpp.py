@@ -30,10 +30,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           log_softmax, normalize_quantization, register, topk_scores)
+from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, normalize_quantization, register
+from adapters.contract import LoadFacts, LoadSpec, TimedRun, TokenScores, per_token_run, topk_dense
 from adapters.gguf_convert import captured_llama_logs
-from adapters.serving import ServerApi, ServerLaunch
+from adapters.server_process import ServerApi, ServerLaunch
 
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
 # GGML_TYPE_* ids and bytes per element of the KV cache types (ggml.h; quantized types per 32-block)
@@ -142,7 +142,7 @@ class LlamacppAdapter(Adapter):
         self._ctx_seqs = 0
         self._ctx_len = 0           # tokens per sequence the context holds
         self._cached: dict[int, list[int]] = {}   # tokens in the KV cache per sequence
-        self.info: AdapterInfo | None = None
+        self.info: LoadFacts | None = None
         self.last_perf: dict[str, float] = {}
         self._logits_key: tuple[int, int] | None = None
         self._logits_view: np.ndarray | None = None
@@ -170,7 +170,7 @@ class LlamacppAdapter(Adapter):
             return f"a quantized V cache (type_v={opts.type_v}) needs flash_attn on or auto in llama.cpp"
         return None
 
-    def load(self, spec: LoadSpec) -> AdapterInfo:
+    def load(self, spec: LoadSpec) -> LoadFacts:
         import llama_cpp
 
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's load chatter off stderr
@@ -223,7 +223,7 @@ class LlamacppAdapter(Adapter):
             "gguf_tensor_types": types,
             **facts,
         }
-        self.info = AdapterInfo(versions=versions, engine_args=engine_args, batch_mode=batch_mode, notes=notes)
+        self.info = LoadFacts(versions=versions, engine_args=engine_args, batch_mode=batch_mode, notes=notes)
         self.info.notes.append("llama.cpp system info: " + llama_cpp.llama_print_system_info().decode().strip())
         self._record_context(logs)
         return self.info
@@ -236,11 +236,8 @@ class LlamacppAdapter(Adapter):
         quant = normalize_quantization(spec.quantization)
         if quant not in LlamacppAdapter.quantizations:
             raise Unsupported(f"llamacpp does not run quantization {quant} (runs: {', '.join(LlamacppAdapter.quantizations)})")
-        source = str(spec.model.source)
-        if source.startswith("builtin:"):
-            from orchestrator.tiny_model import resolve_model_source
-            source = resolve_model_source(source)
-        return gguf_convert.gguf_for(source, quant, spec.cache_dir or None)
+        # a builtin: model arrives here already built (the driver resolves it)
+        return gguf_convert.gguf_for(str(spec.model.source), quant, spec.cache_dir or None)
 
     # ------------------------------------------------------------------------------------------
     # serving: llama-cpp-python's own OpenAI server (`python -m llama_cpp.server`), started through
@@ -549,18 +546,11 @@ class LlamacppAdapter(Adapter):
                 "engine_ttft": engine_ttft}
 
     # ------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> BatchTiming:
+    def generate(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> TimedRun:
         if self._llm is not None:
             return self._generate_sequential(prompts, output_len, ignore_eos)
         r = self._run(prompts, output_len, stop_at_eos=not ignore_eos, keep_logits=False)
-        return BatchTiming(
-            start=r["start"], end=r["end"],
-            first_token=[t[0] for t in r["times"]],
-            token_times=r["times"],
-            output_tokens=[len(g) for g in r["generated"]],
-            prompt_tokens=[len(p) for p in prompts],
-            engine_ttft_s=r["engine_ttft"],
-        )
+        return per_token_run(r["start"], r["end"], r["times"], prompts, r["engine_ttft"])
 
     def score(self, prompts: list[list[int]], top_k: int) -> list[TokenScores]:
         if self._llm is not None:
@@ -585,14 +575,14 @@ class LlamacppAdapter(Adapter):
         result = []
         for s, p in enumerate(prompts):
             lp = np.concatenate(rows_by_seq[s]) if rows_by_seq[s] else np.zeros((0, self._n_vocab), np.float32)
-            result.append(topk_scores(lp, np.asarray(p[1:], np.int64), top_k))
+            result.append(topk_dense(lp, np.asarray(p[1:], np.int64), top_k))
         return result
 
     def greedy(self, prompts: list[list[int]], n_tokens: int, top_k: int) -> list[TokenScores]:
         if self._llm is not None:
             return [self._greedy_one(p, n_tokens, top_k) for p in prompts]
         r = self._run(prompts, n_tokens, stop_at_eos=False, keep_logits=True)
-        return [topk_scores(log_softmax(np.stack(rows)), np.asarray(gen, np.int64), top_k)
+        return [topk_dense(log_softmax(np.stack(rows)), np.asarray(gen, np.int64), top_k)
                 for rows, gen in zip(r["logits"], r["generated"])]
 
     # ------------------------------------------------------------------------------------------
@@ -638,7 +628,7 @@ class LlamacppAdapter(Adapter):
         return self._llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                                   reset=True)
 
-    def _generate_sequential(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> BatchTiming:
+    def _generate_sequential(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> TimedRun:
         L = self._L
         for p in prompts:
             self._ensure_llama(len(p) + output_len)  # any context rebuild happens before the clock starts
@@ -659,9 +649,8 @@ class LlamacppAdapter(Adapter):
                     break
             times.append(ts)
         end = time.perf_counter()
-        return BatchTiming(start=start, end=end, first_token=[t[0] for t in times], token_times=times,
-                           output_tokens=[len(t) for t in times], prompt_tokens=[len(p) for p in prompts],
-                           engine_ttft_s=engine_ttft)
+        # the batch was handed over at `start`: a request's TTFT includes its wait behind the ones before it
+        return per_token_run(start, end, times, prompts, engine_ttft)
 
     def _score_one(self, prompt: list[int], top_k: int) -> TokenScores:
         self._ensure_llama(len(prompt))
@@ -669,7 +658,7 @@ class LlamacppAdapter(Adapter):
         self._L.llama_memory_clear(self._L.llama_get_memory(self._llm.ctx), True)
         self._llm.eval(prompt)
         lp = log_softmax(np.array(self._llm.scores[: len(prompt) - 1]))
-        return topk_scores(lp, np.asarray(prompt[1:], np.int64), top_k)
+        return topk_dense(lp, np.asarray(prompt[1:], np.int64), top_k)
 
     def _greedy_one(self, prompt: list[int], n_tokens: int, top_k: int) -> TokenScores:
         self._fresh_llm(prompt, n_tokens)
@@ -680,7 +669,7 @@ class LlamacppAdapter(Adapter):
                 break
         # row i of Llama.scores holds the logits after position i; token j was chosen from row n-1+j
         rows = np.array(self._llm.scores[len(prompt) - 1: len(prompt) - 1 + n_tokens])
-        return topk_scores(log_softmax(rows), np.asarray(tokens, np.int64), top_k)
+        return topk_dense(log_softmax(rows), np.asarray(tokens, np.int64), top_k)
 
 
 def _last_error(logs: list[str]) -> str:

@@ -43,9 +43,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           log_softmax, logits_rows, no_cuda_reason, register, topk_scores)
-from adapters.serving import ServerApi, ServerLaunch
+from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, logits_rows, no_cuda_reason, register
+from adapters.contract import LoadFacts, LoadSpec, RequestTiming, TimedRun, TokenScores, topk_dense, topk_sparse
+from adapters.server_process import ServerApi, ServerLaunch
 
 LMDEPLOY_VERSION = "0.16.0"
 
@@ -220,7 +220,7 @@ class LmdeployAdapter(Adapter):
                             env={"UVICORN_LOG_LEVEL": "warning"}, versions={"lmdeploy": lmdeploy.__version__},
                             notes=["lmdeploy 0.16's /v1/completions returns no logprobs: served outputs not captured"])
 
-    def load(self, spec: LoadSpec) -> AdapterInfo:
+    def load(self, spec: LoadSpec) -> LoadFacts:
         import lmdeploy
         import torch
         from lmdeploy import GenerationConfig, PytorchEngineConfig, TurbomindEngineConfig, pipeline
@@ -252,7 +252,7 @@ class LmdeployAdapter(Adapter):
             engine_args[key] = value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
         if speculative:
             engine_args["speculative_config"] = kw["speculative_config"]
-        info = AdapterInfo(
+        info = LoadFacts(
             versions={"lmdeploy": lmdeploy.__version__, "torch": torch.__version__, "cuda": str(torch.version.cuda)},
             engine_args=engine_args,
             notes=[f"adapter written against lmdeploy {LMDEPLOY_VERSION}",
@@ -276,67 +276,65 @@ class LmdeployAdapter(Adapter):
     def _logits(self, t, rows: int) -> np.ndarray:
         return logits_rows(t, rows, self.vocab)
 
-    def _stream(self, prompts: list[list[int]], gen_config, stream: bool):
-        """Send every prompt at once; per prompt: (chunk times, generated ids, last logits, logprobs)."""
+    def _stream(self, prompts: list[list[int]], gen_config, stream: bool) -> tuple[list[RequestTiming], list[dict]]:
+        """Send every prompt at once; per prompt its timing (a chunk per streamed step that brought tokens,
+        stamped when it reaches this process) and its outputs (generated ids, last logits, logprobs)."""
         engine = self.engine
-        results: list[dict] = [{"times": [], "ids": [], "logits": None, "logprobs": [], "count": 0} for _ in prompts]
+        start = time.perf_counter()
+        timings = [RequestTiming(sent=start, prompt_tokens=len(p)) for p in prompts]
+        results: list[dict] = [{"ids": [], "logits": None, "logprobs": []} for _ in prompts]
 
         async def one(i: int, ids: list[int]) -> None:
-            r = results[i]
+            r, t = results[i], timings[i]
             request = await engine.preprocess(messages=None, session_id=engine.session_mgr.get(),
                                               input_ids=list(ids), gen_config=gen_config)
             async for out in engine.generate(request, stream_response=stream):
                 now = time.perf_counter()
                 if out.finish_reason in ("error", "abort"):
                     raise RuntimeError(f"lmdeploy request ended with finish_reason={out.finish_reason}")
-                new = out.generate_token_len - r["count"]
-                if new > 0:
-                    r["times"].extend([now] * new)
-                    r["count"] = out.generate_token_len
+                t.add_chunk(now, out.generate_token_len - t.output_tokens)
+                t.output_tokens = max(t.output_tokens, out.generate_token_len)
                 r["ids"].extend(out.token_ids or [])
                 if out.logits is not None:
                     r["logits"] = out.logits  # TurboMind: all generation rows so far
                 if out.logprobs:
                     r["logprobs"].extend(out.logprobs)  # PyTorch engine: this chunk's steps
+            t.end = time.perf_counter()
 
         async def run_all() -> None:
             await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
         self._run(run_all())
-        return results
+        return timings, results
 
     # -- the interface -----------------------------------------------------------------------
-    def generate(self, prompts, output_len, ignore_eos) -> BatchTiming:
+    def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
         gen_config = self.GenerationConfig(**generation_kwargs("timing", output_len, ignore_eos, self.backend))
         start = time.perf_counter()
-        results = self._stream(prompts, gen_config, stream=True)
-        end = time.perf_counter()
-        return BatchTiming(start=start, end=end,
-                           first_token=[r["times"][0] if r["times"] else end for r in results],
-                           token_times=[r["times"] for r in results],
-                           output_tokens=[r["count"] for r in results],
-                           prompt_tokens=[len(p) for p in prompts])
+        timings, _ = self._stream(prompts, gen_config, stream=True)
+        return TimedRun(start=start, end=time.perf_counter(), requests=timings,
+                        missing={"engine_ttft_ms": "LMDeploy's Response carries no timing fields"})
 
     def score(self, prompts, top_k) -> list[TokenScores]:
         if self.opts.enable_prefix_caching:
             raise Unsupported("lmdeploy returns no all-token logits with prefix caching on "
                               "(AsyncEngine.preprocess), so teacher-forced scores cannot be captured")
         logits = self._run(self.engine.async_get_logits(input_ids=[list(p) for p in prompts]))
-        return [topk_scores(log_softmax(self._logits(lg, len(p) - 1)), np.asarray(p[1:]), top_k)
+        return [topk_dense(log_softmax(self._logits(lg, len(p) - 1)), np.asarray(p[1:]), top_k)
                 for p, lg in zip(prompts, logits)]
 
     def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
         gen_config = self.GenerationConfig(**generation_kwargs("greedy", n_tokens, True, self.backend, top_k))
-        results = self._stream(prompts, gen_config, stream=False)
+        _, results = self._stream(prompts, gen_config, stream=False)
         out = []
         for r in results:
             ids = np.asarray(r["ids"][:n_tokens], dtype=np.int64)
             if self.backend == "turbomind":
                 if r["logits"] is None:
                     raise RuntimeError("lmdeploy returned no generation logits")
-                out.append(topk_scores(log_softmax(self._logits(r["logits"], len(ids))), ids, top_k))
+                out.append(topk_dense(log_softmax(self._logits(r["logits"], len(ids))), ids, top_k))
             else:
-                out.append(_scores_from_topk(r["logprobs"][: len(ids)], ids, top_k))
+                out.append(_scores_from_steps(r["logprobs"][: len(ids)], ids, top_k))
         return out
 
     def close(self) -> None:
@@ -345,19 +343,13 @@ class LmdeployAdapter(Adapter):
             pipe.close()
 
 
-def _scores_from_topk(steps: list[dict[int, float]], ids: np.ndarray, k: int) -> TokenScores:
-    """TokenScores from per-step {token id: logprob} (the sampled token plus the engine's top k).
-
-    Ties are broken by the lower token id, as `topk_scores` does for full-vocabulary rows.
-    """
+def _scores_from_steps(steps: list[dict[int, float]], ids: np.ndarray, k: int) -> TokenScores:
+    """TokenScores from per-step {token id: logprob} (the sampled token plus the engine's top k), under
+    the one top-k rule (adapters.contract.topk_sparse)."""
     if len(steps) != len(ids):
         raise RuntimeError(f"lmdeploy returned logprobs for {len(steps)} of {len(ids)} greedy steps")
-    topk_ids = np.zeros((len(ids), k), np.int32)
-    topk_lp = np.full((len(ids), k), -np.inf, np.float32)
-    actual = np.zeros(len(ids), np.float32)
-    for i, (step, tok) in enumerate(zip(steps, ids)):
-        ranked = sorted(((int(t), float(v)) for t, v in step.items()), key=lambda kv: (-kv[1], kv[0]))[:k]
-        for j, (t, v) in enumerate(ranked):
-            topk_ids[i, j], topk_lp[i, j] = t, v
-        actual[i] = float(step.get(int(tok), step.get(str(int(tok)), -np.inf)))
-    return TokenScores(token_ids=ids.astype(np.int32), logprobs=actual, topk_ids=topk_ids, topk_logprobs=topk_lp)
+    rows = []
+    for step, tok in zip(steps, ids):
+        pairs = [(int(t), float(v)) for t, v in step.items()]
+        rows.append((int(tok), dict(pairs).get(int(tok)), pairs))
+    return topk_sparse(rows, k)

@@ -1,4 +1,5 @@
-"""Trackers kept apart from the engines: peak memory of the process tree, and latency statistics."""
+"""Peak memory of the engine's process tree, kept apart from the engines (latency figures are
+adapters.contract.summarize's)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import time
 
 import numpy as np
 import psutil
-
-from adapters.base import BatchTiming
 
 
 def _rss_high_water(pid: int) -> int | None:
@@ -45,6 +44,10 @@ class MemoryTracker:
     Where the mark cannot be reset (not Linux, a process of another user), it samples every interval_s.
     On CUDA it samples NVML's per-process GPU memory over the same process tree, because engines
     that preallocate a KV cache or run in a child process make torch's own counters meaningless.
+    Where NVML lists none of the tree's processes (a container's own PID namespace hides them), it
+    falls back to the device's used memory minus what was used when the tracker started (before the
+    engine loaded): `nvml-device-delta`, which counts every process on the device. Without NVML on
+    CUDA there is no number: peak() says why (host RSS is not GPU memory).
     """
 
     def __init__(self, device: str = "cpu", interval_s: float = 0.02):
@@ -54,25 +57,37 @@ class MemoryTracker:
         self._peak = 0
         self._stop = threading.Event()
         self._nvml = None
+        self._unmeasured: str | None = None
+        self._by_device = False           # NVML saw none of our processes: device used-memory delta
+        self._device_base = 0
         if device == "cuda":
             try:
                 import pynvml
 
                 pynvml.nvmlInit()
                 self._nvml = pynvml
-            except Exception:  # no NVML: fall back to RSS, and say so in mem_source
-                self._nvml = None
-        self._marks = self._nvml is None and _reset_high_water(os.getpid())
+                self._device_base = self._device_used()
+            except Exception as err:
+                self._unmeasured = (f"GPU memory not measured: NVML unavailable in this engine environment "
+                                    f"({type(err).__name__}: {err}); install nvidia-ml-py")
+        self._marks = device != "cuda" and _reset_high_water(os.getpid())
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     @property
     def source(self) -> str:
-        return "nvml-tree" if self._nvml else "rss-peak-tree" if self._marks else "rss-tree"
+        if self.device == "cuda":
+            return "none" if self._unmeasured else "nvml-device-delta" if self._by_device else "nvml-tree"
+        return "rss-peak-tree" if self._marks else "rss-tree"
 
     def start(self) -> "MemoryTracker":
-        if not self._marks:
+        if not self._marks and not self._unmeasured:
             self._thread.start()
         return self
+
+    def _device_used(self) -> int:
+        nv = self._nvml
+        return sum(nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i)).used
+                   for i in range(nv.nvmlDeviceGetCount()))
 
     def _pids(self) -> set[int]:
         me = psutil.Process(os.getpid())
@@ -88,14 +103,19 @@ class MemoryTracker:
     def sample(self) -> int:
         """The tree's memory now (GPU memory with NVML, else the sum of RSS)."""
         pids = self._pids()
+        if self._unmeasured:
+            return 0
         if self._nvml:
-            total = 0
+            total, seen = 0, False
             for i in range(self._nvml.nvmlDeviceGetCount()):
                 handle = self._nvml.nvmlDeviceGetHandleByIndex(i)
                 for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if p.pid in pids and p.usedGpuMemory:
-                        total += p.usedGpuMemory
-            return total
+                    if p.pid in pids:
+                        seen = True
+                        total += p.usedGpuMemory or 0
+            if not seen:
+                self._by_device = True
+            return max(0, self._device_used() - self._device_base) if self._by_device else total
         total = 0
         for pid in pids:
             try:
@@ -115,48 +135,13 @@ class MemoryTracker:
             self._thread.start()
         self._peak = self.sample()
 
-    def peak(self) -> int:
+    def peak(self) -> tuple[int | None, str | None]:
+        """The peak since reset_peak(), or None and why it was not measured."""
+        if self._unmeasured:
+            return None, self._unmeasured
         if self._marks:  # a process that ended since the reset is not counted: the engine's run while timed
-            return max(self._peak, sum(_rss_high_water(pid) or 0 for pid in self._pids()))
-        return max(self._peak, self.sample())
+            return max(self._peak, sum(_rss_high_water(pid) or 0 for pid in self._pids())), None
+        return max(self._peak, self.sample()), None
 
     def stop(self) -> None:
         self._stop.set()
-
-
-def percentiles(values: list[float], prefix: str) -> dict[str, float | None]:
-    arr = np.asarray(values, dtype=np.float64)
-    out = {}
-    for q in (50, 90, 99):
-        out[f"{prefix}_p{q}"] = float(np.percentile(arr, q)) if arr.size else None
-    return out
-
-
-def latency_stats(timings: list[BatchTiming]) -> dict:
-    """Per-request TTFT, TPOT, ITL and end-to-end (ms) and throughputs from timed batches."""
-    ttft, tpot, itl, e2e, tok_s, total_s, req_s, engine_ttft = [], [], [], [], [], [], [], []
-    for t in timings:
-        elapsed = t.end - t.start
-        for i, first in enumerate(t.first_token):
-            times = t.token_times[i] if t.token_times else []
-            done = times[-1] if times else t.end
-            ttft.append((first - t.start) * 1e3)
-            e2e.append((done - t.start) * 1e3)
-            n = t.output_tokens[i]
-            if n > 1:
-                tpot.append((done - first) * 1e3 / (n - 1))
-            itl.extend(np.diff(times) * 1e3 if len(times) > 1 else [])
-        tok_s.append(sum(t.output_tokens) / elapsed)
-        total_s.append((sum(t.output_tokens) + sum(t.prompt_tokens)) / elapsed)
-        req_s.append(len(t.first_token) / elapsed)
-        if t.engine_ttft_s:
-            engine_ttft.extend(x * 1e3 for x in t.engine_ttft_s)
-    stats = {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "output_tok_s_runs": tok_s,
-             "engine_ttft_ms": engine_ttft or None,
-             "output_tok_s": float(np.mean(tok_s)), "total_tok_s": float(np.mean(total_s)),
-             "req_s": float(np.mean(req_s)), "requests": len(ttft),
-             "output_tokens": sum(sum(t.output_tokens) for t in timings),
-             "prompt_tokens": sum(sum(t.prompt_tokens) for t in timings)}
-    for name, values in (("ttft_ms", ttft), ("tpot_ms", tpot), ("itl_ms", itl), ("e2e_ms", e2e)):
-        stats.update(percentiles(values, name))
-    return stats

@@ -40,9 +40,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           log_softmax, logits_rows, no_cuda_reason, register, topk_scores)
-from adapters.serving import ServerApi, ServerLaunch, decoded_vocab
+from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, logits_rows, no_cuda_reason, register
+from adapters.contract import LoadFacts, LoadSpec, RequestTiming, TimedRun, TokenScores, topk_dense
+from adapters.served_capture import decoded_vocab
+from adapters.server_process import ServerApi, ServerLaunch
 
 TRTLLM_VERSION = "1.2.1"
 
@@ -172,7 +173,8 @@ def _vocab_size(source: str) -> int | None:
 class TrtllmAdapter(Adapter):
     name = "trtllm"
     Options = TrtllmOptions
-    quantizations = ("fp32", "fp16", "bf16", "fp8", "awq")
+    # no fp32: its PyTorch backend has no fp32 kernels (NVIDIA/TensorRT-LLM#5260)
+    quantizations = ("fp16", "bf16", "fp8", "awq")
     needs_cuda = True
     install_hint = (f"python -m venv .venvs/trtllm && .venvs/trtllm/bin/pip install 'tensorrt_llm=={TRTLLM_VERSION}' "
                     "numpy pydantic psutil nvidia-ml-py (on a CUDA host with libopenmpi; the PyPI package fetches its "
@@ -189,7 +191,7 @@ class TrtllmAdapter(Adapter):
             return problem
         return no_cuda_reason("TensorRT-LLM")
 
-    def load(self, spec: LoadSpec) -> AdapterInfo:
+    def load(self, spec: LoadSpec) -> LoadFacts:
         os.environ.update(env_vars(spec))  # read when tensorrt_llm is imported
         import tensorrt_llm
         import torch
@@ -205,7 +207,7 @@ class TrtllmAdapter(Adapter):
             built["cuda_graph_config"] = CudaGraphConfig(**kw["cuda_graph_config"])
         self.llm = LLM(**built)
         self.vocab = _vocab_size(spec.model.source)
-        info = AdapterInfo(
+        info = LoadFacts(
             versions={"tensorrt_llm": tensorrt_llm.__version__, "torch": torch.__version__,
                       "cuda": str(torch.version.cuda)},
             engine_args=kw | env_vars(spec),
@@ -259,30 +261,29 @@ class TrtllmAdapter(Adapter):
             return None
 
     # -- the interface -----------------------------------------------------------------------
-    def generate(self, prompts, output_len, ignore_eos) -> BatchTiming:
+    def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
         params = self.SamplingParams(**sampling_kwargs("timing", output_len, ignore_eos))
-        times: list[list[float]] = [[] for _ in prompts]
         last: list[Any] = [None] * len(prompts)
+        start = time.perf_counter()
+        requests = [RequestTiming(sent=start, prompt_tokens=len(p)) for p in prompts]
 
         async def one(i: int, ids: list[int]) -> None:
-            seen = 0
+            seen, r = 0, requests[i]
             async for out in self.llm.generate_async(list(ids), sampling_params=params, streaming=True):
-                now = time.perf_counter()
+                now = time.perf_counter()      # the step's tokens reach this process
                 n = len(out.outputs[0].token_ids)
-                times[i].extend([now] * (n - seen))
+                r.add_chunk(now, n - seen)
                 seen, last[i] = max(seen, n), out
+            r.output_tokens, r.end = seen, time.perf_counter()
 
         async def run_all() -> None:
             await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
 
-        start = time.perf_counter()
         asyncio.run(run_all())
         end = time.perf_counter()
-        engine_ttft = [self._engine_ttft(o) for o in last]
-        return BatchTiming(start=start, end=end,
-                           first_token=[t[0] if t else end for t in times], token_times=times,
-                           output_tokens=[len(t) for t in times], prompt_tokens=[len(p) for p in prompts],
-                           engine_ttft_s=engine_ttft if all(x is not None for x in engine_ttft) else None)
+        for r, o in zip(requests, last):
+            r.engine_ttft_s = self._engine_ttft(o) if o is not None else None
+        return TimedRun(start=start, end=end, requests=requests)
 
     def score(self, prompts, top_k) -> list[TokenScores]:
         if self.opts.kv_block_reuse:
@@ -295,7 +296,7 @@ class TrtllmAdapter(Adapter):
             if o.context_logits is None or o.context_logits.shape[0] < len(p):
                 raise RuntimeError(f"TensorRT-LLM returned context logits for "
                                    f"{None if o.context_logits is None else o.context_logits.shape[0]} of {len(p)} tokens")
-            scores.append(topk_scores(log_softmax(self._logits(o.context_logits, len(p) - 1)), np.asarray(p[1:]), top_k))
+            scores.append(topk_dense(log_softmax(self._logits(o.context_logits, len(p) - 1)), np.asarray(p[1:]), top_k))
         return scores
 
     def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
@@ -307,7 +308,7 @@ class TrtllmAdapter(Adapter):
             ids = np.asarray(list(c.token_ids)[:n_tokens], dtype=np.int64)
             if c.generation_logits is None:
                 raise RuntimeError("TensorRT-LLM returned no generation logits")
-            scores.append(topk_scores(log_softmax(self._logits(c.generation_logits, len(ids))), ids, top_k))
+            scores.append(topk_dense(log_softmax(self._logits(c.generation_logits, len(ids))), ids, top_k))
         return scores
 
     def close(self) -> None:

@@ -7,16 +7,12 @@ here imports vllm at module level: the matrix validates without it.
 Batching is vLLM's own: a batch is one `llm.generate` call with all its prompts as token ids, and
 vLLM's scheduler runs them together (continuous batching; `max_num_seqs` caps how many run at once).
 
-Timing (perf_counter clock, which on Linux is CLOCK_MONOTONIC, the clock of vLLM's engine stamps):
-- first token of a request: `RequestOutput.metrics.first_token_ts` (the engine core's timestamp of
-  the step that produced it; needs `disable_log_stats=False`, which load sets);
-- every token: the engine core timestamp of the step that produced it, recorded per request by a
-  thin wrapper around this engine's output processor (the offline API returns only final outputs);
-- engine_ttft_s: vLLM's own `first_token_latency` (frontend, from the request's arrival).
-Each is cross-checked against the wall clock around the call; where the engine's numbers are
-missing or fall outside the call, the wall clock is used (a probe request at load finds out, and
-the load notes say which source the cells use). The engine stamps mark when the engine core made a
-token; on a busy host the frontend may see it later (engine_ttft_s can then exceed the TTFT).
+Timing, by the contract's offline definition (results/README.md): a token's time is when this
+process receives it, i.e. when the engine step's output reaches the output processor here (a thin
+wrapper on this engine's output processor stamps perf_counter per step and counts the step's new
+tokens per request: a speculative step that brings several tokens is one chunk). The engine's own
+figure, `RequestOutput.metrics.first_token_latency` (needs `disable_log_stats=False`, which load
+sets), is stored beside ours as engine_ttft; where either is missing it is null with the reason.
 
 Prefix cache: emptied before every timed batch (`reset_prefix_cache`, default true), so no timed
 batch reuses KV from an earlier batch or cell (the same prompt ids recur across the batch sizes of
@@ -26,7 +22,7 @@ for prefix-cache workloads (`workload.shared_prefix_len`). Scoring and greedy ca
 Logprobs come from vLLM with `logprobs_mode="raw_logprobs"` (log-softmax of the raw logits, before
 any sampling processing): teacher-forced scores via `prompt_logprobs`, greedy via `logprobs`. vLLM
 returns each position's top-k plus the actual token; the top-k is re-sorted by (logprob desc, id),
-the tie rule of `adapters.base.topk_scores`.
+the one rule of `adapters.contract` (`topk_sparse`).
 
 Unsupported levels and flags: vLLM's own error. A configuration vLLM rejects (its config
 validation, or an engine start that fails with an "unsupported"-style root cause, e.g. a quantization
@@ -48,9 +44,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from adapters.base import (Adapter, AdapterInfo, BatchTiming, EngineOptions, LoadSpec, TokenScores, Unsupported,
-                           register)
-from adapters.serving import ServerApi, ServerLaunch
+from adapters.base import Adapter, EngineOptions, Unsupported, register
+from adapters.contract import LoadFacts, LoadSpec, RequestTiming, TimedRun, TokenScores, topk_sparse
+from adapters.server_process import ServerApi, ServerLaunch
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # Logical level -> vLLM's `quantization` argument. vLLM 0.32 no longer knows bitsandbytes or gguf:
@@ -234,8 +230,7 @@ class VllmAdapter(Adapter):
     def __init__(self) -> None:
         self.llm = None
         self._stamps: dict[str, list[tuple[float, int]]] | None = None
-        self._stamps_ok = False
-        self._metrics_ok = False
+        self._no_stamps: str | None = None      # why per-token times are not taken, where they are not
 
     # -- load ----------------------------------------------------------------------------------
     def engine_kwargs(self, spec: LoadSpec, opts: Options) -> dict[str, Any]:
@@ -287,7 +282,7 @@ class VllmAdapter(Adapter):
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(opts.cpu_reserved_cpus)
         return env
 
-    def load(self, spec: LoadSpec) -> AdapterInfo:
+    def load(self, spec: LoadSpec) -> LoadFacts:
         opts = Options(**spec.options)
         self.opts = opts
         env = self.engine_env(opts)
@@ -313,7 +308,7 @@ class VllmAdapter(Adapter):
                 raise
             raise classified from err
 
-        info = AdapterInfo(
+        info = LoadFacts(
             versions={"vllm": vllm.__version__, "torch": torch.__version__} | _dist_version(),
             engine_args={k: v for k, v in kwargs.items() if k != "model"} | {f"env:{k}": v for k, v in env.items()},
         )
@@ -330,7 +325,7 @@ class VllmAdapter(Adapter):
         self._probe(info)
         return info
 
-    def _describe_engine(self, info: AdapterInfo) -> None:
+    def _describe_engine(self, info: LoadFacts) -> None:
         """The effective config vLLM settled on (what defaults resolved to), and the KV budget."""
         import psutil
 
@@ -371,49 +366,45 @@ class VllmAdapter(Adapter):
                      * model.get_head_size() * torch.tensor([], dtype=dtype).element_size())
         return int(per_block * cache.num_gpu_blocks * par.tensor_parallel_size)
 
-    def _install_step_stamps(self, info: AdapterInfo) -> None:
-        """Record, per request, the engine-core timestamp of every step that brought it new tokens.
+    def _install_step_stamps(self, info: LoadFacts) -> None:
+        """Record, per request, when each engine step's new tokens reach this process, and how many.
 
-        LLM.generate returns final outputs only, so the per-token times are taken where each
-        engine step's outputs are processed: a wrapper on this engine's output processor (an
-        instance attribute; nothing global is patched). Where that object is not found, token times
-        are left out (TPOT then ends at the call's end) and the notes say so.
-        """
+        LLM.generate returns final outputs only, so the times are taken where each step's outputs
+        arrive from the engine core: a wrapper on this engine's output processor (an instance
+        attribute; nothing global is patched), stamped with this process's perf_counter on entry.
+        That is the contract's offline definition (results/README.md); the engine core's own stamp of
+        the step is earlier by the IPC hop. Where the object is not found, token times are null with
+        the reason."""
         try:
             proc = self.llm.llm_engine.output_processor
             original = proc.process_outputs
             states = proc.request_states
         except AttributeError as err:
-            info.notes.append(f"per-token times unavailable (vLLM internals moved: {err}); TPOT from the wall clock")
+            self._no_stamps = f"vLLM internals moved ({err}): per-token times not taken"
             return
         stamps = self._stamps = {}
 
-        def process_outputs(engine_core_outputs, engine_core_timestamp=None, *args, **kwargs):
-            if engine_core_timestamp is not None:
-                for out in engine_core_outputs:
-                    if out.new_token_ids:
-                        state = states.get(out.request_id)
-                        rid = getattr(state, "external_req_id", None) or out.request_id
-                        stamps.setdefault(rid, []).append((engine_core_timestamp, len(out.new_token_ids)))
-            return original(engine_core_outputs, engine_core_timestamp, *args, **kwargs)
+        def process_outputs(engine_core_outputs, *args, **kwargs):
+            now = time.perf_counter()
+            for out in engine_core_outputs:
+                if out.new_token_ids:
+                    state = states.get(out.request_id)
+                    rid = getattr(state, "external_req_id", None) or out.request_id
+                    stamps.setdefault(rid, []).append((now, len(out.new_token_ids)))
+            return original(engine_core_outputs, *args, **kwargs)
 
         proc.process_outputs = process_outputs
-        self._stamps_ok = True
 
-    def _probe(self, info: AdapterInfo) -> None:
-        """One tiny request: do the engine's timestamps reach us? The answer goes into the notes."""
+    def _probe(self, info: LoadFacts) -> None:
+        """One tiny request: do the step stamps and the engine's metrics reach us? The notes say."""
         vocab = self.llm.llm_engine.model_config.get_vocab_size()
-        timing = self.generate([[i % vocab for i in range(3, 11)]], 2, True, _probe=True)
-        if self._metrics_ok:
-            info.notes.append("timing: first token from RequestOutput.metrics.first_token_ts (engine core clock = "
-                              "perf_counter); engine_ttft = vLLM first_token_latency")
-        else:
-            info.notes.append("timing: RequestOutput.metrics missing; TTFT from the wall clock (end of the call)")
-        if self._stamps_ok and timing.token_times[0]:
-            info.notes.append("timing: per-token times = engine-core timestamps of the steps that produced them")
-        else:
-            self._stamps_ok = False
-            info.notes.append("timing: per-token times unavailable; TPOT ends at the end of the call")
+        run = self.generate([[i % vocab for i in range(3, 11)]], 2, True)
+        if not run.requests[0].chunk_times and self._no_stamps is None:
+            self._no_stamps = "the output processor wrapper saw no step of a probe request"
+        info.notes.append("timing: token times = when each step's output reaches the output processor in this "
+                          "process" if self._no_stamps is None else f"timing: {self._no_stamps}")
+        info.notes.append("engine_ttft = vLLM's RequestOutput.metrics.first_token_latency" if "engine_ttft_ms"
+                          not in run.missing else f"engine_ttft: {run.missing['engine_ttft_ms']}")
 
     # -- the interface -------------------------------------------------------------------------
     def _run(self, prompts: list[list[int]], params) -> list:
@@ -435,7 +426,7 @@ class VllmAdapter(Adapter):
                 raise RuntimeError("vLLM returned outputs out of prompt order")
         return outs
 
-    def generate(self, prompts, output_len, ignore_eos, _probe: bool = False) -> BatchTiming:
+    def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
         from vllm import SamplingParams
 
         params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=ignore_eos, detokenize=False)
@@ -443,39 +434,28 @@ class VllmAdapter(Adapter):
             self.llm.reset_prefix_cache()
         if self._stamps is not None:
             self._stamps.clear()
-        offset = time.perf_counter() - time.monotonic()   # 0 on Linux; kept for other clocks
         start = time.perf_counter()
         outs = self._run(prompts, params)
         end = time.perf_counter()
 
-        first, token_times, counts, engine_ttft = [], [], [], []
-        metrics_ok = stamps_ok = True
-        for o in outs:
+        missing: dict[str, str] = {}
+        requests = []
+        for p, o in zip(prompts, outs):
             n = len(o.outputs[0].token_ids)
-            counts.append(n)
+            r = RequestTiming(sent=start, output_tokens=n, prompt_tokens=len(p), end=end)
+            for t, k in (self._stamps or {}).get(o.request_id, []):
+                r.add_chunk(t, k)
+            if sum(r.chunk_tokens) != n:
+                missing.setdefault("token_times", self._no_stamps or f"the step stamps covered {sum(r.chunk_tokens)} "
+                                   f"of {n} tokens of a request")
+                r.chunk_times, r.chunk_tokens = [], []
             m = o.metrics
-            t_first = (m.first_token_ts + offset) if m is not None and getattr(m, "first_token_ts", 0) else None
-            if t_first is None or not (start - 1e-3 <= t_first <= end + 1e-3):
-                metrics_ok, t_first = False, None
+            if m is not None and getattr(m, "first_token_latency", None):
+                r.engine_ttft_s = float(m.first_token_latency)
             else:
-                engine_ttft.append(float(m.first_token_latency))
-            times: list[float] = []
-            for ts, k in (self._stamps or {}).get(o.request_id, []):
-                times.extend([ts + offset] * k)
-            if len(times) != n or (times and not (start - 1e-3 <= times[0] and times[-1] <= end + 1e-3)):
-                stamps_ok, times = False, []
-            if t_first is None:
-                t_first = times[0] if times else end
-            first.append(t_first)
-            token_times.append(times)
-        if _probe:
-            self._metrics_ok = metrics_ok
-            self._stamps_ok = self._stamps_ok and stamps_ok
-        if not stamps_ok or not self._stamps_ok:
-            token_times = [[] for _ in outs]
-        return BatchTiming(start=start, end=end, first_token=first, token_times=token_times, output_tokens=counts,
-                           prompt_tokens=[len(p) for p in prompts],
-                           engine_ttft_s=engine_ttft if metrics_ok and engine_ttft else None)
+                missing.setdefault("engine_ttft_ms", "vLLM returned no RequestOutput.metrics (needs log stats on)")
+            requests.append(r)
+        return TimedRun(start=start, end=end, requests=requests, missing=missing)
 
     def _check_top_k(self, top_k: int) -> None:
         cap = self.opts.max_logprobs
@@ -483,42 +463,32 @@ class VllmAdapter(Adapter):
             raise Unsupported(f"vllm: top_k {top_k} exceeds max_logprobs {cap}; raise the max_logprobs option")
 
     @staticmethod
-    def _scores(positions, actual: list[int], top_k: int, vocab: int) -> TokenScores:
-        n, k = len(actual), min(top_k, vocab)
-        logprobs = np.zeros(n, np.float32)
-        topk_ids = np.zeros((n, k), np.int32)
-        topk_lp = np.zeros((n, k), np.float32)
+    def _scores(positions, actual: list[int], top_k: int) -> TokenScores:
+        """vLLM's per-position {id: Logprob} (its top-k plus the actual token) under the one top-k rule."""
+        rows = []
         for i, (pos, tok) in enumerate(zip(positions, actual)):
             if pos is None or tok not in pos:
                 raise RuntimeError(f"vLLM gave no logprob for the actual token {tok} at row {i}")
-            logprobs[i] = pos[tok].logprob
-            ranked = sorted(((lp.logprob, tid) for tid, lp in pos.items()), key=lambda x: (-x[0], x[1]))[:k]
-            if len(ranked) < k:
-                raise RuntimeError(f"vLLM returned {len(ranked)} logprobs at row {i}; {k} were asked for")
-            topk_ids[i] = [t for _, t in ranked]
-            topk_lp[i] = [lp for lp, _ in ranked]
-        return TokenScores(token_ids=np.asarray(actual, np.int32), logprobs=logprobs, topk_ids=topk_ids,
-                           topk_logprobs=topk_lp)
+            rows.append((tok, pos[tok].logprob, [(tid, lp.logprob) for tid, lp in pos.items()]))
+        return topk_sparse(rows, top_k)
 
     def score(self, prompts, top_k) -> list[TokenScores]:
         from vllm import SamplingParams
 
         self._check_top_k(top_k)
-        vocab = self.llm.llm_engine.model_config.get_vocab_size()
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=top_k, detokenize=False)
         outs = self._run(prompts, params)
         # prompt_logprobs[0] is None (nothing precedes the first token); row i scores token i+1
-        return [self._scores(list(o.prompt_logprobs)[1:], list(p[1:]), top_k, vocab) for p, o in zip(prompts, outs)]
+        return [self._scores(list(o.prompt_logprobs)[1:], list(p[1:]), top_k) for p, o in zip(prompts, outs)]
 
     def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
         from vllm import SamplingParams
 
         self._check_top_k(top_k)
-        vocab = self.llm.llm_engine.model_config.get_vocab_size()
         params = SamplingParams(temperature=0.0, max_tokens=n_tokens, ignore_eos=True, logprobs=top_k,
                                 detokenize=False)
         outs = self._run(prompts, params)
-        return [self._scores(list(o.outputs[0].logprobs), list(o.outputs[0].token_ids), top_k, vocab) for o in outs]
+        return [self._scores(list(o.outputs[0].logprobs), list(o.outputs[0].token_ids), top_k) for o in outs]
 
     # -- serving: vLLM's OpenAI-compatible server (`vllm serve`) -------------------------------
     # Prompts go as token ids; `return_tokens_as_token_ids` gives every token and top-logprob key as

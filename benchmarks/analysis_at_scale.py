@@ -309,7 +309,7 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
     little; the "repeat 0 only" rows are the worst case, where no value occurs twice."""
     import pyarrow.parquet as pq
 
-    from adapters.base import LoadSpec, ModelSpec
+    from adapters.contract import LoadSpec, ModelSpec, ScoringSpec
     from adapters.hf import HfAdapter
     from adapters.worker import capture_logprobs
     from orchestrator.compaction import compact
@@ -322,13 +322,14 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
 
     model = str(resolve_builtin("tiny", cache_root()))
     measure_ = Measure()   # the defaults a matrix gets: 8 prompts x 64 tokens, 16 greedy, 2 repeats, top-k 20
-    scoring = {"prompts": scoring_prompts(measure_, Tokenizer(model)), "top_k": measure_.top_k,
-               "greedy_tokens": measure_.greedy_tokens, "repeats": measure_.score_repeats}
+    scoring = ScoringSpec(prompts=scoring_prompts(measure_, Tokenizer(model)), top_k=measure_.top_k,
+                          greedy_tokens=measure_.greedy_tokens, repeats=measure_.score_repeats)
     store = RunStore(work / "storage-run")
     tables = []
     for i, dtype in enumerate(("fp32", "bf16", "fp16")):
         adapter = HfAdapter()
-        adapter.load(LoadSpec("hf", ModelSpec("tiny", model), dtype, {}, "cpu"))
+        adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=model), quantization=dtype,
+                              device="cpu"))
         np.savez(work / "lp.npz", **capture_logprobs(adapter, scoring, 1))
         adapter.close()
         cid = f"{i:016x}"

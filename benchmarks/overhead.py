@@ -203,7 +203,7 @@ def paired_loop(engine: str, job: dict) -> dict:
     machine's drift hits both alike. What bench's own code adds on the engine's path, nothing else."""
     sys.path.insert(0, str(ROOT))
     from adapters import ADAPTERS
-    from adapters.base import LoadSpec, ModelSpec
+    from adapters.contract import LoadSpec, ModelSpec
     from adapters.trackers import MemoryTracker
 
     adapter = ADAPTERS[engine]()
@@ -223,8 +223,8 @@ def paired_loop(engine: str, job: dict) -> dict:
         t = adapter.generate(batch, job["output_len"], True)
         wall = time.perf_counter() - t0
         tracker.peak()
-        return {"elapsed": t.end - t.start, "tokens": sum(t.output_tokens), "wall": wall,
-                "ttft": [f - t.start for f in t.first_token]}
+        return {"elapsed": t.end - t.start, "tokens": sum(r.output_tokens for r in t.requests), "wall": wall,
+                "ttft": [r.chunk_times[0] - r.sent for r in t.requests]}
 
     out = {}
     for bs in job["batch_sizes"]:

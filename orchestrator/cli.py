@@ -292,7 +292,7 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
                        timeout_s: float = typer.Option(120.0, "--timeout", help="Per-request timeout (s)"),
                        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Send each prompt to two /v1/completions endpoints N times at temperature 0 and report differing outputs."""
-    from orchestrator.serve import diff_endpoints, format_diff_report, read_prompts
+    from orchestrator.endpoint_diff import diff_endpoints, format_diff_report, read_prompts
 
     items = read_prompts(prompts)
     if not items:

@@ -76,6 +76,18 @@ def _finish(store: RunStore, record: dict) -> None:
         _commit(store, {k: v for k, v in record.items() if k not in ("staged", "delete")})
 
 
+def remove_partial_writes(store: RunStore) -> int:
+    """What a driver killed mid-write left: temporary files, and the unfinished steps of a compaction
+    (`recover`). Never read; removed on resume (by the writer only). Returns files removed."""
+    if not store.root.exists():
+        return 0
+    removed = recover(store)
+    stale = list(store.root.rglob(".tmp-*"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale) + removed
+
+
 def recover(store: RunStore) -> int:
     """Finish a committed compaction that was killed, and remove what an uncommitted one wrote.
     Only a writer (it holds the run dir's lock, or is the driver) calls this. Returns files removed."""

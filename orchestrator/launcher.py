@@ -23,7 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 import adapters
-from adapters.serving import die_with_parent
+from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, CellDone, CellFailed, CellRecord, CellSpec, CellStart,
+                               CellUnsupported, GroupSpec, GroupUnsupported, Loaded, LoadFailed, LoadSpec, ModelSpec,
+                               RepeatsAuto, ScoringSpec, ServeSpec, parse_event)
+from adapters.server_process import die_with_parent
 from orchestrator.cells import Cell, EngineGroup
 from orchestrator.matrix import Matrix
 from orchestrator.store import LOGPROBS_SCHEMA
@@ -67,7 +70,8 @@ def base_row(job: GroupJob, cell: Cell) -> dict:
         "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
         "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
         "workload": json.dumps(m.workload.model_dump(), sort_keys=True), "device": job.device,
-        "warmup": m.measure.warmup, "repeats": m.measure.repeats, "group_tries": job.tries,
+        "warmup": m.measure.warmup, "group_tries": job.tries,
+        "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
         "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
         "endpoint": m.model_entry(cell.model).endpoint if cell.mode == "serve" else None,
     }
@@ -81,7 +85,7 @@ def _resolve_source(source: str, cache_dir: str) -> str:
     return source
 
 
-def build_spec(job: GroupJob, cells: list[Cell]) -> dict:
+def build_spec(job: GroupJob, cells: list[Cell]) -> GroupSpec:
     m, g = job.matrix, job.group
     entry = m.model_entry(g.model)
     source = _resolve_source(entry.source, job.cache_dir)
@@ -90,36 +94,34 @@ def build_spec(job: GroupJob, cells: list[Cell]) -> dict:
     serve = g.mode == "serve"
     api = adapters.ADAPTERS[g.framework].server_api if serve else None
     as_text = serve and not api.prompt_ids   # a server that takes text only gets the prompts' text
+    auto = m.measure.auto_repeats if m.measure.repeats == "auto" else None
+    repeats = auto.max_repeats if auto else m.measure.repeats   # prompts are prepared for the most
     spec_cells = []
     for c in cells:
         per_run = m.serve.requests if serve else c.batch_size
-        n = m.measure.warmup * c.batch_size + m.measure.repeats * per_run
+        n = m.measure.warmup * c.batch_size + repeats * per_run
         prompts, texts = timing_prompts(m.workload, tok, n, c.input_len), None
         if as_text:
             prompts, texts = text_prompts(tok, prompts)
-        spec_cells.append({"cell_id": c.cell_id, "batch_size": c.batch_size, "output_len": c.output_len,
-                           "warmup": m.measure.warmup, "repeats": m.measure.repeats,
-                           "ignore_eos": m.measure.ignore_eos, "timing_prompts": prompts, "timing_texts": texts,
-                           # null: a closed loop (JSON has no infinity)
-                           "request_rate": None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate})
+        spec_cells.append(CellSpec(
+            cell_id=c.cell_id, batch_size=c.batch_size, output_len=c.output_len, warmup=m.measure.warmup,
+            repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
+            request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate))
     scoring = scoring_prompts(m.measure, tok)
-    return {
-        "mode": g.mode,
-        "load": {"framework": g.framework, "quantization": g.quantization, "options": g.options,
-                 "device": job.device, "gpus": 0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
-                 "cache_dir": str(Path(job.cache_dir) / "engines"), "seed": 0,
-                 "context_len": max([c.input_len + c.output_len for c in cells]
-                                    + [m.measure.scoring_len + m.measure.greedy_tokens]),
-                 "model": {"name": g.model, "source": source, "trust_remote_code": entry.trust_remote_code,
-                           "revision": entry.revision}},
-        "cells": spec_cells,
-        "scoring": None if serve and not m.serve.capture_logprobs else {
-            "prompts": scoring, "texts": [tok.decode(p) for p in scoring] if as_text else None,
-            "top_k": m.measure.top_k, "greedy_tokens": m.measure.greedy_tokens, "repeats": m.measure.score_repeats},
-        "serve": None if not serve else m.serve.model_dump() | {
-            "endpoint": entry.endpoint, "api_key_env": entry.api_key_env,
-            "startup_timeout_s": 0.95 * m.run.load_timeout_s, "seed": getattr(m.workload, "seed", 0)},
-    }
+    load = LoadSpec(
+        framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
+        gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
+        cache_dir=str(Path(job.cache_dir) / "engines"), seed=0,
+        context_len=max([c.input_len + c.output_len for c in cells] + [m.measure.scoring_len + m.measure.greedy_tokens]),
+        model=ModelSpec(name=g.model, source=source, trust_remote_code=entry.trust_remote_code, revision=entry.revision))
+    return GroupSpec(
+        mode=g.mode, load=load, cells=spec_cells,
+        scoring=None if serve and not m.serve.capture_logprobs else ScoringSpec(
+            prompts=scoring, texts=[tok.decode(p) for p in scoring] if as_text else None,
+            top_k=m.measure.top_k, greedy_tokens=m.measure.greedy_tokens, repeats=m.measure.score_repeats),
+        serve=None if not serve else ServeSpec(
+            **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
+            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)))
 
 
 def _arrow(values: np.ndarray, type_: pa.DataType) -> pa.Array:
@@ -136,24 +138,27 @@ def _strings(values: list[bytes]) -> pa.Array:
 
 
 def _logprob_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
+    """A worker's logprob rows (adapters.contract.LOGPROB_COLUMNS) as the store's table."""
     data = np.load(npz)
     if "token_id" not in data or data["token_id"].size == 0:
         return None
-    n, k = data["topk_ids"].shape
-    offsets = _arrow(np.arange(0, (n + 1) * k, k), pa.int32())
-    topk = lambda a, t: pa.ListArray.from_arrays(offsets, _arrow(a.reshape(-1), t))  # noqa: E731
-    kinds = [b"prompt", b"generation"]
-    return pa.table({
-        "run_id": _strings([run_id.encode()] * n), "cell_id": _strings([cell_id.encode()] * n),
-        "kind": _strings([kinds[x != 0] for x in data["kind"].tolist()]),
-        "repeat": _arrow(data["repeat"], pa.int16()), "prompt_index": _arrow(data["prompt_index"], pa.int32()),
-        "position": _arrow(data["position"], pa.int32()), "token_id": _arrow(data["token_id"], pa.int32()),
-        "logprob": _arrow(data["logprob"], pa.float32()),
-        "topk_ids": topk(data["topk_ids"], pa.int32()), "topk_logprobs": topk(data["topk_logprobs"], pa.float32()),
-    }, schema=LOGPROBS_SCHEMA)
+    n = data["token_id"].size
+    columns = {"run_id": _strings([run_id.encode()] * n), "cell_id": _strings([cell_id.encode()] * n)}
+    names = [k.encode() for k in LOGPROB_KINDS]
+    for name, _, is_list in LOGPROB_COLUMNS:
+        t = LOGPROBS_SCHEMA.field(name).type
+        if name == "kind":
+            columns[name] = _strings([names[x] for x in data[name].tolist()])
+        elif is_list:
+            k = data[name].shape[1]
+            columns[name] = pa.ListArray.from_arrays(_arrow(np.arange(0, (n + 1) * k, k), pa.int32()),
+                                                     _arrow(data[name].reshape(-1), t.value_type))
+        else:
+            columns[name] = _arrow(data[name], t)
+    return pa.table(columns, schema=LOGPROBS_SCHEMA)
 
 
-def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
+def _read_events(path: Path, offset: int) -> tuple[list, int]:
     if not path.exists():
         return [], offset
     with open(path) as f:
@@ -161,7 +166,7 @@ def _read_events(path: Path, offset: int) -> tuple[list[dict], int]:
         chunk = f.read()
     # only whole lines; a partial last line is read again next time
     whole, _, _ = chunk.rpartition("\n")
-    events = [json.loads(line) for line in whole.splitlines() if line.strip()]
+    events = [parse_event(line) for line in whole.splitlines() if line.strip()]
     return events, offset + len(whole) + (1 if whole else 0)
 
 
@@ -240,33 +245,34 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
         attempt += 1
         work = Path(tempfile.mkdtemp(prefix="bench-group-"))
         ids = {c.cell_id for c in remaining}
-        spec = spec_all | {"cells": [s for s in spec_all["cells"] if s["cell_id"] in ids]}
-        (work / "spec.json").write_text(json.dumps(spec))
+        spec = spec_all.model_copy(update={"cells": [s for s in spec_all.cells if s.cell_id in ids]})
+        (work / "spec.json").write_text(spec.model_dump_json())
         log = open(work / "output.log", "wb")
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.Popen([python, "-m", "adapters.worker", str(work / "spec.json"), str(work)],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=work, env=env, preexec_fn=_own_group_dying_with_parent)
-        state = {"current": None, "loaded": {}}
+        current: str | None = None
+        loaded: Loaded | None = None
 
-        def handle(ev: dict) -> None:
-            kind, loaded = ev["event"], state["loaded"]
-            if kind == "loaded":
-                state["loaded"] = ev
-            elif kind == "cell_start":
-                state["current"] = ev["cell_id"]
-            elif kind == "cell_done":
-                cid = ev["cell_id"]
-                finish(cid, "ok", extra=_measured(loaded, work / f"{cid}.json"),
-                       lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"))
-                state["current"] = None
-            elif kind in ("cell_failed", "cell_unsupported"):
-                finish(ev["cell_id"], "failed" if kind == "cell_failed" else "unsupported",
+        def handle(ev) -> None:
+            nonlocal current, loaded
+            if isinstance(ev, Loaded):
+                loaded = ev
+            elif isinstance(ev, CellStart):
+                current = ev.cell_id
+            elif isinstance(ev, CellDone):
+                cid = ev.cell_id
+                record = CellRecord.model_validate_json((work / f"{cid}.json").read_text())
+                finish(cid, "ok", extra=_measured(loaded, record), lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"))
+                current = None
+            elif isinstance(ev, (CellFailed, CellUnsupported)):
+                finish(ev.cell_id, "failed" if isinstance(ev, CellFailed) else "unsupported",
                        _with_traceback(ev), extra=_load_facts(loaded))
-                state["current"] = None
-            elif kind in ("unsupported", "load_failed"):
-                for cid in ev["cells"]:
-                    finish(cid, "unsupported" if kind == "unsupported" else "failed", _with_traceback(ev))
+                current = None
+            elif isinstance(ev, (GroupUnsupported, LoadFailed)):
+                for cid in ev.cells:
+                    finish(cid, "unsupported" if isinstance(ev, GroupUnsupported) else "failed", _with_traceback(ev))
 
         offset, timed_out = 0, False
         deadline = time.monotonic() + m.run.load_timeout_s
@@ -275,7 +281,7 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
             events, offset = _read_events(work / "events.jsonl", offset)
             for ev in events:
                 handle(ev)
-                if ev["event"] == "cell_start":
+                if isinstance(ev, CellStart):
                     deadline = time.monotonic() + m.run.cell_timeout_s
             if exited:
                 break
@@ -285,7 +291,6 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
                 timed_out = True
                 break
             time.sleep(POLL_S)
-        current, loaded_info = state["current"], state["loaded"]
         log.close()
         tail = _tail(work / "output.log")
         pending = [c for c in remaining if c.cell_id not in results]
@@ -293,40 +298,34 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
             what = f"cell timeout {m.run.cell_timeout_s:g}s" if current else f"load timeout {m.run.load_timeout_s:g}s"
             victims = [current] if current else [c.cell_id for c in pending]
             for cid in victims:
-                finish(cid, "timeout", f"killed after the {what}; last output:\n{tail}", extra=_load_facts(loaded_info))
+                finish(cid, "timeout", f"killed after the {what}; last output:\n{tail}", extra=_load_facts(loaded))
         elif pending:
             how = _describe_exit(proc.returncode)
             victims = [current] if current else [c.cell_id for c in pending]
-            where = "while running this cell" if current else ("before any cell ran" if not loaded_info else "between cells")
+            where = "while running this cell" if current else ("before any cell ran" if not loaded else "between cells")
             for cid in victims:
-                finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=_load_facts(loaded_info))
+                finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=_load_facts(loaded))
         shutil.rmtree(work, ignore_errors=True)
         remaining = [c for c in remaining if c.cell_id not in results]
     return [results[c.cell_id] for c in job.group.cells]
 
 
-def _with_traceback(ev: dict) -> str:
-    return ev["reason"] + (f"\n{ev['traceback']}" if ev.get("traceback") else "")
+def _with_traceback(ev) -> str:
+    return ev.reason + (f"\n{ev.traceback}" if getattr(ev, "traceback", None) else "")
 
 
-def _load_facts(loaded: dict) -> dict:
-    if not loaded:
+def _load_facts(loaded: Loaded | None) -> dict:
+    if loaded is None:
         return {}
-    info = loaded["info"]
-    return {"load_s": loaded["load_s"], "load_peak_mem_bytes": loaded["load_peak_mem_bytes"],
-            "mem_source": loaded["mem_source"], "versions": json.dumps(info["versions"], sort_keys=True),
-            "engine_args": json.dumps(info["engine_args"], sort_keys=True, default=str),
-            "kv_budget_bytes": info["kv_budget_bytes"], "batch_mode": info["batch_mode"],
-            "notes": json.dumps(info["notes"])}
+    f = loaded.facts
+    return {"load_s": loaded.load_s, "load_peak_mem_bytes": loaded.load_peak_mem_bytes,
+            "mem_source": loaded.mem_source, "versions": json.dumps(f.versions, sort_keys=True),
+            "engine_args": json.dumps(f.engine_args, sort_keys=True, default=str),
+            "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode, "notes": json.dumps(f.notes)}
 
 
-def _measured(loaded: dict, record_path: Path) -> dict:
-    record = json.loads(record_path.read_text())
+def _measured(loaded: Loaded | None, record: CellRecord) -> dict:
     facts = _load_facts(loaded)
-    notes = record.pop("cell_notes", [])
-    skipped = record.pop("capture_skipped", None)
-    if skipped:
-        notes.append(f"logprobs not captured: {skipped}")
-    if notes:
-        facts["notes"] = json.dumps(json.loads(facts.get("notes") or "[]") + notes)
-    return facts | record
+    values = record.model_dump(exclude={"notes", "missing"})
+    notes = (loaded.facts.notes if loaded else []) + record.notes
+    return facts | values | {"notes": json.dumps(notes), "missing": json.dumps(record.missing, sort_keys=True)}

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from adapters import ADAPTERS
 from adapters.base import QUANTIZATIONS, normalize_quantization
+from adapters.contract import RepeatsAuto
 
 AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate")
 MODES = ("offline", "serve")
@@ -84,7 +85,19 @@ Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload], Field(discrimina
 
 class Measure(_Strict):
     warmup: int = Field(1, ge=0)
-    repeats: int = Field(3, ge=1)
+    repeats: Union[int, Literal["auto"]] = Field(3, description="Timed batches (serve: timed "
+                                                                   "runs) per cell; auto: until the throughput's 95% "
+                                                                   "interval is narrow enough (auto_repeats)")
+    auto_repeats: RepeatsAuto = Field(default_factory=RepeatsAuto, description="repeats: auto stops when the output "
+                                      "throughput's 95% interval is within half_width (relative), after min_repeats, "
+                                      "at max_repeats or after max_s seconds of timed batches")
+
+    @field_validator("repeats")
+    @classmethod
+    def _positive_or_auto(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("expected a number of timed batches >= 1, or 'auto'")
+        return v
     ignore_eos: bool = Field(True, description="Fixed output length for throughput")
     top_k: int = Field(20, ge=1, description="Candidates stored per scored position")
     scoring_prompts: int = Field(8, ge=1)

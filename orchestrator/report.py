@@ -3,10 +3,10 @@
     report.html   usable offline: plotly.js is inlined once in <head> (no CDN, no network)
       summary      what ran, status counts, every cell that is not ok with the first line of its
                    reason, verdict counts, the fastest lossless cell
-      quality vs speed   speedup (with its bootstrap 95% CI) against KL(baseline || cell), log
-                   axes, one point per cell coloured by verdict, the lossless/near tolerances and
-                   the baseline's noise floor as lines, and the Pareto frontier (cells that no
-                   other cell beats on both: higher speedup and lower KL)
+      quality vs speed   speedup (with its 95% CI, a Welch t interval on the log ratio) against
+                   KL(baseline || cell), log axes, one point per cell coloured by verdict, the
+                   lossless/near tolerances and the baseline's noise floor as lines, and the Pareto
+                   frontier (cells that no other cell beats on both: higher speedup and lower KL)
       throughput and latency against batch size, one line per engine config: output tokens/s,
                    TTFT and TPOT p50 with error bars up to p99
       cells        every cell in one table, sortable by clicking a header (a few lines of inline
@@ -133,6 +133,16 @@ def _speed(r: dict) -> str:
         return ""
     ci = f" [{_num(r['speedup_lo'], '.2f')}, {_num(r['speedup_hi'], '.2f')}]" if _finite(r["speedup_lo"]) else ""
     return f"{r['speedup']:.2f}x{ci}"
+
+
+def _ttft_disagrees(r: dict) -> bool:
+    """Our TTFT and the engine's own differ by more than the contract's margin (1 ms or 10%)."""
+    v = r.get("engine_ttft_agrees")
+    return v is not None and not pd.isna(v) and not bool(v)
+
+
+def _ttft(r: dict) -> str:
+    return _num(r["ttft_ms_p50"], ".1f") + (" ⚑" if _ttft_disagrees(r) else "")
 
 
 def _mib(v: Any) -> str:
@@ -380,7 +390,8 @@ def _columns(multi_len: bool) -> list[Column]:
          lambda r: r["greedy_match"], lambda r: _num(r["greedy_match"], ".2f"), "n"),
         ("noise-greedy", "noise greedy", "the baseline engine's own greedy match",
          lambda r: r["noise_greedy_match"], lambda r: _num(r["noise_greedy_match"], ".2f"), "n noise"),
-        ("ttft-p50", "TTFT p50 ms", "time to first token", lambda r: r["ttft_ms_p50"], lambda r: _num(r["ttft_ms_p50"], ".1f"), "n"),
+        ("ttft-p50", "TTFT p50 ms", "time to first token, as the calling process sees it; ⚑: the engine's own "
+         "figure (engine_ttft_ms_p50) is more than 1 ms or 10% away", lambda r: r["ttft_ms_p50"], _ttft, "n"),
         ("ttft-p99", "TTFT p99 ms", "", lambda r: r["ttft_ms_p99"], lambda r: _num(r["ttft_ms_p99"], ".1f"), "n"),
         ("tpot-p50", "TPOT p50 ms", "time per output token after the first", lambda r: r["tpot_ms_p50"],
          lambda r: _num(r["tpot_ms_p50"], ".2f"), "n"),
@@ -391,7 +402,8 @@ def _columns(multi_len: bool) -> list[Column]:
          lambda r: _num(r["errors"], ".0f") if r["mode"] == "serve" else "", "n"),
         ("mem", "peak MiB", "peak memory during the timed batches (the kernel's peak RSS on CPU, nvml on GPU)",
          lambda r: r["peak_mem_bytes"], lambda r: _mib(r["peak_mem_bytes"]), "n"),
-        ("speedup", "speedup [95% CI]", "output tokens/s / the baseline cell's, bootstrap CI over repeats",
+        ("speedup", "speedup [95% CI]",
+         "output tokens/s / the baseline cell's; 95% CI: Welch t interval on the log ratio over repeats",
          lambda r: r["speedup"], _speed, "n"),
         ("reason", "reason", "why the verdict (or the status)", _why, _why, "reason"),
     ]
@@ -590,7 +602,8 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     if fig is not None:
         parts.append(_fig_html(fig, "plot-quality"))
         parts.append("<p class='muted'>One point per cell (hover for details). Speedup = the cell's output tokens/s "
-                     "÷ its baseline cell's (same batch size where one was measured), with the bootstrap 95% CI. "
+                     "÷ its baseline cell's (same batch size where one was measured), with its 95% CI "
+                     "(Welch t interval on the log ratio of the per-repeat throughputs). "
                      "Diamonds: KL exactly 0 (bitwise-equal logprobs), drawn at the axis floor. The dashed step line "
                      "is the Pareto frontier: cells no other cell beats on both speed and KL.</p>")
     else:
@@ -688,8 +701,13 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
             [r["input_len"], r["output_len"]] if multi_len else []) + [
             r["status"], f"**{r['verdict']}**" if r["verdict"] in ("lossy",) else r["verdict"], _sci(r["kl_mean"]),
             _sci(r["noise_kl_mean"]), _num(r["greedy_match"], ".2f"), _speed(r), _num(r["output_tok_s"], ".1f"),
-            _num(r["ttft_ms_p50"], ".1f"), _num(r["tpot_ms_p50"], ".2f"), first_line(_why(r), 120)]
+            _ttft(r), _num(r["tpot_ms_p50"], ".2f"), first_line(_why(r), 120)]
         out.append("| " + " | ".join(_md(x) for x in row) + " |")
+    apart = [r for r in shown.to_dict("records") if _ttft_disagrees(r)]
+    if apart:
+        out += ["", f"⚑ {len(apart)} cell(s) whose TTFT and the engine's own figure are more than 1 ms or 10% apart:", ""]
+        out += [f"- `{r['cell_id']}` {_md(r['label'])}: ours {_num(r['ttft_ms_p50'], '.2f')} ms, the engine's "
+                f"{_num(r.get('engine_ttft_ms_p50'), '.2f')} ms" for r in apart]
     bad = df[df.status != "ok"]
     if len(bad) > MAX_LISTED:
         why = pd.Series([f"{st}: {first_line(r) or '-'}" for st, r in zip(bad.status, bad.status_reason)])

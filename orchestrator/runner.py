@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from orchestrator import manifest
+from orchestrator import compaction, manifest
 from orchestrator.cells import Cell, expand, group
 from orchestrator.launcher import PROJECT_ROOT, GroupJob
 from orchestrator.matrix import Matrix, load_matrix
@@ -47,7 +47,7 @@ def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, addre
 
 def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str | None, rerun_failed: bool,
          console: Console) -> None:
-    store.remove_partial_writes()
+    compaction.remove_partial_writes(store)
     todo = cells_to_run(cells, store, rerun_failed)
     skipped = len(cells) - len(todo)
     if skipped:
@@ -80,9 +80,7 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
 
             schedule(jobs, on_done)
     try:  # a few large files instead of two per cell (orchestrator/compaction.py); crash-safe
-        from orchestrator.compaction import compact
-
-        compact(store)
+        compaction.compact(store)
     except Exception as e:  # the per-cell files are intact and readable; `bench compact` tries again
         console.print(f"[yellow]compaction of {store.root} failed ({type(e).__name__}: {e}); the results are "
                       f"complete as per-cell files, `bench compact {store.root}` tries again[/yellow]")

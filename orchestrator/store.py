@@ -28,8 +28,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from adapters.contract import LOGPROB_COLUMNS
 
 SCHEMA_VERSION = 1
 
@@ -60,11 +63,14 @@ CELLS_SCHEMA = pa.schema([
     ("batch_mode", pa.string()),          # batched | sequential (never silent)
     ("load_s", _f64),
     ("warmup", pa.int32()),
-    ("repeats", pa.int32()),
+    ("repeats", pa.int32()),              # timed batches (serve: runs) made; with repeats: auto, as many as it took
+    ("repeats_halfwidth", _f64),          # relative half-width of the output throughput's 95% interval
     ("requests", pa.int32()),             # timed requests (repeats x batch_size)
     ("ttft_ms_p50", _f64), ("ttft_ms_p90", _f64), ("ttft_ms_p99", _f64),
     ("tpot_ms_p50", _f64), ("tpot_ms_p90", _f64), ("tpot_ms_p99", _f64),
-    ("itl_ms_p50", _f64), ("itl_ms_p90", _f64), ("itl_ms_p99", _f64),
+    ("itl_ms_p50", _f64), ("itl_ms_p90", _f64), ("itl_ms_p99", _f64),   # gaps between output chunks
+    ("chunk_tokens_mean", _f64),          # tokens per output chunk (1.0: every ITL gap is one token)
+    ("itl_samples", pa.int64()),          # ITL gaps behind the percentiles (chunks - 1 per request)
     ("e2e_ms_p50", _f64), ("e2e_ms_p90", _f64), ("e2e_ms_p99", _f64),
     ("output_tok_s", _f64),               # mean over repeats
     ("total_tok_s", _f64),
@@ -83,7 +89,9 @@ CELLS_SCHEMA = pa.schema([
     ("tpot_ms", _list_f64),
     ("e2e_ms", _list_f64),
     ("output_tok_s_runs", _list_f64),     # per repeat
-    ("engine_ttft_ms", _list_f64),        # the engine's own TTFT where it reports one
+    ("engine_ttft_ms", _list_f64),        # the engine's own TTFT where it reports one (per request)
+    ("engine_ttft_ms_p50", _f64),
+    ("engine_ttft_agrees", pa.bool_()),   # |ttft_ms_p50 - engine_ttft_ms_p50| <= max(1 ms, 10% of ours)
     ("peak_mem_bytes", pa.int64()),       # during this cell's timed runs
     ("load_peak_mem_bytes", pa.int64()),
     ("mem_source", pa.string()),          # rss-peak-tree | rss-tree | nvml-tree | ...
@@ -91,24 +99,24 @@ CELLS_SCHEMA = pa.schema([
     ("versions", pa.string()),            # JSON: library versions in the engine's environment
     ("engine_args", pa.string()),         # JSON: the arguments given to the engine
     ("notes", pa.string()),               # JSON list of caveats the adapter reported
+    ("missing", pa.string()),             # JSON: figure -> why it is null (nothing unmeasured is a number)
     ("attempt", pa.int32()),              # which engine process of the group ran the cell
     ("group_tries", pa.int32()),          # times the group was sent to Ray (over 1: its node was lost)
     ("started_at", pa.string()),
     ("duration_s", _f64),
 ])
 
-LOGPROBS_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("cell_id", pa.string()),
-    ("kind", pa.string()),                # prompt (teacher forced) | generation (greedy)
-    ("repeat", pa.int16()),
-    ("prompt_index", pa.int32()),
-    ("position", pa.int32()),             # index of the scored token in its sequence
-    ("token_id", pa.int32()),
-    ("logprob", pa.float32()),
-    ("topk_ids", pa.list_(pa.int32())),
-    ("topk_logprobs", pa.list_(pa.float32())),
-])
+def _logprobs_schema() -> pa.Schema:
+    """The worker's row layout (adapters.contract.LOGPROB_COLUMNS) as Parquet columns, after the run
+    and cell ids; `kind` is stored by name (prompt: teacher forced | generation: greedy)."""
+    fields = [("run_id", pa.string()), ("cell_id", pa.string())]
+    for name, dtype, is_list in LOGPROB_COLUMNS:
+        t = pa.string() if name == "kind" else pa.from_numpy_dtype(np.dtype(dtype))
+        fields.append((name, pa.list_(t) if is_list else t))
+    return pa.schema(fields)
+
+
+LOGPROBS_SCHEMA = _logprobs_schema()
 
 STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
 # The framework lives in the partition directory name only: a column of the same name inside the
@@ -188,19 +196,6 @@ class RunStore:
         else:
             lp_path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
         _atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
-
-    def remove_partial_writes(self) -> int:
-        """What a driver killed mid-write left: temporary files, and the unfinished steps of a
-        compaction (orchestrator.compaction.recover). Never read; removed on resume (driver only)."""
-        if not self.root.exists():
-            return 0
-        from orchestrator.compaction import recover
-
-        removed = recover(self)
-        stale = list(self.root.rglob(".tmp-*"))
-        for path in stale:
-            path.unlink(missing_ok=True)
-        return len(stale) + removed
 
     @contextlib.contextmanager
     def writing(self):

@@ -8,6 +8,12 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser):
+    parser.addoption("--allow-missing", action="append", default=[], metavar="ENGINE",
+                     help="tests/gpu on a CUDA machine: let ENGINE (hf, vllm, trtllm, lmdeploy) be missing or "
+                          "unsupported (its tests skip instead of failing); repeatable")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cache_dir(tmp_path_factory):
     """One model cache per test session (the tiny model is built once), unless CI gives one."""

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.analysis import (PolicyError, Policy, analyse, compare_table, gate, load_policy, parse_selector,
-                                   parse_tolerances)
+                                   parse_tolerances, _speed_call)
 from orchestrator.matrix import Tolerances
 from orchestrator.store import LOGPROBS_SCHEMA, RunStore
 
@@ -236,17 +236,22 @@ def test_speed_and_na_cells(tmp_path):
     df = analyse(store.root)
     f = row(df, "fast")
     assert f["speedup"] == pytest.approx(2.0, rel=1e-12)
-    assert f["speedup_lo"] < 2.0 < f["speedup_hi"] and f["speedup_hi"] < 2.2 and f["speedup_lo"] > 1.8
+    # Welch t interval on log(200, 210, 190) - log(100, 102, 98), df 2.62; the same numbers as
+    # exp(scipy.stats.ttest_ind(log a, log b, equal_var=False).confidence_interval())
+    assert (f["speedup_lo"], f["speedup_hi"]) == pytest.approx((1.7947403787777645, 2.225612040010567), rel=1e-9)
+    assert (f["speed_call"], f["speedup_n_cell"], f["speedup_n_base"]) == ("faster", 3, 3)
     assert f["ttft_ratio"] == 0.5 and f["mem_saving"] == 0.75
-    assert row(df, "base")["speedup"] == 1.0
-    again = analyse(store.root)   # seeded bootstrap: re-running gives the same interval
+    b = row(df, "base")
+    assert b["speedup"] == 1.0 and b["speedup_lo"] < 1.0 < b["speedup_hi"] and b["speed_call"] == "no difference"
+    assert _speed_call([math.nan, 1.01, 0.8, 1.0], [math.nan, 1.3, 0.99, 1.0]) == [None, "faster", "slower", "no difference"]
+    again = analyse(store.root)   # no resampling: re-running gives the same interval
     assert row(again, "fast")["speedup_lo"] == f["speedup_lo"]
     assert (row(df, "oom")["verdict"], row(df, "oom")["reason"]) == ("n/a", "status failed: CUDA out of memory")
     assert (row(df, "nolp")["verdict"], row(df, "nolp")["reason"]) == ("n/a", "no logprobs stored for this cell")
     console = Console(record=True, width=250)
     console.print(compare_table(df))
     out = console.export_text()
-    assert "identical" in out and "2.00x [" in out and "n/a" in out
+    assert "identical" in out and "2.00x [1.79, 2.23]" in out and "faster" in out and "n/a" in out
 
 
 def test_baseline_argument_and_missing_baseline(tmp_path):

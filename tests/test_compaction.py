@@ -184,7 +184,7 @@ def test_kill_mid_compaction_leaves_a_readable_duplicate_free_run(tmp_path, monk
     df = analyse(store.root)
     assert df.cell_id.is_unique and set(df.cell_id) == set(expected[0])
     # the next writer (bench run resuming, or bench compact) finishes or undoes it
-    store.remove_partial_writes()
+    compaction.remove_partial_writes(store)
     assert exact(store) == expected
     compact(store)
     assert exact(store) == expected

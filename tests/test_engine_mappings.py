@@ -3,10 +3,10 @@
 - Matrix options -> engine arguments (`engine_kwargs`, `sampling_kwargs`, `generation_kwargs`), checked
   against the argument names of the pinned versions recorded in tests/data/engine_signatures.json, so
   a misspelt argument fails here. Where the real lmdeploy config classes can be imported (an lmdeploy
-  environment, or LOSSLESS_BENCH_LMDEPLOY_SRC pointing at an unpacked lmdeploy-0.16.0 wheel: its
-  lmdeploy/messages.py imports with the CPU torch), the same arguments build the real classes too,
-  validators included. tensorrt_llm does not import without CUDA; its real classes are checked only
-  where it is installed.
+  environment, or an unpacked lmdeploy-0.16.0 wheel: `make lmdeploy-src`, which `make test` runs,
+  puts it in .cache/lmdeploy-src; LOSSLESS_BENCH_LMDEPLOY_SRC names another; its lmdeploy/messages.py
+  imports with the CPU torch), the same arguments build the real classes too, validators included.
+  tensorrt_llm does not import without CUDA; its real classes are checked only where it is installed.
 - The adapters' generate/score/greedy logic against fake engines that speak the recorded API.
 - On this CPU machine, trtllm and lmdeploy cells are `unsupported ... needs CUDA` rows at once.
 """
@@ -31,7 +31,8 @@ import pytest
 import adapters
 from adapters import lmdeploy as lmd
 from adapters import trtllm as trt
-from adapters.base import LoadSpec, ModelSpec, Unsupported, log_softmax
+from adapters.base import Unsupported, log_softmax
+from adapters.contract import LoadSpec, ModelSpec
 from orchestrator.cells import expand, group
 from orchestrator.launcher import GroupJob, run_group, unsupported_reason
 from orchestrator.matrix import MatrixError, load_matrix, parse_matrix
@@ -55,7 +56,7 @@ def assert_known(engine: str, name: str, kwargs: dict) -> None:
 
 def load_spec(fw: str, quant: str = "fp16", options: dict | None = None, source: str = "/models/m",
               **model) -> LoadSpec:
-    return LoadSpec(framework=fw, model=ModelSpec("m", source, **model), quantization=quant,
+    return LoadSpec(framework=fw, model=ModelSpec(name="m", source=source, **model), quantization=quant,
                     options=options or {}, device="cuda", gpus=1)
 
 
@@ -176,21 +177,25 @@ def test_lmdeploy_async_engine_calls_exist():
 # --- the real lmdeploy classes, where they import ------------------------------------------
 
 
-def _import_lmdeploy_messages():
-    """lmdeploy.messages from an lmdeploy environment, or from an unpacked wheel named by
-    LOSSLESS_BENCH_LMDEPLOY_SRC (its lmdeploy/__init__ pulls mmengine and more; messages.py does not)."""
+LMDEPLOY_SRC_DEFAULT = ROOT / ".cache" / "lmdeploy-src"   # where `make lmdeploy-src` unpacks the wheel
+
+
+def _import_lmdeploy_messages(src: Path | None):
+    """lmdeploy.messages from an lmdeploy environment, or from the unpacked wheel `src` (its
+    lmdeploy/__init__ pulls mmengine and more; messages.py does not). None: neither is there."""
     try:
         return importlib.import_module("lmdeploy.messages")
     except Exception:  # noqa: BLE001 - not installed, or installed without its CUDA pieces
         pass
-    src = os.environ.get("LOSSLESS_BENCH_LMDEPLOY_SRC")
-    if not src or not (Path(src) / "lmdeploy" / "messages.py").exists():
+    if src is None:
         return None
     saved = {k: v for k, v in sys.modules.items() if k == "lmdeploy" or k.startswith("lmdeploy.")}
     pkg = types.ModuleType("lmdeploy")
-    pkg.__path__ = [str(Path(src) / "lmdeploy")]
+    pkg.__path__ = [str(src / "lmdeploy")]
     sys.modules["lmdeploy"] = pkg
     try:
+        version = importlib.import_module("lmdeploy.version").__version__
+        assert version == lmd.LMDEPLOY_VERSION, f"{src} holds lmdeploy {version}, the adapter pins {lmd.LMDEPLOY_VERSION}"
         return importlib.import_module("lmdeploy.messages")
     finally:  # keep the module object, leave sys.modules as it was
         for k in [k for k in sys.modules if k == "lmdeploy" or k.startswith("lmdeploy.")]:
@@ -200,10 +205,18 @@ def _import_lmdeploy_messages():
 
 @pytest.fixture(scope="module")
 def real_lmdeploy():
-    messages = _import_lmdeploy_messages()
+    """The real lmdeploy config classes. LOSSLESS_BENCH_LMDEPLOY_SRC (set by `make test`) makes them
+    required: a missing or broken unpacked wheel is then a failure, not a skip."""
+    named = os.environ.get("LOSSLESS_BENCH_LMDEPLOY_SRC")
+    src = Path(named) if named else LMDEPLOY_SRC_DEFAULT
+    if named:
+        assert (src / "lmdeploy" / "messages.py").exists(), \
+            f"LOSSLESS_BENCH_LMDEPLOY_SRC={named} holds no unpacked lmdeploy wheel (run `make lmdeploy-src`)"
+    messages = _import_lmdeploy_messages(src if (src / "lmdeploy" / "messages.py").exists() else None)
     if messages is None:
-        pytest.skip("lmdeploy's config classes are not importable here: install lmdeploy, or set "
-                    "LOSSLESS_BENCH_LMDEPLOY_SRC to an unpacked lmdeploy-0.16.0 wheel")
+        pytest.skip(f"lmdeploy's config classes are not importable here: run `make lmdeploy-src` (unpacks the "
+                    f"lmdeploy-{lmd.LMDEPLOY_VERSION} wheel into {LMDEPLOY_SRC_DEFAULT.relative_to(ROOT)}), "
+                    "or install lmdeploy")
     return messages
 
 
@@ -233,7 +246,7 @@ TRTLLM_CASES = [
               "kv_cache_free_gpu_memory_fraction": 0.5, "tensor_parallel_size": 2, "max_batch_size": 64,
               "max_num_tokens": 4096, "max_seq_len": 2048, "enable_chunked_prefill": True,
               "sampler_type": "TorchSampler", "deterministic": True}),
-    ("fp32", {"cuda_graph_padding": True, "cuda_graph_batch_sizes": [1, 2, 4]}),
+    ("bf16", {"cuda_graph_padding": True, "cuda_graph_batch_sizes": [1, 2, 4]}),
     ("fp8", {"kv_cache_dtype": "fp8"}),
     ("awq", {}),
 ]
@@ -259,7 +272,7 @@ def test_trtllm_mapping_values():
     assert kw["kv_cache_config"] == {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.9, "dtype": "auto"}
     assert kw["cuda_graph_config"] == {"enable_padding": False} and kw["disable_overlap_scheduler"] is False
     assert kw["dtype"] == "float16" and "backend" not in kw
-    assert trt.engine_kwargs(load_spec("trtllm", "fp32"))["dtype"] == "float32"
+    assert trt.engine_kwargs(load_spec("trtllm", "bf16"))["dtype"] == "bfloat16"
     assert trt.engine_kwargs(load_spec("trtllm", "fp8"))["dtype"] == "auto"   # the checkpoint decides
     off = trt.engine_kwargs(load_spec("trtllm", "bf16", {"cuda_graphs": False, "overlap_scheduler": False}))
     assert off["cuda_graph_config"] is None and off["disable_overlap_scheduler"] is True
@@ -415,6 +428,14 @@ def fake_lmdeploy(backend, loop, options=None):
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9]]
 
 
+def _check_chunks(t, n_tokens: int) -> None:
+    """Every request's chunks: in time order within the call, each a distinct time, carrying every token."""
+    for r in t.requests:
+        assert sum(r.chunk_tokens) == n_tokens and min(r.chunk_tokens) >= 1
+        assert t.start <= r.sent < r.chunk_times[0] and r.chunk_times[-1] <= r.end <= t.end
+        assert all(b > a for a, b in zip(r.chunk_times, r.chunk_times[1:]))
+
+
 def expected_scores(prompt):
     return log_softmax(np.stack([fake_logits(prompt[: i + 1]) for i in range(len(prompt) - 1)]))
 
@@ -423,10 +444,9 @@ def expected_scores(prompt):
 def test_lmdeploy_adapter_logic_on_a_fake_engine(backend, event_loop_thread):
     a = fake_lmdeploy(backend, event_loop_thread)
     t = a.generate(PROMPTS, 4, ignore_eos=True)
-    assert t.output_tokens == [4, 4, 4] and t.prompt_tokens == [5, 3, 7]
-    for first, times in zip(t.first_token, t.token_times):
-        assert len(times) == 4 and first == times[0] and t.start <= first and times[-1] <= t.end
-        assert times == sorted(times)
+    assert [r.output_tokens for r in t.requests] == [4, 4, 4] and [r.prompt_tokens for r in t.requests] == [5, 3, 7]
+    _check_chunks(t, 4)
+    assert all(r.engine_ttft_s is None for r in t.requests) and "engine_ttft_ms" in t.missing
 
     for p, s in zip(PROMPTS, a.score(PROMPTS, top_k=3)):
         want = expected_scores(p)
@@ -490,9 +510,9 @@ def fake_trtllm(options=None):
 def test_trtllm_adapter_logic_on_a_fake_engine():
     a = fake_trtllm()
     t = a.generate(PROMPTS, 4, ignore_eos=True)
-    assert t.output_tokens == [4, 4, 4] and t.engine_ttft_s == pytest.approx([0.25] * 3)
-    for first, times in zip(t.first_token, t.token_times):
-        assert len(times) == 4 and first == times[0] and t.start <= first <= t.end and times == sorted(times)
+    assert [r.output_tokens for r in t.requests] == [4, 4, 4]
+    assert [r.engine_ttft_s for r in t.requests] == pytest.approx([0.25] * 3)
+    _check_chunks(t, 4)
 
     for p, s in zip(PROMPTS, a.score(PROMPTS, top_k=3)):
         want = expected_scores(p)
@@ -543,6 +563,12 @@ def test_levels_an_engine_cannot_run_say_so_first():
     assert unsupported_reason(job, sys.executable).startswith("lmdeploy does not run quantization fp32")
     (job,) = _jobs(_matrix(["trtllm"], ("q4_k_m",)))
     assert "trtllm does not run quantization q4_k_m" in unsupported_reason(job, sys.executable)
+    # no fp32 on TensorRT-LLM's PyTorch backend (NVIDIA/TensorRT-LLM#5260): unsupported rows, on CUDA too
+    (job,) = _jobs(_matrix(["trtllm"], ("fp32",), device="cuda"), device="cuda")
+    assert unsupported_reason(job, sys.executable).startswith("trtllm does not run quantization fp32")
+    rows = run_group(job)
+    assert [r["status"] for r, _ in rows] == ["unsupported"] * len(job.group.cells)
+    assert all("does not run quantization fp32" in r["reason"] for r, _ in rows)
 
 
 def test_on_cuda_a_missing_environment_names_the_install_command():
@@ -555,9 +581,9 @@ def test_on_cuda_a_missing_environment_names_the_install_command():
 
 def test_adapters_import_no_engine():
     code = ("import sys, adapters\n"
-            "from adapters.base import LoadSpec, ModelSpec\n"
+            "from adapters.contract import LoadSpec, ModelSpec\n"
             "from adapters import trtllm, lmdeploy\n"
-            "s = LoadSpec('x', ModelSpec('m', '/m'), 'fp16', {}, 'cuda')\n"
+            "s = LoadSpec(framework='x', model=ModelSpec(name='m', source='/m'), quantization='fp16', device='cuda')\n"
             "trtllm.engine_kwargs(s); lmdeploy.engine_kwargs(s)\n"
             "assert 'tensorrt_llm' not in sys.modules and 'lmdeploy' not in sys.modules, sorted(sys.modules)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -129,11 +129,11 @@ def test_missing_environment_is_an_unsupported_row_naming_the_fix(ray_local, wri
 
 
 def test_full_vocabulary_logprobs_sum_to_one(tiny_model):
-    from adapters.base import LoadSpec, ModelSpec
+    from adapters.contract import LoadSpec, ModelSpec
     from adapters.hf import HfAdapter
 
     adapter = HfAdapter()
-    adapter.load(LoadSpec("hf", ModelSpec("tiny", str(tiny_model)), "fp32", {}, "cpu"))
+    adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32", device="cpu"))
     vocab = adapter.model.config.vocab_size
     prompts = [[5, 17, 99, 250, 3, 42, 7], [8, 9, 10, 11, 12, 13, 14]]
     for scores in adapter.score(prompts, top_k=vocab) + adapter.greedy(prompts, 4, top_k=vocab):
@@ -156,3 +156,25 @@ def test_bad_dataset_is_a_failed_row_whose_reason_keeps_paths_out(ray_local, wri
     assert row.status == "failed"
     assert row.reason.startswith("preparing prompts: FileNotFoundError") and "missing.jsonl" in row.reason
     assert str(tmp_path) not in row.reason and "<tmp>" in row.reason
+
+
+def test_repeats_auto_stops_at_the_target_interval_or_its_cap(ray_local, tmp_path, tiny_model, write_matrix):
+    """measure.repeats: auto repeats timed batches until the output throughput's 95% interval is within
+    auto_repeats.half_width, between min_repeats and max_repeats; the row says how many it took and the
+    interval's half-width. A generous target stops at the minimum; an impossible one runs to the cap."""
+    from adapters.intervals import relative_half_width
+
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"]["batch_size"] = [1]
+    data["axes"]["input_len"] = [16, 17]        # two cells: one target each
+    data["measure"] |= {"repeats": "auto", "auto_repeats": {"min_repeats": 3, "max_repeats": 6, "max_s": 60,
+                                                            "half_width": 0.5}}
+    wide = run_matrix(write_matrix(data, "wide.yaml"), tmp_path / "wide").read_cells()
+    data["measure"]["auto_repeats"]["half_width"] = 1e-9
+    tight = run_matrix(write_matrix(data, "tight.yaml"), tmp_path / "tight").read_cells()
+    for cells, want in ((wide, 3), (tight, 6)):
+        assert set(cells.status) == {"ok"}, cells.reason.tolist()
+        for r in cells.itertuples():
+            assert r.repeats == want == len(r.output_tok_s_runs) and r.requests == want
+            assert r.repeats_halfwidth == pytest.approx(relative_half_width(list(r.output_tok_s_runs)))
+    assert (wide.repeats_halfwidth <= 0.5).all() and (tight.repeats_halfwidth > 1e-9).all()

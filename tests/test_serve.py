@@ -22,11 +22,12 @@ import psutil
 import pytest
 import yaml
 
-from adapters import serving
-from adapters.base import LoadSpec, ModelSpec
+from adapters import load_generator, server_process
+from adapters.contract import summarize
+from adapters.contract import LoadSpec, ModelSpec
 from adapters.llamacpp import LlamacppAdapter
 from orchestrator.launcher import PROJECT_ROOT
-from orchestrator.serve import diff_endpoints, format_diff_report, read_prompts
+from orchestrator.endpoint_diff import diff_endpoints, format_diff_report, read_prompts
 from tests.conftest import ROOT, bench_cmd
 
 PROMPTS = ["The river ran", "Once upon a time", "In the morning the", "She said that",
@@ -44,12 +45,12 @@ def ggufs(tiny_model, cache_dir):
     return {q: str(gguf_for(str(tiny_model), q, cache_dir)[0]) for q in ("fp32", "q4_0")}
 
 
-def start_llamacpp(path: str, log) -> serving.ServerProcess:
+def start_llamacpp(path: str, log) -> server_process.ServerProcess:
     """llama-cpp-python's server on one GGUF, through the adapter's own command."""
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=path), quantization="gguf",
                     options=KV_F32, device="cpu", context_len=128)
-    port = serving.free_port()
-    return serving.ServerProcess(LlamacppAdapter().server(spec, port), port, str(log), 180, API.health_path).start()
+    port = server_process.free_port()
+    return server_process.ServerProcess(LlamacppAdapter().server(spec, port), port, str(log), 180, API.health_path).start()
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ def servers(ggufs, tmp_path_factory):
 def _complete(url: str, prompt: str, max_tokens: int) -> dict:
     import httpx
 
-    body = serving.completion_body(API, prompt, max_tokens, 0, False, None, logprobs=1)
+    body = server_process.completion_body(API, prompt, max_tokens, 0, False, None, logprobs=1)
     return httpx.post(url + "/v1/completions", json=body, timeout=60, trust_env=False).json()
 
 
@@ -81,53 +82,61 @@ def test_load_points_count_tokens_and_latencies(servers):
     raw = [_complete(url, p, MAX_TOKENS) for p in PROMPTS]
     served_tokens = [r["usage"]["completion_tokens"] for r in raw]
     prompt_tokens = [r["usage"]["prompt_tokens"] for r in raw]
-    points = [serving.LoadProfile(concurrency=1, requests=8, time_limit_s=120),
-              serving.LoadProfile(concurrency=4, requests=8, time_limit_s=120),
-              serving.LoadProfile(concurrency=4, rate=8.0, arrival="poisson", requests=8, time_limit_s=120)]
+    points = [load_generator.LoadProfile(concurrency=1, requests=8, time_limit_s=120),
+              load_generator.LoadProfile(concurrency=4, requests=8, time_limit_s=120),
+              load_generator.LoadProfile(concurrency=4, rate=8.0, arrival="poisson", requests=8, time_limit_s=120)]
     for profile in points:
-        run = serving.run_load(url, API, PROMPTS, profile, max_tokens=MAX_TOKENS, seed=0, request_timeout_s=60,
+        run = load_generator.run_load(url, API, PROMPTS, profile, max_tokens=MAX_TOKENS, seed=0, request_timeout_s=60,
                                prompt_tokens=prompt_tokens)
-        summary = serving.summarize([run], ttft_slo_ms=60_000, tpot_slo_ms=60_000)
-        assert summary["requests_planned"] == 8 and summary["requests_sent"] == 8, summary
-        assert summary["errors"] == 0, summary["first_errors"]
-        assert summary["goodput"] == 1.0
-        for res in run["results"]:
+        summary = summarize([run], slo_ttft_ms=60_000, slo_tpot_ms=60_000)
+        assert summary.requests_planned == 8 and summary.requests_sent == 8, summary
+        assert summary.errors == 0, [r.error for r in run.requests]
+        assert summary.goodput == 1.0
+        assert len(run.requests) == 8
+        for i, res in enumerate(run.requests):
             # streamed token count == what the server reports for the same greedy request
-            assert res.output_tokens == served_tokens[res.prompt_index], (profile.name, res)
+            assert res.output_tokens == served_tokens[i % len(PROMPTS)], (profile.name, res)
             assert res.finish_reason in ("length", "stop")
-            assert res.scheduled <= res.start < res.first_token <= res.token_times[-1] <= res.end
-            assert len(res.token_times) == res.output_tokens
-        assert summary["output_tokens"] == sum(served_tokens[r.prompt_index] for r in run["results"])
-        assert summary["ttft_ms_p50"] < summary["e2e_ms_p50"]
-        assert summary["total_tok_s"] > summary["output_tok_s"] > 0
+            closed = res.scheduled is None
+            assert closed == (profile.rate == float("inf"))
+            assert (closed or res.scheduled <= res.sent) and res.sent < res.chunk_times[0] <= res.end
+            # every chunk is its own time (ITL gaps are never a fake zero) and the chunks carry every token
+            assert all(b > a for a, b in zip(res.chunk_times, res.chunk_times[1:]))
+            assert sum(res.chunk_tokens) == res.output_tokens and min(res.chunk_tokens) >= 1
+        assert summary.output_tokens == sum(served_tokens[i % len(PROMPTS)] for i in range(8))
+        assert summary.ttft_ms_p50 < summary.e2e_ms_p50
+        assert summary.total_tok_s > summary.output_tok_s > 0
+        assert summary.itl_ms_p50 > 0 and summary.chunk_tokens_mean >= 1.0
     # at 8 requests/s the arrivals span about a second: the run cannot be shorter than its arrivals
-    offsets = serving.arrival_offsets(points[2], 8, seed=0)
+    offsets = load_generator.arrival_offsets(points[2], 8, seed=0)
     assert offsets[0] == 0 and all(b > a for a, b in zip(offsets, offsets[1:]))
-    assert run["end"] - run["start"] >= offsets[-1]
+    assert run.end - run.start >= offsets[-1]
 
 
 def test_errors_and_limits_are_counted(servers):
-    dead = f"http://127.0.0.1:{serving.free_port()}"  # nothing listens there
-    run = serving.run_load(dead, API, PROMPTS, serving.LoadProfile(concurrency=2, requests=4, time_limit_s=60),
+    dead = f"http://127.0.0.1:{server_process.free_port()}"  # nothing listens there
+    run = load_generator.run_load(dead, API, PROMPTS, load_generator.LoadProfile(concurrency=2, requests=4, time_limit_s=60),
                            max_tokens=4, request_timeout_s=10)
-    summary = serving.summarize([run], ttft_slo_ms=1e9)
-    assert summary["requests_sent"] == 4 and summary["errors"] == 4 and summary["requests"] == 0
-    assert json.loads(summary["errors_by_kind"]) == {"connection": 4} and summary["goodput"] == 0.0
+    summary = summarize([run], slo_ttft_ms=1e9)
+    assert summary.requests_sent == 4 and summary.errors == 4 and summary.requests == 0
+    assert json.loads(summary.errors_by_kind) == {"connection": 4} and summary.goodput == 0.0
+    # nothing was measured: null with a reason, never a number
+    assert summary.ttft_ms_p50 is None and summary.output_tok_s == 0.0 and "ttft_ms" in summary.missing
 
     # an impossible SLO: every request ok, none good
-    run = serving.run_load(servers["f32_a"].url, API, PROMPTS,
-                           serving.LoadProfile(concurrency=4, rate=50, requests=3, time_limit_s=60),
+    run = load_generator.run_load(servers["f32_a"].url, API, PROMPTS,
+                           load_generator.LoadProfile(concurrency=4, rate=50, requests=3, time_limit_s=60),
                            max_tokens=4, request_timeout_s=60)
-    summary = serving.summarize([run], ttft_slo_ms=0.0)
-    assert summary["requests"] == 3 and summary["goodput"] == 0.0
+    summary = summarize([run], slo_ttft_ms=0.0)
+    assert summary.requests == 3 and summary.goodput == 0.0
 
     # a time limit shorter than the load: what was not sent, or was cut, is counted, nothing vanishes
-    run = serving.run_load(servers["f32_a"].url, API, PROMPTS,
-                           serving.LoadProfile(concurrency=1, rate=2, arrival="constant", requests=5, time_limit_s=1.2),
+    run = load_generator.run_load(servers["f32_a"].url, API, PROMPTS,
+                           load_generator.LoadProfile(concurrency=1, rate=2, arrival="constant", requests=5, time_limit_s=1.2),
                            max_tokens=4, request_timeout_s=60)
-    summary = serving.summarize([run])
-    assert summary["requests_planned"] == 5 and summary["requests_planned"] - summary["requests_sent"] >= 2
-    assert summary["requests"] + summary["errors"] == summary["requests_sent"]
+    summary = summarize([run])
+    assert summary.requests_planned == 5 and summary.requests_planned - summary.requests_sent >= 2
+    assert summary.requests + summary.errors == summary.requests_sent
 
 
 def test_server_start_failure_is_reported(tmp_path, ggufs):
@@ -136,11 +145,11 @@ def test_server_start_failure_is_reported(tmp_path, ggufs):
     bad.write_bytes(b"not a gguf")
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=ggufs["fp32"]), quantization="gguf",
                     options=KV_F32, device="cpu", context_len=64)
-    port = serving.free_port()
+    port = server_process.free_port()
     launch = LlamacppAdapter().server(spec, port)
     launch.argv = [str(bad) if a == ggufs["fp32"] else a for a in launch.argv]
-    srv = serving.ServerProcess(launch, port, str(tmp_path / "bad.log"), 120, API.health_path)
-    with pytest.raises(serving.ServerError, match="exited with code .* before it answered GET /openapi.json"):
+    srv = server_process.ServerProcess(launch, port, str(tmp_path / "bad.log"), 120, API.health_path)
+    with pytest.raises(server_process.ServerError, match="exited with code .* before it answered GET /openapi.json"):
         srv.start()
     assert srv.proc.poll() is not None
 
@@ -191,8 +200,7 @@ SERVE_MATRIX = {
              "mode": ["offline", "serve"], "batch_size": [1, 4], "request_rate": [math.inf, 8.0],
              "input_len": [IN], "output_len": [OUT]},
     "flags": {"llamacpp": {"default": KV_F32}},
-    "exclude": [{"framework": "hf", "mode": "offline"},             # hf: only its (unsupported) serve cells
-                {"mode": "serve", "request_rate": 8.0, "batch_size": 1},
+    "exclude": [{"mode": "serve", "request_rate": 8.0, "batch_size": 1},
                 {"model": "ep", "framework": ["hf", "vllm"]}, {"model": "ep", "batch_size": 4}],
     "serve": {"requests": REQUESTS, "time_limit_s": 120, "request_timeout_s": 120, "slo_ttft_ms": 60000},
     "measure": {"warmup": 1, "repeats": REPEATS, "scoring_prompts": 3, "scoring_len": 24, "greedy_tokens": 8,
@@ -238,7 +246,7 @@ def test_serve_cells_are_rows_with_load_points(serve_run):
                          + [("llamacpp", "ep", "closed", 1, math.inf)])
     offline = cells[cells["mode"] == "offline"]
     assert set(offline.load) == {"batch"} and offline.request_rate.isna().all()
-    assert set(offline.framework) == {"llamacpp", "vllm"}
+    assert set(offline.framework) == {"hf", "llamacpp", "vllm"}
     hf = served[served.framework == "hf"]   # said up front, no process started
     assert set(hf.status) == {"unsupported"} and all("transformers serve" in r for r in hf.reason)
 
@@ -293,6 +301,42 @@ def test_endpoint_model_is_served_but_not_started(serve_run, servers):
     assert "nothing was started or stopped" in r.notes
     assert servers["f32_a"].proc.poll() is None        # still running: nobody stopped it
     assert verdicts.loc[r.cell_id].greedy_match == 1.0
+
+
+def test_every_stored_latency_is_measured_or_null_with_a_reason(serve_run):
+    """hf, llama.cpp and vLLM offline, llama.cpp and vLLM served, on the same prompts: a non-null latency
+    comes from measurement (TTFT <= e2e per request, ITL over chunk gaps, no zero nobody measured); a
+    null one is named in `missing`, with why."""
+    _, cells, _ = serve_run
+    ok = cells[cells.status == "ok"]
+    seen = {(r.framework, r.mode) for r in ok.itertuples()}
+    assert {("hf", "offline"), ("llamacpp", "offline"), ("llamacpp", "serve")} <= seen
+    assert HAS_VLLM <= ({("vllm", "offline"), ("vllm", "serve")} <= seen)
+    for r in ok.itertuples():
+        missing = json.loads(r.missing)
+        where = (r.framework, r.mode, r.load, r.batch_size, missing)
+        for name in ("ttft", "tpot", "itl", "e2e", "queue"):
+            p50, p90, p99 = (getattr(r, f"{name}_ms_p{q}") for q in (50, 90, 99))
+            if pd.isna(p50):
+                assert f"{name}_ms" in missing and missing[f"{name}_ms"], (name, where)
+            else:
+                assert 0 < p50 <= p90 <= p99, (name, where)
+                assert f"{name}_ms" not in missing, (name, where)
+        assert len(r.ttft_ms) == len(r.e2e_ms) == r.requests and min(r.ttft_ms) > 0, where
+        assert all(t <= e for t, e in zip(r.ttft_ms, r.e2e_ms)), where
+        # one ITL sample per gap between chunks: chunks - 1 per request
+        chunks = r.output_tokens / r.chunk_tokens_mean
+        assert r.itl_samples == pytest.approx(chunks - r.requests), where
+        if r.mode == "offline":
+            assert r.chunk_tokens_mean == 1.0 and missing.get("queue_ms", "").startswith("no arrival queue"), where
+        if r.load == "poisson":
+            assert r.queue_ms_p50 >= 0 and "queue_ms" not in missing, where
+        # the engine's own TTFT beside ours where it has one, else the reason
+        if (r.framework, r.mode) in (("llamacpp", "offline"), ("vllm", "offline")):
+            assert len(r.engine_ttft_ms) == r.requests and r.engine_ttft_agrees in (True, False), where
+        else:
+            assert r.engine_ttft_ms is None and "engine_ttft_ms" in missing, where
+        assert pd.isna(r.peak_mem_bytes) == ("peak_mem_bytes" in missing), where
 
 
 def test_served_logprob_rows(serve_run):
@@ -375,7 +419,7 @@ def test_server_killed_mid_cell_is_a_crashed_row_and_the_next_cell_runs(ray_loca
 
 VLLM_FLAGS_CHECK = r"""
 import json, sys
-from adapters.base import LoadSpec, ModelSpec
+from adapters.contract import LoadSpec, ModelSpec
 from adapters.vllm import VllmAdapter
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from adapters.serving import free_port
+from adapters.server_process import free_port
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
 
 

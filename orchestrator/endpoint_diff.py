@@ -1,6 +1,6 @@
 """`bench diff-endpoints`: the same prompts to two OpenAI-compatible servers, N times each at temperature 0.
 
-Serving mode itself (servers, load, output capture) lives engine-side in `adapters.serving`, since it
+Serving mode itself (server process, load generator, output capture) lives engine-side in `adapters`, since it
 runs in the worker; this module is the driver-side comparison of two endpoints nobody here started.
 Requests carry the sampling fields that make every server tried here plainly greedy (temperature 0,
 no penalties; llama-cpp-python's repeat_penalty defaults to 1.1 otherwise) and a fixed seed.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from adapters.serving import Prompt, ServerApi, completion_body
+from adapters.server_process import Prompt, ServerApi, completion_body
 
 # any OpenAI-compatible server: text prompts, token strings back, the neutral sampler fields llama.cpp needs
 GENERIC_API = ServerApi(prompt_ids=False, ids_in_logprobs=False, prompt_logprobs=None, ignore_eos=False, batches=True,

@@ -1,0 +1,220 @@
+"""The worker's serve mode: one server per engine group, one load point per cell.
+
+The group's server is the engine's own (`Adapter.server`), started on a free loopback port and
+stopped at the end; or, for a model with an `endpoint`, a server someone else runs (nothing is
+started or stopped, and its memory is not ours to measure). Per cell: `warmup` x batch_size untimed
+requests, then `repeats` timed runs of the load point (at most batch_size in flight, arriving at
+request_rate, or a closed loop), then the output capture through the API at the same concurrency.
+
+A server that dies during a cell takes the worker with it (exit 3, the server's last output on
+stdout): the launcher records the cell as crashed and starts a fresh worker, and so a fresh server,
+for the cells left.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from adapters import load_generator, served_capture, server_process
+from adapters.base import Adapter, Unsupported
+from adapters.cell_loop import Events, LogprobRows, load_or_report, run_cells, timed_repeats
+from adapters.contract import CellRecord, CellSpec, End, GroupSpec, Loaded, LoadFacts, ScoringSpec, ServeSpec, summarize
+from adapters.server_process import ServerApi, ServerProcess
+from adapters.trackers import MemoryTracker
+
+
+@dataclass
+class Target:
+    """The server the cells talk to."""
+
+    url: str
+    api: ServerApi
+    model: str | None
+    to_id: object
+    headers: dict | None
+    settings: ServeSpec
+    server: ServerProcess | None = None
+    reset_path: str | None = None
+
+    def reset_cache(self) -> None:
+        if self.reset_path:
+            server_process.post(self.url, self.reset_path, self.headers)
+
+    def load_kwargs(self, output_len: int, ignore_eos: bool) -> dict:
+        s = self.settings
+        return dict(max_tokens=output_len, ignore_eos=ignore_eos, seed=s.seed,
+                    request_timeout_s=s.request_timeout_s, model=self.model, headers=self.headers)
+
+    def check_alive(self) -> None:
+        """Exit the worker when the started server has died: the launcher makes the cell `crashed`."""
+        how = self.server.exit_description() if self.server else None
+        if how:  # the launcher keeps the end of this output as the reason: the verdict goes last
+            print(f"the server's last output:\n{self.server.log_tail(1200)}\n"
+                  f"the engine's server {how} while this cell ran", flush=True)
+            os._exit(3)
+
+
+def _server_tokens(target: Target, texts: list[str], notes: list[str], what: str, intended: list[list[int]]):
+    """Prompt token ids of text prompts as the server tokenizes them (None where it cannot say)."""
+    ids = [server_process.tokenize_remote(target.url, target.api, t, target.model, target.headers) for t in texts]
+    known = [(a, b) for a, b in zip(ids, intended) if a is not None]
+    if not known:
+        notes.append(f"{what} sent as text (this server takes no token ids) and it has no tokenizer endpoint: "
+                     "prompt lengths as its usage reports them")
+        return ids
+    differ = sum(a != b for a, b in known)
+    lengths = [len(a) for a, _ in known]
+    notes.append(f"{what} sent as text (this server takes no token ids): the server's tokenizer gave "
+                 f"{min(lengths)}-{max(lengths)} tokens (mean {np.mean(lengths):.1f}); {differ} of {len(known)} "
+                 f"differ from the run's token ids")
+    return ids
+
+
+def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
+                    memory: MemoryTracker | None) -> tuple[CellRecord, dict[str, np.ndarray]]:
+    api, s = target.api, target.settings
+    conc, per_run = cell.batch_size, s.requests
+    rate = math.inf if cell.request_rate is None else cell.request_rate
+    ids = cell.timing_prompts
+    notes: list[str] = []
+    if api.prompt_ids:
+        prompts, lengths = ids, [len(p) for p in ids]
+    else:
+        prompts = cell.timing_texts
+        server_ids = _server_tokens(target, prompts, notes, "timing prompts", ids)
+        lengths = [len(x) if x is not None else None for x in server_ids]
+        lengths = None if any(x is None for x in lengths) else lengths
+    kw = target.load_kwargs(cell.output_len, cell.ignore_eos)
+    n_warm = cell.warmup * conc
+    if n_warm:
+        load_generator.run_load(target.url, api, prompts[:n_warm],
+                                load_generator.LoadProfile(concurrency=conc, requests=n_warm, time_limit_s=s.time_limit_s),
+                                prompt_tokens=lengths[:n_warm] if lengths else None, **kw)
+    if memory:
+        memory.reset_peak()
+
+    def one_run(r: int):
+        target.reset_cache()
+        lo = n_warm + r * per_run
+        profile = load_generator.LoadProfile(concurrency=conc, rate=rate, arrival=s.arrival, requests=per_run,
+                                             time_limit_s=s.time_limit_s)
+        return load_generator.run_load(target.url, api, prompts[lo:lo + per_run], profile,
+                                       prompt_tokens=lengths[lo:lo + per_run] if lengths else None, **kw)
+
+    runs, width = timed_repeats(cell, one_run)
+    target.check_alive()
+    metrics = summarize(runs, s.slo_ttft_ms, s.slo_tpot_ms)
+    first_errors = [r.error for run in runs for r in run.requests if not r.ok][:3]
+    if first_errors:
+        notes.append("first errors: " + " | ".join(first_errors))
+    if cell.ignore_eos and not api.ignore_eos:
+        early = sum(1 for run in runs for r in run.requests if r.ok and r.finish_reason == "stop")
+        notes.append(f"this server cannot ignore EOS: {early} of {metrics.requests} timed requests ended at EOS "
+                     f"before output_len")
+    peak, why = memory.peak() if memory else (None, "an endpoint given by the matrix: its memory is not ours to measure")
+    if why:
+        metrics.missing["peak_mem_bytes"] = why
+    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
+                        notes=notes)
+    logprobs = {}
+    if scoring and not api.logprobs:
+        notes.append("logprobs not captured: this server returns no logprobs over its OpenAI API")
+    elif scoring:
+        logprobs = capture_served(target, scoring, conc, notes)
+    return record, logprobs
+
+
+def capture_served(target: Target, scoring: ScoringSpec, concurrency: int, notes: list[str]) -> dict[str, np.ndarray]:
+    """The scoring prompts through the API, `concurrency` at a time, `repeats` times: greedy rows, and
+    teacher-forced rows where the server offers prompt logprobs."""
+    api = target.api
+    intended = scoring.prompts
+    if api.prompt_ids:
+        prompts, prompt_ids = intended, intended
+    else:
+        prompts = scoring.texts
+        prompt_ids = _server_tokens(target, prompts, notes, "scoring prompts", intended)
+    if api.prompt_logprobs is None:
+        notes.append("this server offers no prompt logprobs: only greedy rows were captured (text layer only)")
+    rows = LogprobRows()
+    want, early = scoring.greedy_tokens, 0
+    for repeat in range(scoring.repeats):
+        caps = served_capture.capture(target.url, api, prompts, prompt_ids, max_tokens=want, top_k=scoring.top_k,
+                                      concurrency=concurrency, seed=target.settings.seed, model=target.model,
+                                      to_id=target.to_id, headers=target.headers,
+                                      timeout_s=target.settings.request_timeout_s)
+        for i, c in enumerate(caps):
+            # only the prompt's length places the generated rows
+            n_prompt = len(c.prompt_ids) if c.prompt_ids else int(c.usage.get("prompt_tokens") or 0)
+            if c.prompt is not None:
+                rows.add(c.prompt, n_prompt, "prompt", repeat, i)
+            rows.add(c.generation, n_prompt, "generation", repeat, i)
+            early += len(c.generation) < want
+    if early:
+        notes.append(f"greedy capture: {early} completions ended before {want} tokens (EOS: this server cannot "
+                     "ignore it); the analysis counts the missing tokens as a divergence")
+    arrays = rows.arrays()
+    unmapped = int((arrays["token_id"] < 0).sum()) if arrays else 0
+    if unmapped:
+        notes.append(f"{unmapped} captured tokens could not be mapped to one token id (token_id -1)")
+    return arrays
+
+
+def _start(spec: GroupSpec, adapter: Adapter, out: Path) -> tuple[Target, LoadFacts]:
+    s, api, load = spec.serve, type(adapter).server_api, spec.load
+    headers = None
+    if s.api_key_env:
+        key = os.environ.get(s.api_key_env)
+        if not key:
+            raise Unsupported(f"serve: the environment variable {s.api_key_env} (the model's api_key_env) is not set")
+        headers = {"Authorization": f"Bearer {key}"}
+    if s.endpoint:
+        url = s.endpoint
+        model = server_process.served_model_name(url, headers)
+        facts = LoadFacts(engine_args={"endpoint": url, "served_model": model},
+                          notes=["an endpoint given by the matrix: nothing was started or stopped here, and its "
+                                 "memory is not measured"])
+        to_id = None if api.ids_in_logprobs else adapter.token_strings(load)
+        return Target(url, api, model, to_id, headers, s), facts
+    port = server_process.free_port()
+    launch = adapter.server(load, port)
+    server = ServerProcess(launch, port, str(out / "server.log"), s.startup_timeout_s, api.health_path).start()
+    facts = LoadFacts(versions=launch.versions, engine_args=launch.engine_args, notes=list(launch.notes))
+    if not launch.reset_path:
+        facts.notes.append("the server's prefix cache is not emptied between timed runs: a request may reuse KV "
+                           "of an earlier one with the same prompt prefix")
+    return Target(server.url, api, launch.model_name, launch.to_id, headers, s, server, launch.reset_path), facts
+
+
+def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path) -> int:
+    cell_ids = [c.cell_id for c in spec.cells]
+    api = type(adapter).server_api
+    memory = None if spec.serve.endpoint else MemoryTracker(spec.load.device).start()
+    t0 = time.perf_counter()
+    started = load_or_report(lambda: _start(spec, adapter, out), events, cell_ids)
+    if started is None:
+        return 0
+    target, facts = started
+    facts.batch_mode = "batched" if api.batches else "sequential"
+    if not api.batches:
+        facts.notes.append("this server runs one request at a time: concurrent requests wait in its queue")
+    events.emit(Loaded(load_s=None if target.server is None else time.perf_counter() - t0,
+                       load_peak_mem_bytes=memory.peak()[0] if memory else None,
+                       mem_source=memory.source if memory else "not measured (endpoint)", facts=facts))
+    try:
+        # a failure because the server died is a crash, not an error: check_alive ends the worker
+        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, memory),
+                  events, out, target.check_alive)
+    finally:
+        if target.server:
+            target.server.stop()
+        if memory:
+            memory.stop()
+    events.emit(End())
+    return 0
