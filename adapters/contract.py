@@ -141,6 +141,9 @@ class Loaded(_Event):
     load_peak_mem_bytes: int | None
     mem_source: str
     facts: LoadFacts
+    model_fingerprint: str | None = None   # adapters.provenance: the model files' content hash
+    host: dict[str, Any] = Field(default_factory=dict)   # the node's CPU, GPUs, NVIDIA driver
+    missing: dict[str, str] = Field(default_factory=dict)   # load-level figure -> why it is null
 
 
 class GroupUnsupported(_Event):
@@ -322,6 +325,7 @@ def per_token_run(start: float, end: float, token_times: Sequence[Sequence[float
 
 
 PERCENTILES = (50, 90, 99)
+_PER_RUN = ("ttft_ms_p50_runs", "ttft_ms_p99_runs", "tpot_ms_p50_runs", "tpot_ms_p99_runs")
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_ms")
 # our TTFT and the engine's own agree when within this many ms, or this share of ours, whichever is larger
 ENGINE_TTFT_MARGIN_MS = 1.0
@@ -349,6 +353,10 @@ class CellMetrics(_Model):
     ttft_ms: list[float]                      # per request (null entries never: unmeasured requests are left out)
     tpot_ms: list[float]
     e2e_ms: list[float]
+    ttft_ms_p50_runs: list[float] = Field(default_factory=list)   # per timed run: what cross-run intervals use
+    ttft_ms_p99_runs: list[float] = Field(default_factory=list)
+    tpot_ms_p50_runs: list[float] = Field(default_factory=list)
+    tpot_ms_p99_runs: list[float] = Field(default_factory=list)
     chunk_tokens_mean: float | None           # tokens per output chunk: 1.0 means every ITL sample is one token
     itl_samples: int                          # ITL gaps: over the measured requests, chunks - 1 each
     engine_ttft_ms: list[float] | None
@@ -394,10 +402,12 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
     planned = sent = ok_n = good = out_total = chunks = 0
     prompt_total: int | None = 0
     unmeasured = 0
+    per_run: dict[str, list[float]] = {k: [] for k in _PER_RUN}
     for run in runs:
         for key, why in run.missing.items():
             missing.setdefault(key, why)
         elapsed = max(run.end - run.start, 1e-9)
+        first = (len(ttft), len(tpot))
         ok = [r for r in run.requests if r.ok]
         run_good = 0
         for r in ok:
@@ -420,6 +430,11 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
             chunks += len(r.chunk_times)
             if (slo_ttft_ms is None or t <= slo_ttft_ms) and (slo_tpot_ms is None or (p or 0.0) <= slo_tpot_ms):
                 run_good += 1
+        for name, values in (("ttft_ms", ttft[first[0]:]), ("tpot_ms", tpot[first[1]:])):
+            if values:   # each run's own percentiles: the repeats a cross-run interval is built from
+                p50, _, p99 = _pct(values)
+                per_run[f"{name}_p50_runs"].append(p50)
+                per_run[f"{name}_p99_runs"].append(p99)
         for r in run.requests:
             if not r.ok:
                 errors[r.error_kind or "error"] = errors.get(r.error_kind or "error", 0) + 1
@@ -472,6 +487,7 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
         chunk_tokens_mean=(out_total / chunks) if chunks and not unmeasured else None,
         itl_samples=len(itl) if "itl_ms" not in missing else 0,
         engine_ttft_ms=engine or None, engine_ttft_ms_p50=engine_p50, engine_ttft_agrees=agrees,
+        **{k: (v if k.rsplit("_p", 1)[0] not in missing else []) for k, v in per_run.items()},
         missing=missing)
     values = {"ttft_ms": out.ttft_ms, "tpot_ms": out.tpot_ms, "e2e_ms": out.e2e_ms,
               "itl_ms": [float(x) for x in itl] if "itl_ms" not in missing else [], "queue_ms": queue}

@@ -192,7 +192,7 @@ def _start(spec: GroupSpec, adapter: Adapter, out: Path) -> tuple[Target, LoadFa
     return Target(server.url, api, launch.model_name, launch.to_id, headers, s, server, launch.reset_path), facts
 
 
-def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path) -> int:
+def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path, provenance: dict) -> int:
     cell_ids = [c.cell_id for c in spec.cells]
     api = type(adapter).server_api
     memory = None if spec.serve.endpoint else MemoryTracker(spec.load.device).start()
@@ -206,7 +206,8 @@ def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path) ->
         facts.notes.append("this server runs one request at a time: concurrent requests wait in its queue")
     events.emit(Loaded(load_s=None if target.server is None else time.perf_counter() - t0,
                        load_peak_mem_bytes=memory.peak()[0] if memory else None,
-                       mem_source=memory.source if memory else "not measured (endpoint)", facts=facts))
+                       mem_source=memory.source if memory else "not measured (endpoint)", facts=facts,
+                       **provenance))
     try:
         # a failure because the server died is a crash, not an error: check_alive ends the worker
         run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, memory),

@@ -26,6 +26,7 @@ from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import Events, LogprobRows, chunks, load_or_report, run_cells, timed_repeats
 from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded, ScoringSpec, Started,
                                summarize)
+from adapters.provenance import host_facts, model_fingerprint
 from adapters.served_cells import serve_group
 from adapters.trackers import MemoryTracker
 
@@ -69,6 +70,16 @@ def _missing_modules(cls: type[Adapter]) -> list[str]:
     return [m for m in cls.requires_modules if importlib.util.find_spec(m) is None]
 
 
+def _provenance(spec: GroupSpec, endpoint: str | None) -> dict:
+    """What the Loaded event says beyond the adapter's facts: the model's fingerprint and the host."""
+    if endpoint:
+        digest, why = None, "an endpoint given by the matrix: its model files are not ours to read"
+    else:
+        digest, why = model_fingerprint(spec.load.model.source, spec.load.cache_dir or None)
+    return {"model_fingerprint": digest, "host": host_facts(),
+            "missing": {"model_fingerprint": why} if why else {}}
+
+
 def main(spec_path: str, out_dir: str) -> int:
     out = Path(out_dir)
     spec = GroupSpec.model_validate_json(Path(spec_path).read_text())
@@ -90,8 +101,9 @@ def main(spec_path: str, out_dir: str) -> int:
     if reason:
         events.emit(GroupUnsupported(cells=cell_ids, reason=reason))
         return 0
+    provenance = _provenance(spec, endpoint)
     if spec.mode == "serve":
-        return serve_group(spec, adapter, events, out)
+        return serve_group(spec, adapter, events, out, provenance)
 
     memory = MemoryTracker(load.device).start()
     t0 = time.perf_counter()
@@ -100,7 +112,8 @@ def main(spec_path: str, out_dir: str) -> int:
         return 0
     load_s = time.perf_counter() - t0
     memory.extra_pids = facts.memory_pids
-    events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts))
+    events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
+                       **provenance))
 
     run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, memory), events, out)
     adapter.close()

@@ -24,7 +24,9 @@ How each side times (perf_counter):
   throughput, both sides: output tokens of a batch / wall time of the call that generated it (one
       sample per timed batch, as bench's output_tok_s_runs);
   TTFT, bench: the adapter's own (hf: a StoppingCriteria stamp once the first step's tokens are chosen;
-      llama.cpp: after the argmax of the prefill's logits; vLLM: RequestOutput.metrics.first_token_ts);
+      llama.cpp: after the argmax of the prefill's logits; vLLM: when the first step's output reaches the
+      output processor in the calling process, the contract's definition: later than the engine core's
+      stamp by the IPC hop, so vLLM's TTFT ratio includes that hop, not only bench's cost);
   TTFT, bare: hf: the wall time of a separate model.generate(max_new_tokens=1) on the same batch
       (no per-step hook in the timed throughput call); llama.cpp: after the argmax of the prefill's
       logits in its own decode loop (as bench); vLLM: metrics.first_token_ts - start (as bench; this

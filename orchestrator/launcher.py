@@ -321,11 +321,14 @@ def _load_facts(loaded: Loaded | None) -> dict:
     return {"load_s": loaded.load_s, "load_peak_mem_bytes": loaded.load_peak_mem_bytes,
             "mem_source": loaded.mem_source, "versions": json.dumps(f.versions, sort_keys=True),
             "engine_args": json.dumps(f.engine_args, sort_keys=True, default=str),
-            "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode, "notes": json.dumps(f.notes)}
+            "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode, "notes": json.dumps(f.notes),
+            "model_fingerprint": loaded.model_fingerprint, "host": json.dumps(loaded.host, sort_keys=True),
+            "missing": json.dumps(loaded.missing, sort_keys=True)}
 
 
 def _measured(loaded: Loaded | None, record: CellRecord) -> dict:
     facts = _load_facts(loaded)
     values = record.model_dump(exclude={"notes", "missing"})
     notes = (loaded.facts.notes if loaded else []) + record.notes
-    return facts | values | {"notes": json.dumps(notes), "missing": json.dumps(record.missing, sort_keys=True)}
+    missing = (loaded.missing if loaded else {}) | record.missing
+    return facts | values | {"notes": json.dumps(notes), "missing": json.dumps(missing, sort_keys=True)}

@@ -85,10 +85,12 @@ CELLS_SCHEMA = pa.schema([
     ("goodput_req_s", _f64),              # serve: requests/s within the SLOs
     ("slo_ttft_ms", _f64), ("slo_tpot_ms", _f64),
     ("queue_ms_p50", _f64), ("queue_ms_p90", _f64), ("queue_ms_p99", _f64),  # serve: wait for a free slot
-    ("ttft_ms", _list_f64),               # per request, for percentiles and bootstrap
+    ("ttft_ms", _list_f64),               # per request (the samples behind the percentiles)
     ("tpot_ms", _list_f64),
     ("e2e_ms", _list_f64),
     ("output_tok_s_runs", _list_f64),     # per repeat
+    ("ttft_ms_p50_runs", _list_f64), ("ttft_ms_p99_runs", _list_f64),   # per repeat: its own percentiles
+    ("tpot_ms_p50_runs", _list_f64), ("tpot_ms_p99_runs", _list_f64),
     ("engine_ttft_ms", _list_f64),        # the engine's own TTFT where it reports one (per request)
     ("engine_ttft_ms_p50", _f64),
     ("engine_ttft_agrees", pa.bool_()),   # |ttft_ms_p50 - engine_ttft_ms_p50| <= max(1 ms, 10% of ours)
@@ -97,6 +99,8 @@ CELLS_SCHEMA = pa.schema([
     ("mem_source", pa.string()),          # rss-peak-tree | rss-tree | nvml-tree | ...
     ("kv_budget_bytes", pa.int64()),
     ("versions", pa.string()),            # JSON: library versions in the engine's environment
+    ("model_fingerprint", pa.string()),   # content hash of the model's weights, config and tokenizer files
+    ("host", pa.string()),                # JSON: the node's CPU, GPUs and NVIDIA driver (adapters/provenance.py)
     ("engine_args", pa.string()),         # JSON: the arguments given to the engine
     ("notes", pa.string()),               # JSON list of caveats the adapter reported
     ("missing", pa.string()),             # JSON: figure -> why it is null (nothing unmeasured is a number)

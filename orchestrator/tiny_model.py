@@ -172,8 +172,9 @@ def _train(model, data, steps: int) -> None:
     model.eval()
 
 
-def build_tiny_model(out_dir: Path, arch: str = "llama") -> Path:
-    """Train the tokenizer and model and write an HF checkpoint (float32 safetensors) to out_dir."""
+def build_tiny_model(out_dir: Path, arch: str = "llama", seed: int | None = None) -> Path:
+    """Train the tokenizer and model and write an HF checkpoint (float32 safetensors) to out_dir.
+    Another `seed` gives another model of the same shape (the built-in one uses SEED)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -184,7 +185,7 @@ def build_tiny_model(out_dir: Path, arch: str = "llama") -> Path:
     config = _config(arch, bos, eos, pad)
 
     with _fixed_threads(THREADS), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
+        torch.manual_seed(SEED if seed is None else seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         data = torch.tensor(_token_stream(tok, corpus_text(), bos, eos), dtype=torch.long)
         _train(model, data, STEPS)

@@ -161,14 +161,15 @@ def test_bad_dataset_is_a_failed_row_whose_reason_keeps_paths_out(ray_local, wri
 def test_repeats_auto_stops_at_the_target_interval_or_its_cap(ray_local, tmp_path, tiny_model, write_matrix):
     """measure.repeats: auto repeats timed batches until the output throughput's 95% interval is within
     auto_repeats.half_width, between min_repeats and max_repeats; the row says how many it took and the
-    interval's half-width. A generous target stops at the minimum; an impossible one runs to the cap."""
+    interval's half-width. A generous target (+-500%: met at the minimum even on a busy machine) stops at
+    min_repeats; an impossible one runs to the cap."""
     from adapters.intervals import relative_half_width
 
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"]["batch_size"] = [1]
     data["axes"]["input_len"] = [16, 17]        # two cells: one target each
     data["measure"] |= {"repeats": "auto", "auto_repeats": {"min_repeats": 3, "max_repeats": 6, "max_s": 60,
-                                                            "half_width": 0.5}}
+                                                            "half_width": 5.0}}
     wide = run_matrix(write_matrix(data, "wide.yaml"), tmp_path / "wide").read_cells()
     data["measure"]["auto_repeats"]["half_width"] = 1e-9
     tight = run_matrix(write_matrix(data, "tight.yaml"), tmp_path / "tight").read_cells()
@@ -177,4 +178,4 @@ def test_repeats_auto_stops_at_the_target_interval_or_its_cap(ray_local, tmp_pat
         for r in cells.itertuples():
             assert r.repeats == want == len(r.output_tok_s_runs) and r.requests == want
             assert r.repeats_halfwidth == pytest.approx(relative_half_width(list(r.output_tok_s_runs)))
-    assert (wide.repeats_halfwidth <= 0.5).all() and (tight.repeats_halfwidth > 1e-9).all()
+    assert (wide.repeats_halfwidth <= 5.0).all() and (tight.repeats_halfwidth > 1e-9).all()

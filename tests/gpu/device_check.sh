@@ -10,9 +10,13 @@ PY=${PYTHON:-python3}
 wheels=${1:-.cache/gpu-wheels}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
-missing=$("$PY" - <<'PYEOF'
-import importlib.util as u
-need = {"pydantic": "pydantic", "psutil": "psutil", "pynvml": "nvidia-ml-py", "numpy": "numpy"}
+# NVML only where there is a GPU to read (its memory figures need it)
+gpu=$(command -v nvidia-smi >/dev/null && echo 1 || echo 0)
+missing=$(GPU=$gpu "$PY" - <<'PYEOF'
+import importlib.util as u, os
+need = {"pydantic": "pydantic", "psutil": "psutil", "numpy": "numpy"}
+if os.environ["GPU"] == "1":
+    need["pynvml"] = "nvidia-ml-py"
 print(" ".join(pkg for mod, pkg in need.items() if u.find_spec(mod) is None))
 PYEOF
 )
