@@ -1,21 +1,13 @@
 """Lossless analysis: every cell against a baseline cell, computed from the stored Parquet alone.
 
-How the CLI is meant to call it (no engine is involved, so it can be re-run with other settings):
+How the CLI calls it (no engine is involved, so it can be re-run with other settings):
 
     bench compare RUN [--baseline "framework=hf,quantization=fp32"] [--tolerances "atol=1e-4,kl_near=0.02"]
         df = analyse(RUN, baseline=parse_selector(sel) if sel else None,
                      tolerances=parse_tolerances(tol, base=None) if tol else None)
-        rich.print(compare_table(df))          # df.to_parquet(...) keeps every column
+        rich.print(compare_table(df))          # orchestrator/console.py; df.to_parquet(...) keeps every column
 
-    bench gate RUN --policy policy.yaml        # exit status 1 when ok is False; print `lines`
-        ok, lines = gate(analyse(RUN), load_policy("policy.yaml"))   # PolicyError: print, exit 2
-
-    policy.yaml:
-        rules:
-          - match: {framework: vllm, quantization: [fp16, bf16]}   # list: each value must be present
-            must_be: lossless                                     # identical | lossless | near-lossless
-    A matched cell fails when its verdict is worse (or n/a: not ok, no logprobs); so does a listed
-    value no cell has.
+`bench gate` checks these verdicts against a policy file: orchestrator/gate.py.
 
 Baseline: the selector's axes are fixed, the others are the cell's own. Without such a cell at the
 cell's batch size and lengths, the baseline config's batch-1 cell is used, else its smallest batch;
@@ -72,11 +64,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -84,14 +75,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from rich.table import Table
+from pydantic import ValidationError
 
 from adapters.base import normalize_quantization
 from adapters.intervals import log_ratio_intervals
-from orchestrator.cells import load_label
-from orchestrator.matrix import AXES, Matrix, MatrixError, Tolerances, _pydantic_problems
+from orchestrator.matrix import AXES, Matrix, Tolerances, _pydantic_problems
 from orchestrator.store import CELLS_SCHEMA, LOGPROBS_SCHEMA, RunStore
 
 VERDICTS = ("identical", "lossless", "near-lossless", "lossy")
@@ -637,108 +625,3 @@ def _order(df: pd.DataFrame) -> pd.DataFrame:
              "mem_saving", "n_positions", "n_gen_prompts", "n_gen_tokens", "token_mismatch"]
     rest = [c for c in df.columns if c not in first and c != "abs_ppl_rel"]
     return df[first + rest].sort_values([*AXES, "cell_id"], kind="stable", ignore_index=True)
-
-
-# ------------------------------------------------------------------ table
-
-_STYLE = {"identical": "bold green", "lossless": "green", "near-lossless": "yellow", "lossy": "bold red", "n/a": "dim"}
-
-
-def compare_table(df: pd.DataFrame) -> Table:
-    """The verdicts with the key metrics and the speed next to them, one row per cell."""
-    def num(v, spec=".2g") -> str:
-        return "" if not _finite(v) else format(v, spec)
-
-    serve = "mode" in df and (df["mode"] == "serve").any()
-    t = Table(title="Lossless comparison", show_lines=False)
-    for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
-                "noise", "top1", "greedy", "ppl_rel", "speedup [95% CI] call", "mem saved", "reason"):
-        t.add_column(col, justify="right" if col not in ("verdict", "reason", "framework", "model", "flags", "load")
-                     else "left", overflow="fold")
-    for r in df.to_dict("records"):
-        load = load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")) if serve else str(r["batch_size"])
-        call = r.get("speed_call") if isinstance(r.get("speed_call"), str) else ""   # None or NaN: no interval
-        speed = "" if not _finite(r["speedup"]) else \
-            f"{r['speedup']:.2f}x [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}] {call}".rstrip()
-        greedy = "" if not _finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
-        t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]), load,
-                  f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
-                  num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"), speed,
-                  num(r["mem_saving"], ".0%"), str(r["reason"]))
-    return t
-
-
-# ------------------------------------------------------------------ policy gate
-
-class PolicyError(MatrixError):
-    """All the mistakes found in one policy file, one `path: message` per line (as for a matrix)."""
-
-    def __init__(self, problems: list[str], source: str = "policy"):
-        super().__init__(problems, source)
-
-
-class Rule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    match: dict[str, Any] = Field(default_factory=dict, description="Axis values (a list: any of them, each required)")
-    must_be: Literal["identical", "lossless", "near-lossless"]
-
-    @field_validator("match")
-    @classmethod
-    def _axis_values(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - set(AXES))
-        if unknown:
-            raise ValueError(f"unknown axis {', '.join(map(repr, unknown))} (known: {', '.join(AXES)})")
-        for axis, value in v.items():
-            values = value if isinstance(value, list) else [value]
-            if not values:
-                raise ValueError(f"{axis}: an empty list matches nothing")
-            for x in values:
-                if axis == "request_rate":
-                    ok, want = isinstance(x, (int, float)) and not isinstance(x, bool), "a number"
-                elif axis in _INT_AXES:
-                    ok, want = isinstance(x, int) and not isinstance(x, bool), "an integer"
-                else:
-                    ok, want = isinstance(x, str), "a string"
-                if not ok:
-                    raise ValueError(f"{axis}: expected {want}, got {x!r}")
-        return v
-
-
-class Policy(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    rules: list[Rule] = Field(min_length=1)
-
-
-def load_policy(path: str | Path) -> Policy:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise PolicyError([f"(yaml): {err}"], str(path)) from None
-    try:
-        return Policy.model_validate(data)
-    except ValidationError as err:
-        raise PolicyError(_pydantic_problems(err), str(path)) from None
-
-
-def gate(df: pd.DataFrame, policy: Policy) -> tuple[bool, list[str]]:
-    """(True, []) when every cell a rule matches meets it; else one line per failure."""
-    lines: list[str] = []
-    rank = {v: i for i, v in enumerate(VERDICTS)}
-    for i, rule in enumerate(policy.rules):
-        wants = {a: [_axis_value(a, x) for x in (v if isinstance(v, list) else [v])] for a, v in rule.match.items()}
-        have = list(zip(*[[_axis_value(a, x) for x in df[a]] for a in wants])) if wants else [()] * len(df)
-        hit = np.array([all(h in w for h, w in zip(row, wants.values())) for row in have], dtype=bool)
-        label = f"rule {i} (must_be {rule.must_be})"
-        present = {row for row, h in zip(have, hit) if h}
-        for combo in itertools.product(*wants.values()):  # every value a rule lists must have been run
-            if combo not in present:
-                named = ", ".join(f"{a}={c}" for a, c in zip(wants, combo)) or "any axis values"
-                lines.append(f"{label}: no cell for {named}")
-        for r in df[hit].to_dict("records"):
-            if r["verdict"] == "n/a" or rank[r["verdict"]] > rank[rule.must_be]:
-                where = "/".join(str(r[a]) for a in _CONFIG_AXES if r[a] != "offline") + " " + (
-                    load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load"))
-                    if r["mode"] == "serve" else f"batch={r['batch_size']}")
-                lines.append(f"{label}: {r['cell_id']} {where}: {r['verdict']}: {r['reason']}")
-    return not lines, lines

@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import json
-import re
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from orchestrator.cells import load_label
+from orchestrator.console import (compare_table, err, matrix_table, out, plan_table, print_table, runs_table,
+                                  summary_table)
 from orchestrator.matrix import MatrixError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Benchmark LLM engines for speed and prove whether their outputs changed.")
 model_app = typer.Typer(no_args_is_help=True, help="Built-in models.")
 app.add_typer(model_app, name="model")
-# rich falls back to 80 columns when not on a terminal (CI logs, pipes): tables need more
-_width = None if Console().is_terminal else 180
-out = Console(width=_width)
-err = Console(stderr=True, width=_width)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -42,13 +35,7 @@ def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) ->
     except MatrixError as e:
         _fail(str(e))
     groups = group(cells)
-    table = Table(title=f"{m.name}: {len(cells)} cells in {len(groups)} engine groups")
-    for col in ("cell_id", "framework", "model", "quant", "flags", "mode", "batch", "rate", "in", "out"):
-        table.add_column(col)
-    for c in cells:
-        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, c.mode, str(c.batch_size),
-                      _rate(c.request_rate), str(c.input_len), str(c.output_len))
-    out.print(table)
+    out.print(matrix_table(f"{m.name}: {len(cells)} cells in {len(groups)} engine groups", cells))
 
 
 @app.command()
@@ -108,72 +95,6 @@ def status(job_id: str, address: str = typer.Option(..., help="Ray dashboard add
     raise typer.Exit(1 if state in ("FAILED", "STOPPED") else 0)
 
 
-RICH_ROWS = 2000  # above this a table prints as plain aligned text: rich lays out ~2 ms a row (100k: minutes)
-_STYLED = re.compile(r"\[[a-z][a-z ]*\]([^\[]*)\[/[a-z ]*\]")   # one styled span, the common case
-
-
-def print_table(table: Table) -> None:
-    """A rich table to stdout; a large one as plain columns (same cells, markup dropped, no wrapping)."""
-    if table.row_count <= RICH_ROWS:
-        out.print(table)
-        return
-    from rich.text import Text
-
-    def plain(cell) -> str:
-        text = cell.plain if isinstance(cell, Text) else str(cell)
-        if "[/" in text and not isinstance(cell, Text):   # markup ("[green]ok[/]"); "[1.2, 1.4]" stays as it is
-            whole = _STYLED.fullmatch(text)
-            text = whole.group(1) if whole else Text.from_markup(text).plain
-        return text.replace("\n", " ")
-
-    cols = [[str(c.header)] + [plain(x) for x in c.cells] for c in table.columns]
-    widths = [max(map(len, col)) for col in cols[:-1]] + [0]   # the last column (a reason) runs on
-    just = [str.rjust if c.justify == "right" else str.ljust for c in table.columns]
-    lines = [str(table.title or "")] if table.title else []
-    for i in range(len(cols[0])):
-        lines.append("  ".join(j(col[i], w) for col, w, j in zip(cols, widths, just)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * max(w, len(col[0])) for col, w in zip(cols, widths)))
-    sys.stdout.write("\n".join(lines) + "\n")
-
-
-def _fmt(v, spec: str = ".1f") -> str:
-    if v is None or v != v:  # None or NaN (pandas turns missing numbers into NaN)
-        return "-"
-    return format(v, spec)
-
-
-def _rate(rate) -> str:
-    """A serve cell's request rate: 'inf' is a closed loop; an offline cell has none."""
-    if rate is None or rate != rate:
-        return "-"
-    return "closed" if rate == float("inf") else f"{rate:g}/s"
-
-
-def summary_table(df, title: str) -> Table:
-    table = Table(title=title)
-    serve = "mode" in df and (df["mode"] == "serve").any()
-    for col in ("framework", "model", "quant", "flags", "mode" if serve else None, "batch" if not serve else "load",
-                "status", "load s", "TTFT p50 ms", "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB",
-                "errors" if serve else None, "reason"):
-        if col:
-            table.add_column(col, overflow="fold")
-    df = df.sort_values(["framework", "model", "quantization", "flags", "mode", "batch_size", "request_rate"],
-                        na_position="first")
-    for r in df.itertuples():
-        color = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
-        reason = r.reason.splitlines()[0][:80] if isinstance(r.reason, str) and r.reason else ""
-        head = [r.framework, r.model, r.quantization, r.flags] + (
-            [r.mode, load_label(r.mode, r.batch_size, r.request_rate, r.load)] if serve else [str(r.batch_size)])
-        tail = [_fmt(r.errors, ".0f")] if serve else []
-        table.add_row(*head,
-                      f"[{color}]{r.status}[/{color}]", _fmt(r.load_s, ".2f"), _fmt(r.ttft_ms_p50, ".2f"),
-                      _fmt(r.tpot_ms_p50, ".2f"), _fmt(r.e2e_ms_p50, ".1f"), _fmt(r.output_tok_s),
-                      _fmt(r.peak_mem_bytes / 2**20, ".0f"), *tail,
-                      reason)
-    return table
-
-
 @app.command("report")
 def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
                output: Optional[Path] = typer.Option(None, "-o", "--output",
@@ -192,21 +113,11 @@ def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
 @app.command("ls")
 def ls_cmd(results: Path = typer.Argument(Path("results"), help="A results root (or one run directory)")) -> None:
     """The runs in a results root: cells ok/total, frameworks, when they started and ended."""
-    from orchestrator.report import list_runs
+    from orchestrator.runs import list_runs
 
     if not results.exists():
         _fail(f"no such directory: {results}")
-    runs = list_runs(results)
-    table = Table(title=f"runs in {results}")
-    for col in ("run", "matrix", "ok/total", "frameworks", "started", "ended"):
-        table.add_column(col, overflow="fold")
-    for r in runs.to_dict("records"):
-        total = max(r["planned"], r["stored"])
-        color = "green" if r["ok"] == total and total else "yellow" if r["ok"] else "red"
-        ok = f"[{color}]{r['ok']}/{total}[/{color}]" + (f" ({total - r['stored']} not run)" if r["stored"] < total else "")
-        table.add_row(r["run"], r["matrix"] or "-", ok, r["frameworks"] or "-", (r["started"] or "-")[:19],
-                      (r["ended"] or "not ended")[:19])
-    out.print(table)
+    out.print(runs_table(list_runs(results), f"runs in {results}"))
 
 
 @app.command("show")
@@ -233,7 +144,7 @@ def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
              max_replicas: Optional[int] = typer.Option(None, help="At most this many replicas: a larger batch is "
                                                          "extrapolated where needed")) -> None:
     """Per engine config: the batch size meeting the SLOs, replicas and GPUs for QPS, cost per million tokens."""
-    from orchestrator.plan import plan, plan_table
+    from orchestrator.plan import plan
     from orchestrator.store import RunStore
 
     try:
@@ -251,7 +162,7 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
                output: Optional[Path] = typer.Option(None, "-o", "--output", help="Directory (default: RUN/export)"),
                logprobs: bool = typer.Option(True, help="Also the logprobs table (one row per scored token)")) -> None:
     """Write the cells (and logprobs) tables as CSV or JSONL."""
-    from orchestrator.report import export_run
+    from orchestrator.export import export_run
 
     try:
         written = export_run(run, fmt, output, logprobs)
@@ -311,7 +222,7 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
     """Compare every cell with its baseline on logits, text and perplexity; print the verdicts."""
-    from orchestrator.analysis import analyse, compare_table, parse_selector, parse_tolerances
+    from orchestrator.analysis import analyse, parse_selector, parse_tolerances
 
     try:
         df = analyse(run_dir, baseline=parse_selector(baseline) if baseline else None,
@@ -327,7 +238,8 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
 def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
          policy: Path = typer.Option(..., exists=True, dir_okay=False, help="YAML rules: match + must_be")) -> None:
     """Exit 1 when a cell the policy marks must-be-lossless (or identical, near-lossless) is not."""
-    from orchestrator.analysis import PolicyError, analyse, gate as check, load_policy
+    from orchestrator.analysis import analyse
+    from orchestrator.gate import PolicyError, gate as check, load_policy
 
     try:
         rules = load_policy(policy)

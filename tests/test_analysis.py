@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
-from orchestrator.analysis import (PolicyError, Policy, analyse, compare_table, gate, load_policy, parse_selector,
-                                   parse_tolerances, _speed_call)
+from orchestrator.analysis import analyse, parse_selector, parse_tolerances, _speed_call
+from orchestrator.console import compare_table
+from orchestrator.gate import PolicyError, Policy, gate, load_policy
 from orchestrator.matrix import Tolerances
 from orchestrator.store import LOGPROBS_SCHEMA, RunStore
 

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from conftest import SMALL_MATRIX
 from orchestrator.cli import app
-from orchestrator.report import pareto_front, write_report
+from orchestrator.report import write_report
+from orchestrator.report_data import pareto_front
 from orchestrator.runner import run_matrix
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -206,7 +207,7 @@ def test_large_run_report_is_aggregated_and_capped(tmp_path, monkeypatch):
     import sys
 
     from conftest import ROOT
-    from orchestrator import report as rep
+    from orchestrator import report_data as rep
     from orchestrator.compaction import compact
     from orchestrator.store import RunStore
 

@@ -1,0 +1,181 @@
+"""The terminal: the consoles `bench` prints on and every table it draws there (bench validate,
+show, run, ls, compare, plan); print_table prints a large one as plain columns."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from orchestrator.cells import load_label
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# rich falls back to 80 columns when not on a terminal (CI logs, pipes): tables need more
+_width = None if Console().is_terminal else 180
+out = Console(width=_width)
+err = Console(stderr=True, width=_width)
+
+
+RICH_ROWS = 2000  # above this a table prints as plain aligned text: rich lays out ~2 ms a row (100k: minutes)
+_STYLED = re.compile(r"\[[a-z][a-z ]*\]([^\[]*)\[/[a-z ]*\]")   # one styled span, the common case
+
+
+def print_table(table: Table) -> None:
+    """A rich table to stdout; a large one as plain columns (same cells, markup dropped, no wrapping)."""
+    if table.row_count <= RICH_ROWS:
+        out.print(table)
+        return
+    from rich.text import Text
+
+    def plain(cell) -> str:
+        text = cell.plain if isinstance(cell, Text) else str(cell)
+        if "[/" in text and not isinstance(cell, Text):   # markup ("[green]ok[/]"); "[1.2, 1.4]" stays as it is
+            whole = _STYLED.fullmatch(text)
+            text = whole.group(1) if whole else Text.from_markup(text).plain
+        return text.replace("\n", " ")
+
+    cols = [[str(c.header)] + [plain(x) for x in c.cells] for c in table.columns]
+    widths = [max(map(len, col)) for col in cols[:-1]] + [0]   # the last column (a reason) runs on
+    just = [str.rjust if c.justify == "right" else str.ljust for c in table.columns]
+    lines = [str(table.title or "")] if table.title else []
+    for i in range(len(cols[0])):
+        lines.append("  ".join(j(col[i], w) for col, w, j in zip(cols, widths, just)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * max(w, len(col[0])) for col, w in zip(cols, widths)))
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def _fmt(v, spec: str = ".1f") -> str:
+    if v is None or v != v:  # None or NaN (pandas turns missing numbers into NaN)
+        return "-"
+    return format(v, spec)
+
+
+def _rate(rate) -> str:
+    """A serve cell's request rate: 'inf' is a closed loop; an offline cell has none."""
+    if rate is None or rate != rate:
+        return "-"
+    return "closed" if rate == float("inf") else f"{rate:g}/s"
+
+
+def summary_table(df, title: str) -> Table:
+    """`bench show` and `bench run`: the measured numbers of every cell, one row each."""
+    table = Table(title=title)
+    serve = "mode" in df and (df["mode"] == "serve").any()
+    for col in ("framework", "model", "quant", "flags", "mode" if serve else None, "batch" if not serve else "load",
+                "status", "load s", "TTFT p50 ms", "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB",
+                "errors" if serve else None, "reason"):
+        if col:
+            table.add_column(col, overflow="fold")
+    df = df.sort_values(["framework", "model", "quantization", "flags", "mode", "batch_size", "request_rate"],
+                        na_position="first")
+    for r in df.itertuples():
+        color = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
+        reason = r.reason.splitlines()[0][:80] if isinstance(r.reason, str) and r.reason else ""
+        head = [r.framework, r.model, r.quantization, r.flags] + (
+            [r.mode, load_label(r.mode, r.batch_size, r.request_rate, r.load)] if serve else [str(r.batch_size)])
+        tail = [_fmt(r.errors, ".0f")] if serve else []
+        table.add_row(*head,
+                      f"[{color}]{r.status}[/{color}]", _fmt(r.load_s, ".2f"), _fmt(r.ttft_ms_p50, ".2f"),
+                      _fmt(r.tpot_ms_p50, ".2f"), _fmt(r.e2e_ms_p50, ".1f"), _fmt(r.output_tok_s),
+                      _fmt(r.peak_mem_bytes / 2**20, ".0f"), *tail,
+                      reason)
+    return table
+
+
+def matrix_table(title: str, cells: list) -> Table:
+    """`bench validate`: the expanded cells of a matrix."""
+    table = Table(title=title)
+    for col in ("cell_id", "framework", "model", "quant", "flags", "mode", "batch", "rate", "in", "out"):
+        table.add_column(col)
+    for c in cells:
+        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, c.mode, str(c.batch_size),
+                      _rate(c.request_rate), str(c.input_len), str(c.output_len))
+    return table
+
+
+def runs_table(runs: pd.DataFrame, title: str) -> Table:
+    """`bench ls`: one row per run of orchestrator.runs.list_runs."""
+    table = Table(title=title)
+    for col in ("run", "matrix", "ok/total", "frameworks", "started", "ended"):
+        table.add_column(col, overflow="fold")
+    for r in runs.to_dict("records"):
+        total = max(r["planned"], r["stored"])
+        color = "green" if r["ok"] == total and total else "yellow" if r["ok"] else "red"
+        ok = f"[{color}]{r['ok']}/{total}[/{color}]" + (f" ({total - r['stored']} not run)" if r["stored"] < total else "")
+        table.add_row(r["run"], r["matrix"] or "-", ok, r["frameworks"] or "-", (r["started"] or "-")[:19],
+                      (r["ended"] or "not ended")[:19])
+    return table
+
+
+_STYLE = {"identical": "bold green", "lossless": "green", "near-lossless": "yellow", "lossy": "bold red", "n/a": "dim"}
+
+
+def compare_table(df: pd.DataFrame) -> Table:
+    """`bench compare`: the verdicts with the key metrics and the speed next to them, one row per cell."""
+    from orchestrator.analysis import _finite   # lazy: duckdb and pandas stay out of bench's startup
+
+    def num(v, spec=".2g") -> str:
+        return "" if not _finite(v) else format(v, spec)
+
+    serve = "mode" in df and (df["mode"] == "serve").any()
+    t = Table(title="Lossless comparison", show_lines=False)
+    for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
+                "noise", "top1", "greedy", "ppl_rel", "speedup [95% CI] call", "mem saved", "reason"):
+        t.add_column(col, justify="right" if col not in ("verdict", "reason", "framework", "model", "flags", "load")
+                     else "left", overflow="fold")
+    for r in df.to_dict("records"):
+        load = load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")) if serve else str(r["batch_size"])
+        call = r.get("speed_call") if isinstance(r.get("speed_call"), str) else ""   # None or NaN: no interval
+        speed = "" if not _finite(r["speedup"]) else \
+            f"{r['speedup']:.2f}x [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}] {call}".rstrip()
+        greedy = "" if not _finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
+        t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]), load,
+                  f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
+                  num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"), speed,
+                  num(r["mem_saving"], ".0%"), str(r["reason"]))
+    return t
+
+
+def plan_table(df: pd.DataFrame, qps: float, input_len: int, output_len: int, host: dict | None = None,
+               gpu_hour_cost: float | None = None) -> Table:
+    """`bench plan`: one row per engine config of orchestrator.plan.plan's frame."""
+    from orchestrator.plan import _finite   # lazy: pandas stays out of bench's startup
+
+    def num(v, spec: str) -> str:
+        return format(v, spec) if _finite(v) else "-"
+
+    def txt(v) -> str:
+        return v if isinstance(v, str) and v else ""
+
+    units = set(df.unit.dropna())
+    unit = "/".join(u + "s" for u in sorted(units, key=lambda u: u != "GPU")) if units else "GPUs"
+    caption = [f"Q={qps:g} req/s, input {input_len}, output {output_len} tokens; served {qps * output_len:g} output tok/s."]
+    if "node" in units and host:
+        caption.append(f"1 node = the measured host ({host.get('cpu', '?')}, {host.get('cpu_count', '?')} CPUs).")
+    caption.append("Static batches measured closed-loop: queueing at Q is not modelled.")
+    t = Table(title=f"Plan: Q={qps:g} req/s, in={input_len}, out={output_len}", caption=" ".join(caption))
+    cost_col = f"$/M out tok (@${gpu_hour_cost:g}/h)" if gpu_hour_cost is not None else "$/M out tok"
+    for col in ("config", "batches", "batch", "TTFT p99", "TPOT p99", "req/s/replica", "basis", "replicas", unit, "util",
+                cost_col, "SLO / notes"):
+        t.add_column(col, overflow="fold", min_width=24 if col == "SLO / notes" else None,
+                     justify="left" if col in ("config", "basis", "SLO / notes") else "right")
+    for r in df.to_dict("records"):
+        flags = [f"[yellow]{r['lengths']}[/]"] if r["scaled"] else []
+        flags += [txt(r["notes"])] if txt(r["notes"]) else []
+        if r["meets_slo"]:
+            status = "; ".join(flags) or "[green]meets SLOs[/]"
+            batch = f"{int(r['batch_size'])}" + (" [yellow]extrapolated[/]" if r["extrapolated"] else "")
+        else:
+            status = "; ".join([f"[red]{txt(r['slo_miss'])}[/]"] + flags)
+            batch = "-"
+        t.add_row(r["config"], txt(r["measured_batches"]) or "-", batch, num(r["ttft_p99_ms"], ".1f"),
+                  num(r["tpot_p99_ms"], ".2f"), num(r["req_s_per_replica"], ".3g"), txt(r["rate_basis"]) or "-",
+                  num(r["replicas"], ".0f"), num(r["gpus"], ".0f"), num(r["utilisation"], ".0%"),
+                  num(r["cost_per_m_tokens"], ".4g"), status)
+    return t

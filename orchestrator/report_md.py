@@ -1,0 +1,58 @@
+"""report.md: status and verdict counts, the verdict/speedup table and the cells that are not ok,
+for a pull request or an issue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from orchestrator import report_data
+from orchestrator.report_data import (_num, _sci, _speed, _status_counts, _ttft, _ttft_disagrees, _verdict_counts,
+                                      _why, first_line, table_cells)
+
+
+def _md(v: Any) -> str:
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None) -> str:
+    matrix = manifest.get("matrix") or {}
+    baseline = matrix.get("baseline") or {}
+    sc = ", ".join(f"{n} {s}" for s, n in _status_counts(df).items() if n)
+    vc = ", ".join(f"{n} {v}" for v, n in _verdict_counts(df).items() if n)
+    out = [f"## lossless-bench: {run_name}", "",
+           f"Matrix `{matrix.get('name', '?')}`, {len(df)} cells: {sc or 'none'}. Verdicts: {vc or 'none'}. "
+           f"Baseline: {', '.join(f'{k}={v}' for k, v in baseline.items()) or '-'}.", ""]
+    if analysis_error:
+        out += [f"> The analysis could not run: {_md(analysis_error)}", ""]
+    multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
+    head = ["framework", "model", "quant", "flags", "batch"] + (["in", "out"] if multi_len else []) + [
+        "status", "verdict", "KL mean", "noise KL", "greedy", "speedup [95% CI]", "out tok/s", "TTFT p50 ms",
+        "TPOT p50 ms", "reason"]
+    shown, note = table_cells(df)
+    if note:
+        out += [f"> {note}", ""]
+    out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in shown.to_dict("records"):
+        row = [r["framework"], r["model"], r["quantization"], r["flags"], r["batch_size"]] + (
+            [r["input_len"], r["output_len"]] if multi_len else []) + [
+            r["status"], f"**{r['verdict']}**" if r["verdict"] in ("lossy",) else r["verdict"], _sci(r["kl_mean"]),
+            _sci(r["noise_kl_mean"]), _num(r["greedy_match"], ".2f"), _speed(r), _num(r["output_tok_s"], ".1f"),
+            _ttft(r), _num(r["tpot_ms_p50"], ".2f"), first_line(_why(r), 120)]
+        out.append("| " + " | ".join(_md(x) for x in row) + " |")
+    apart = [r for r in shown.to_dict("records") if _ttft_disagrees(r)]
+    if apart:
+        out += ["", f"⚑ {len(apart)} cell(s) whose TTFT and the engine's own figure are more than 1 ms or 10% apart:", ""]
+        out += [f"- `{r['cell_id']}` {_md(r['label'])}: ours {_num(r['ttft_ms_p50'], '.2f')} ms, the engine's "
+                f"{_num(r.get('engine_ttft_ms_p50'), '.2f')} ms" for r in apart]
+    bad = df[df.status != "ok"]
+    if len(bad) > report_data.MAX_LISTED:
+        why = pd.Series([f"{st}: {first_line(r) or '-'}" for st, r in zip(bad.status, bad.status_reason)])
+        out += ["", f"**{len(bad):,} cell(s) not ok**, by status and reason:", ""]
+        out += [f"- {n:,} × {_md(w)}" for w, n in why.value_counts().head(report_data.MAX_LISTED).items()]
+    elif len(bad):
+        out += ["", f"**{len(bad)} cell(s) not ok:**", ""]
+        out += [f"- `{r['cell_id']}` {_md(r['label'])}: {r['status']}: {_md(first_line(r.get('status_reason')) or '-')}"
+                for r in bad.to_dict("records")]
+    return "\n".join(out) + "\n"
