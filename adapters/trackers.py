@@ -7,7 +7,6 @@ import os
 import threading
 import time
 
-import numpy as np
 import psutil
 
 

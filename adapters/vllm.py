@@ -41,7 +41,6 @@ import sys
 import time
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import Field, model_validator
 
 from adapters.base import Adapter, EngineOptions, Unsupported, register

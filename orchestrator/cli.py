@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from orchestrator.console import (compare_table, err, matrix_table, out, plan_table, print_table, runs_table,
                                   summary_table)
@@ -61,6 +63,19 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
     print_table(summary_table(store.read_cells(), title=f"{store.root}"))
 
 
+@contextmanager
+def _cluster_auth(address: str):
+    """A cluster with Ray's token authentication that refuses this client: what to set, exit 2, no traceback."""
+    from ray.exceptions import AuthenticationError
+
+    from orchestrator.jobs import auth_help
+
+    try:
+        yield
+    except AuthenticationError as e:
+        _fail(escape(auth_help(e, address)))
+
+
 @app.command()
 def submit(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
            address: str = typer.Option(..., help="Ray dashboard address, e.g. http://HEAD:8265"),
@@ -70,14 +85,15 @@ def submit(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
     """Run a matrix on a remote Ray cluster through the Ray Jobs API; prints the job id."""
     from orchestrator import jobs
 
-    try:
-        job_id = jobs.submit(matrix, address, run_dir, rerun_failed)
-    except MatrixError as e:
-        _fail(str(e))
-    print(job_id)
-    if follow:
-        state = jobs.follow(job_id, address, echo=err.out)
-        raise typer.Exit(0 if state == "SUCCEEDED" else 1)
+    with _cluster_auth(address):
+        try:
+            job_id = jobs.submit(matrix, address, run_dir, rerun_failed)
+        except MatrixError as e:
+            _fail(str(e))
+        print(job_id)
+        if follow:
+            state = jobs.follow(job_id, address, echo=err.out)
+            raise typer.Exit(0 if state == "SUCCEEDED" else 1)
 
 
 @app.command()
@@ -86,11 +102,12 @@ def status(job_id: str, address: str = typer.Option(..., help="Ray dashboard add
     """The state and output of a job started by `bench submit`; exits 1 when it failed."""
     from orchestrator import jobs
 
-    if follow:
-        state = jobs.follow(job_id, address, echo=err.out)
-    else:
-        state, logs = jobs.status(job_id, address)
-        err.out(logs[-5000:])
+    with _cluster_auth(address):
+        if follow:
+            state = jobs.follow(job_id, address, echo=err.out)
+        else:
+            state, logs = jobs.status(job_id, address)
+            err.out(logs[-5000:])
     print(state)
     raise typer.Exit(1 if state in ("FAILED", "STOPPED") else 0)
 

@@ -7,6 +7,7 @@ head can reach (a shared file system mounted on the head).
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import tempfile
@@ -18,6 +19,22 @@ from orchestrator.matrix import load_matrix
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 AGENT_WAIT_S = 120
+
+
+def auth_help(err: Exception, address: str) -> str:
+    """What to set, when Ray's token authentication stops a request of `bench submit` / `bench status`.
+
+    `err` is Ray's `ray.exceptions.AuthenticationError`: the dashboard answered 401 (no token sent: the
+    client's RAY_AUTH_MODE is not `token`) or 403 (a wrong token), or the client is in token mode and
+    has no token at all.
+    """
+    reason = str(getattr(err, "message", err)).strip().split("\n")[0].split(". ")[0].rstrip(".")
+    here = [f"RAY_AUTH_MODE is {os.environ.get('RAY_AUTH_MODE', 'unset')}"] + [
+        f"{name} is set" for name in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH") if os.environ.get(name)]
+    return (f"Ray's token authentication stopped the request to the cluster at {address} ({reason}). A cluster "
+            "with token authentication on needs, in the client's environment, RAY_AUTH_MODE=token and the "
+            "cluster's token: RAY_AUTH_TOKEN=<token>, or RAY_AUTH_TOKEN_PATH=<file> (default ~/.ray/auth_token); "
+            f"`ray get-auth-token` on the head prints it. Here {', '.join(here)}.")
 
 
 def _client(address: str):

@@ -25,7 +25,7 @@ import pyarrow as pa
 import adapters
 from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, CellDone, CellFailed, CellRecord, CellSpec, CellStart,
                                CellUnsupported, GroupSpec, GroupUnsupported, Loaded, LoadFailed, LoadSpec, ModelSpec,
-                               RepeatsAuto, ScoringSpec, ServeSpec, parse_event)
+                               ScoringSpec, ServeSpec, parse_event)
 from adapters.server_process import die_with_parent
 from orchestrator.cells import Cell, EngineGroup
 from orchestrator.matrix import Matrix

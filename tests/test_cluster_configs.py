@@ -5,6 +5,7 @@ against Ray's own schema, the sbatch script and Dockerfiles are read as text, an
 they run is checked against the real `bench` (typer) and `ray start` (click) options.
 """
 
+import itertools
 import json
 import re
 import shlex
@@ -426,3 +427,62 @@ def test_example_matrix_is_valid_routes_by_env_and_every_framework_has_nodes():
     tp = max(int(opts.get("tensor_parallel_size", 1)) for sets in m.flags.values() for opts in sets.values())
     for fw in m.axes.framework:
         assert any(g["framework"] == fw and g["gpus"] >= (tp if fw in m.flags else 1) for g in kube.values()), fw
+
+
+# -- the CI recipe ---------------------------------------------------------------------------------
+
+CI = CLUSTER / "ci"
+CI_SCRIPT, CI_WORKFLOW, CI_POLICY = CI / "run-regression.sh", CI / "lossless-regression.yml", CI / "policy.yaml"
+
+
+@pytest.mark.parametrize("path", [CI_SCRIPT, CI_WORKFLOW], ids=lambda p: p.name)
+def test_the_ci_recipe_submits_follows_and_gates_with_bench_as_it_is(path):
+    calls = bench_calls(code(path))
+    assert [c[1] for c in calls if c[1] != "ls"] == ["submit", "status", "gate"], calls
+    gate = calls[[c[1] for c in calls].index("gate")]
+    assert {"--against", "--policy", "--junit", "--format"} <= flags(gate) and gate[gate.index("--format") + 1] == "md"
+    assert "--follow" in calls[1]
+    for argv in calls:
+        if argv[1] != "gate":
+            check_bench_call(argv)
+    if "--against" not in bench_options()["gate"]:
+        pytest.skip("bench gate --against/--junit/--format are not in this checkout yet")
+    check_bench_call(gate)
+
+
+def test_ci_script_is_valid_bash_and_its_usage_errors_exit_2():
+    subprocess.run(["bash", "-n", str(CI_SCRIPT)], check=True)
+    text = CI_SCRIPT.read_text()
+    assert "set -euo pipefail" in text
+    done = subprocess.run([str(CI_SCRIPT)], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert done.returncode == 2 and "RAY_ADDRESS" in done.stderr, done.stderr
+    assert 'export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}' in text   # a token given: token mode
+
+
+def test_ci_workflow_runs_nightly_by_hand_and_on_config_prs_and_passes_the_ray_secrets():
+    wf = yaml.safe_load(CI_WORKFLOW.read_text())
+    on = wf.get("on", wf.get(True))   # YAML 1.1 reads the key `on` as true
+    assert on["schedule"][0]["cron"] and "workflow_dispatch" in on and "golden" in on["workflow_dispatch"]["inputs"]
+    assert {"adapters/**", "cluster/ci/**"} <= set(on["pull_request"]["paths"])
+    job = wf["jobs"]["regression"]
+    assert job["defaults"]["run"]["shell"] == "bash"   # GitHub's bash -eo pipefail
+    env = job["env"]
+    assert env["RAY_ADDRESS"] == "${{ secrets.RAY_ADDRESS }}" and env["RAY_AUTH_TOKEN"] == "${{ secrets.RAY_AUTH_TOKEN }}"
+    assert "'token'" in env["RAY_AUTH_MODE"] and "inputs.golden" in env["GOLDEN_RUN"]
+    uses = [s.get("uses", "") for s in job["steps"]]
+    assert any(u.startswith("mikepenz/action-junit-report@") for u in uses)
+    assert any(u.startswith("actions/upload-artifact@") for u in uses)
+    assert "GITHUB_STEP_SUMMARY" in CI_WORKFLOW.read_text()
+
+
+def test_ci_policy_names_cells_of_the_example_matrix():
+    from orchestrator.cells import expand
+
+    cells = {tuple(sorted(c.axes().items())) for c in expand(load_matrix(EXAMPLE_MATRIX)[0])}
+    rules = yaml.safe_load(CI_POLICY.read_text())["rules"]
+    for rule in rules:
+        assert rule["must_be"] in ("identical", "lossless", "near-lossless")
+        assert {k for k in rule if k.startswith("max_")} <= {"max_slowdown", "max_ttft_p99_increase", "max_memory_increase"}
+        wants = {a: v if isinstance(v, list) else [v] for a, v in rule["match"].items()}
+        for combo in itertools.product(*wants.values()):   # the gate fails a listed value no cell has
+            assert any(all(dict(c)[a] == x for a, x in zip(wants, combo)) for c in cells), (rule, combo)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 from pathlib import Path
 from types import SimpleNamespace
 

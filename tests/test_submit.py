@@ -29,9 +29,10 @@ def client_env() -> dict:
                          "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head():
-    """`ray start --head --block` in its own process group: stopping it stops only this cluster."""
+    """`ray start --head --block` in its own process group: stopping it stops only this cluster.
+    One for the module: starting one takes half a minute."""
     gcs, dash = free_port(), free_port()
     temp_dir = tempfile.mkdtemp(prefix="rh-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env = client_env()
@@ -81,6 +82,34 @@ def test_submit_runs_the_matrix_on_the_cluster_and_status_follows_it(ray_head, w
     assert followed.stdout.strip().splitlines()[-1] == "SUCCEEDED", followed.stderr[-3000:]
     cells = pd.read_parquet(run_dir / "cells")
     assert list(cells.status) == ["ok"]
+
+
+def test_a_client_without_the_clusters_token_is_told_what_to_set(ray_head, write_matrix, tmp_path):
+    """The head has Ray's token authentication on: a client with no token, a wrong one, or token mode and
+    no token anywhere gets one paragraph naming RAY_AUTH_MODE and RAY_AUTH_TOKEN and exit 2, not Ray's
+    AuthenticationError traceback."""
+    matrix = str(write_matrix(copy.deepcopy(SMALL_MATRIX)))
+    no_auth = {k: v for k, v in client_env().items() if not k.startswith("RAY_AUTH_")}
+    for env, reason in (
+            (no_auth, "Authentication required: Unauthorized: Missing authentication token"),
+            (no_auth | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "wrong"},
+             "Authentication failed: Forbidden: Invalid authentication token"),
+            (no_auth | {"RAY_AUTH_MODE": "token", "HOME": str(tmp_path)},   # no ~/.ray/auth_token either
+             "Token authentication is enabled but Ray couldn't find an authentication token")):
+        for args in (("submit", matrix, "--run-dir", "/tmp/never"), ("status", "raysubmit_x"),
+                     ("status", "raysubmit_x", "--follow")):
+            done = subprocess.run(bench_cmd(*args, "--address", ray_head), cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            said = " ".join(done.stderr.split())
+            assert done.returncode == 2, done.stderr[-3000:]
+            assert "Traceback" not in done.stderr and "AuthenticationError" not in done.stderr, done.stderr[-3000:]
+            assert f"stopped the request to the cluster at {ray_head} ({reason})" in said, said
+            assert "RAY_AUTH_MODE=token and the cluster's token: RAY_AUTH_TOKEN=<token>, or RAY_AUTH_TOKEN_PATH" in said, said
+    # with the token the same client gets past authentication: the head looks the job up (there is none)
+    done = subprocess.run(bench_cmd("status", "raysubmit_x", "--address", ray_head), cwd=ROOT, env=client_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert "Job raysubmit_x does not exist" in " ".join(done.stderr.split()), done.stderr[-3000:]
+    assert "stopped the request" not in done.stderr
 
 
 def test_submit_rejects_a_bad_matrix_before_contacting_the_cluster(write_matrix, tmp_path):
