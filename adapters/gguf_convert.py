@@ -49,6 +49,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from adapters.base import Unsupported
+from adapters.provenance import file_digest
 
 CONVERTER_VERSION = "2"
 
@@ -139,28 +140,14 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files + _safetensors_files(model_dir)
 
 
-_HASH_MEMO: dict[tuple[str, int, int], str] = {}
-
-
-def _file_sha256(path: Path) -> str:
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASH_MEMO:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 23), b""):
-                h.update(chunk)
-        _HASH_MEMO[key] = h.hexdigest()
-    return _HASH_MEMO[key]
-
-
 def checkpoint_hash(model_dir: Path) -> str:
-    """SHA-256 over the names and contents of every file conversion reads."""
+    """SHA-256 over the names and content digests of every file conversion reads (the digests are
+    adapters.provenance's, the one file hash of the project)."""
     h = hashlib.sha256()
     for path in checkpoint_files(Path(model_dir)):
         if not path.is_file():
             raise Unsupported(f"gguf conversion needs {path.name} in {model_dir}")
-        h.update(path.name.encode() + b"\0" + _file_sha256(path).encode() + b"\n")
+        h.update(path.name.encode() + b"\0" + file_digest(path).encode() + b"\n")
     return h.hexdigest()
 
 

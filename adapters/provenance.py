@@ -28,7 +28,12 @@ def _model_files(path: Path) -> list[Path]:
                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
 
 
-def _file_digest(path: Path, cache: dict) -> str:
+_MEMO: dict[str, str] = {}
+
+
+def file_digest(path: Path, cache: dict | None = None) -> str:
+    """BLAKE2b of one file's contents, memoised by (path, size, mtime) in `cache` (default: this process)."""
+    cache = _MEMO if cache is None else cache
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     if key not in cache:
@@ -49,7 +54,7 @@ def model_fingerprint(source: str, cache_dir: str | None = None) -> tuple[str | 
     if not files:
         return None, f"no model files under {path.name}"
     cache_path = Path(cache_dir) / "fingerprints.json" if cache_dir else None
-    cache: dict = {}
+    cache: dict = dict(_MEMO)
     if cache_path and cache_path.exists():
         try:
             cache = json.loads(cache_path.read_text())
@@ -59,7 +64,8 @@ def model_fingerprint(source: str, cache_dir: str | None = None) -> tuple[str | 
     h = hashlib.blake2b(digest_size=16)
     for f in files:
         name = f.name if path.is_file() else str(f.relative_to(path))
-        h.update(f"{name}\0{f.stat().st_size}\0{_file_digest(f, cache)}\n".encode())
+        h.update(f"{name}\0{f.stat().st_size}\0{file_digest(f, cache)}\n".encode())
+    _MEMO.update(cache)
     if cache_path and len(cache) != before:
         _save(cache_path, cache)
     return h.hexdigest(), None

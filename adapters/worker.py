@@ -2,10 +2,10 @@
 
 It runs in the framework's own interpreter, so it imports nothing from the orchestrator, only
 this package, numpy, pydantic and psutil; its input is an `adapters.contract.GroupSpec`. It loads
-the engine once, then for each cell runs the warm-up and timed batches and the logprob capture, and writes for each cell `<cell_id>.json` (the
-measurements, an `adapters.contract.CellRecord`) and `<cell_id>.npz` (the logprob rows). Progress goes
-to `events.jsonl`, one typed event per line, so the parent can tell which cell was running when a crash
-or a hang happened. Serve cells (`adapters.served_cells`) start the engine's server here instead of
+the engine once, then for each cell runs the warm-up and timed batches and the logprob capture, and
+writes for each cell `<cell_id>.json` (the measurements, an `adapters.contract.CellRecord`) and
+`<cell_id>.npz` (the logprob rows). Progress goes to `events.jsonl`, one typed event per line, so the
+parent can tell which cell was running when a crash or a hang happened. Serve cells (`adapters.served_cells`) start the engine's server here instead of
 loading the engine.
 """
 

@@ -104,20 +104,20 @@ def _axis_value(axis: str, v: Any) -> Any:
     return int(v) if axis in _INT_AXES else str(v)
 
 
-def parse_selector(text: str) -> dict[str, Any]:
+def parse_selector(text: str, what: str = "baseline") -> dict[str, Any]:
     """'framework=hf,quantization=fp32' -> {'framework': 'hf', 'quantization': 'fp32'}."""
     out: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = (s.strip() for s in part.partition("="))
         if not sep or not value:
-            raise ValueError(f"baseline: expected axis=value, got {part!r}")
+            raise ValueError(f"{what}: expected axis=value, got {part!r}")
         if key not in AXES:
-            raise ValueError(f"baseline: unknown axis {key!r} (known: {', '.join(AXES)})")
+            raise ValueError(f"{what}: unknown axis {key!r} (known: {', '.join(AXES)})")
         try:
             out[key] = _axis_value(key, value) if key in _LOAD_AXES else value
         except ValueError:
-            what = "a number" if key == "request_rate" else "an integer"
-            raise ValueError(f"baseline: {key} must be {what}, got {value!r}") from None
+            kind = "a number" if key == "request_rate" else "an integer"
+            raise ValueError(f"{what}: {key} must be {kind}, got {value!r}") from None
     return out
 
 
@@ -313,7 +313,7 @@ _REF_ROWS_PER_CHUNK = 1_500_000  # bounds the reference rows held in memory (~0.
 _FILES_PER_CHUNK = 20000         # bounds the file list of one query (a run not compacted: a file per cell)
 
 
-def _chunks(pairs: pd.DataFrame, files: dict[str, str], ref_rows: float):
+def _chunks(pairs: pd.DataFrame, ref_rows: float):
     """Pairs sorted by compared cell, cut where the reference rows (estimated: ref_rows per
     reference cell) or the files of one query would pass their bounds. A compacted run holds
     its logprobs sorted by cell_id, so each chunk's b cells are one cell_id range: the scan
@@ -321,8 +321,7 @@ def _chunks(pairs: pd.DataFrame, files: dict[str, str], ref_rows: float):
     pairs = pairs.sort_values(["b_cell", "a_cell"])
     start, refs, names = 0, set(), set()
     max_refs = max(1, int(_REF_ROWS_PER_CHUNK // max(ref_rows, 1)))
-    for i, (a, b) in enumerate(zip(pairs.a_cell, pairs.b_cell)):
-        fa, fb = files[a], files[b]
+    for i, (a, fa, fb) in enumerate(zip(pairs.a_cell, pairs.a_file, pairs.b_file)):
         grow = (a not in refs) + (fa not in names) + (fb not in names and fb != fa)
         if grow and i > start and (len(refs) + (a not in refs) > max_refs
                                    or len(names) + (fa not in names) + (fb not in names) > _FILES_PER_CHUNK):
@@ -369,10 +368,13 @@ def _ref_rows_from_row_groups(chunk: pd.DataFrame, located: dict) -> pa.Table | 
 
 def _pair_metrics(con, pairs: pd.DataFrame, files: dict[str, str], atol: float, ref_rows: float = 1000.0,
                   located: dict | None = None) -> pd.DataFrame:
-    """`pairs` (pair_id, a_cell, a_rep, b_cell, b_rep, ...) plus the metrics of b against a."""
+    """`pairs` (pair_id, a_cell, a_rep, b_cell, b_rep, ...) plus the metrics of b against a. Each side's
+    file is `files[cell]`, unless the pairs name it (a_file, b_file: two runs hold the same cell ids);
+    the reference cells of one call must be distinct by id (they come from one run)."""
     out = []
-    for chunk in _chunks(pairs, files, ref_rows):
-        chunk = chunk.assign(a_file=chunk.a_cell.map(files), b_file=chunk.b_cell.map(files))
+    if "a_file" not in pairs:
+        pairs = pairs.assign(a_file=pairs.a_cell.map(files), b_file=pairs.b_cell.map(files))
+    for chunk in _chunks(pairs, ref_rows):
         con.register("chunk", chunk[["pair_id", "a_cell", "a_rep", "a_file", "b_cell", "b_rep", "b_file"]])
         refs = _ref_rows_from_row_groups(chunk, located) if located else None
         if refs is not None:
@@ -530,11 +532,12 @@ def _runs(x) -> np.ndarray:
     return np.asarray(x if hasattr(x, "__len__") else [], dtype=float)   # None, NaN and pd.NA: no runs
 
 
-def _speed_intervals(num_runs: list, den_runs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(lo, hi, n_num, n_den) of the 95% Welch t interval on the log ratio of each cell's runs to
-    its baseline's (adapters/intervals.py says why not the bootstrap). Cells with the same repeat
-    counts stack into one array, so 100k cells are a few vectorised calls."""
-    lo, hi = np.full(len(num_runs), np.nan), np.full(len(num_runs), np.nan)
+def _speed_intervals(num_runs: list, den_runs: list) -> tuple[np.ndarray, ...]:
+    """(center, lo, hi, n_num, n_den) of the 95% Welch t interval on the log ratio of each cell's runs
+    to its baseline's (adapters/intervals.py says why not the bootstrap); the center is the ratio of
+    the runs' geometric means. Cells with the same repeat counts stack into one array, so 100k cells
+    are a few vectorised calls."""
+    center, lo, hi = (np.full(len(num_runs), np.nan) for _ in range(3))
     n_num = np.array([len(n) if len(d) else 0 for n, d in zip(num_runs, den_runs)], dtype=np.int64)
     n_den = np.array([len(d) if len(n) else 0 for n, d in zip(num_runs, den_runs)], dtype=np.int64)
     groups: dict[tuple[int, int], list[int]] = {}
@@ -542,9 +545,9 @@ def _speed_intervals(num_runs: list, den_runs: list) -> tuple[np.ndarray, np.nda
         if key[0] and key[1]:
             groups.setdefault(key, []).append(i)
     for idx in groups.values():
-        _, lo[idx], hi[idx] = log_ratio_intervals(np.stack([num_runs[i] for i in idx]),
-                                                  np.stack([den_runs[i] for i in idx]))
-    return lo, hi, n_num, n_den
+        center[idx], lo[idx], hi[idx] = log_ratio_intervals(np.stack([num_runs[i] for i in idx]),
+                                                            np.stack([den_runs[i] for i in idx]))
+    return center, lo, hi, n_num, n_den
 
 
 def _speed_call(lo: np.ndarray, hi: np.ndarray) -> list:
@@ -561,7 +564,7 @@ def _add_speed(df: pd.DataFrame, cells: pd.DataFrame) -> None:
     df["mem_saving"] = [1 - _ratio(x, y) for x, y in zip(df.peak_mem_bytes, b.peak_mem_bytes)]
     ok = df.speedup.notna().to_numpy()
     num = [_runs(x) if k else _runs(None) for x, k in zip(df.output_tok_s_runs, ok)]
-    lo, hi, n_cell, n_base = _speed_intervals(num, [_runs(x) for x in b.output_tok_s_runs])
+    _, lo, hi, n_cell, n_base = _speed_intervals(num, [_runs(x) for x in b.output_tok_s_runs])
     df["speedup_lo"], df["speedup_hi"], df["speedup_n_cell"], df["speedup_n_base"] = lo, hi, n_cell, n_base
     df["speed_call"] = _speed_call(lo, hi)
 
@@ -593,18 +596,26 @@ def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Toler
 
     df = cells.merge(pm[pm.kind == "base"].drop(columns=["kind", "a_cell", "a_rep", "b_cell", "b_rep", "pair_id"])
                      .rename(columns={"key": "cell_id"}), on="cell_id", how="left")
-    # the cell's own engine floor, and the baseline engine's (the worse of run-to-run and batch)
+    _add_speed(df, cells)
+    judge(df, pm, df.baseline_cell_id.map(cells.set_index("cell_id").engine_key), tolerances, own_floors=True)
+    return _order(df)
+
+
+def judge(df: pd.DataFrame, pm: pd.DataFrame, base_key: pd.Series, tolerances: Tolerances,
+          own_floors: bool) -> None:
+    """Add the noise floors and the verdict to `df` (cells merged with their "base" pair metrics).
+    `pm` holds the "rr" and "bi" pairs keyed by engine_key; `base_key` is each cell's baseline engine:
+    its floor (the worse of run-to-run and batch) is the cell's noise_*. With own_floors, the cell's
+    own engine's rr_/bi_ metrics are added too (within one run: they share its pm)."""
     floors = {kind: pm[pm.kind == kind].set_index("key") for kind in ("rr", "bi")}
-    for kind, floor in floors.items():
-        own = floor.reindex(df.engine_key)
-        for col in ("max_abs", "kl_mean", "identical"):
-            df[f"{kind}_{col}"] = own[col].to_numpy()
-    base_key = df.baseline_cell_id.map(cells.set_index("cell_id").engine_key)
+    if own_floors:
+        for kind, floor in floors.items():
+            own = floor.reindex(df.engine_key)
+            for col in ("max_abs", "kl_mean", "identical"):
+                df[f"{kind}_{col}"] = own[col].to_numpy()
     for col in _NOISE:
         rr, bi = (floors[k][_COLUMN.get(col, col)].reindex(base_key).to_numpy(dtype=float) for k in ("rr", "bi"))
         df["noise_" + col] = np.fmin(rr, bi) if col in ("top1", "greedy_match", "greedy_close") else np.fmax(rr, bi)
-    _add_speed(df, cells)
-
     needed = ["status", "status_reason", "has_logprobs", "baseline_cell_id", "baseline_match", "n_positions",
               "n_gen_prompts", "token_mismatch", "identical", *(_COLUMN.get(c, c) for c in _NOISE),
               *(f"noise_{c}" for c in _NOISE)]
@@ -612,7 +623,6 @@ def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Toler
     for r in records:  # NaN -> None so "missing" reads the same for every column type
         r.update({k: None for k, v in r.items() if isinstance(v, float) and math.isnan(v)})
     df["verdict"], df["reason"] = zip(*[_verdict(r, tolerances) for r in records]) if records else ([], [])
-    return _order(df)
 
 
 def _order(df: pd.DataFrame) -> pd.DataFrame:

@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from orchestrator.console import (compare_table, err, matrix_table, out, plan_table, print_table, runs_table,
-                                  summary_table)
+from orchestrator.console import (against_table, changes_lines, compare_table, err, history_table, matrix_table, out,
+                                  plan_table, print_table, runs_table, summary_table)
 from orchestrator.matrix import MatrixError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -115,13 +115,21 @@ def status(job_id: str, address: str = typer.Option(..., help="Ray dashboard add
 @app.command("report")
 def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
                output: Optional[Path] = typer.Option(None, "-o", "--output",
-                                                     help="The HTML file (default: RUN/report.html); report.md goes beside it")) -> None:
-    """Write one self-contained HTML report (plots, sortable cells table, provenance) and a Markdown summary."""
+                                                     help="The HTML file (default: RUN/report.html); report.md goes beside it"),
+               against: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                      help="A stored run OLD: also show each config's move from OLD on "
+                                                           "the quality plot, and this run against OLD cell by cell"),
+               match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes (comma-separated) "
+                                                   "instead of their ids, for matrices that differ")) -> None:
+    """Write one self-contained HTML report (plots, sortable cells table, provenance) and a Markdown summary;
+    with --against OLD_RUN, also this run against OLD_RUN."""
     from orchestrator.report import write_report
 
+    if match and not against:
+        _fail("--match pairs cells of two runs: give --against OLD_RUN")
     try:
-        html_path, md_path = write_report(run, output)
-    except FileNotFoundError as e:
+        html_path, md_path = write_report(run, output, against=against, match=_axes(match))
+    except (FileNotFoundError, ValueError) as e:   # ValueError: a --match that does not pair cells one to one
         _fail(str(e))
     print(html_path)
     print(md_path)
@@ -235,38 +243,111 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
 
 @app.command()
 def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
+            against: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                   help="A stored run: compare every cell with the same config there"),
+            match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes (comma-separated) "
+                                                "instead of their ids, for matrices that differ"),
             baseline: Optional[str] = typer.Option(None, help="Axis values of the baseline, e.g. framework=hf,quantization=fp32 (default: the matrix's)"),
             tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
-    """Compare every cell with its baseline on logits, text and perplexity; print the verdicts."""
+    """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
+    logits, text and perplexity, and on speed; print the verdicts."""
     from orchestrator.analysis import analyse, parse_selector, parse_tolerances
 
     try:
-        df = analyse(run_dir, baseline=parse_selector(baseline) if baseline else None,
-                     tolerances=parse_tolerances(tolerances) if tolerances else None)
+        tol = parse_tolerances(tolerances) if tolerances else None
+        if against:
+            from orchestrator.cross_run import compare_runs
+
+            if baseline:
+                _fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
+            df = compare_runs(run_dir, against, _axes(match), tol)
+            print_table(against_table(df, str(run_dir), str(against)))
+            for line in changes_lines(df):
+                out.print(line, highlight=False, markup=False, soft_wrap=True)
+        else:
+            if match:
+                _fail("--match pairs cells of two runs: give --against OLD_RUN")
+            df = analyse(run_dir, baseline=parse_selector(baseline) if baseline else None, tolerances=tol)
+            print_table(compare_table(df))
     except ValueError as e:
         _fail(str(e))
-    print_table(compare_table(df))
     if output:
         df.to_parquet(output)
 
 
+def _axes(text: str | None) -> list[str] | None:
+    return [a.strip() for a in text.split(",") if a.strip()] if text else None
+
+
 @app.command()
 def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
-         policy: Path = typer.Option(..., exists=True, dir_okay=False, help="YAML rules: match + must_be")) -> None:
-    """Exit 1 when a cell the policy marks must-be-lossless (or identical, near-lossless) is not."""
-    from orchestrator.analysis import analyse
-    from orchestrator.gate import PolicyError, gate as check, load_policy
+         policy: Path = typer.Option(..., exists=True, dir_okay=False,
+                                     help="YAML rules: match + must_be and/or speed bounds"),
+         against: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                help="A stored run: gate quality and speed against it"),
+         match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes instead of their ids"),
+         junit: Optional[Path] = typer.Option(None, help="Also write the checks as JUnit XML here"),
+         format: str = typer.Option("text", "--format", help="text, or md: a Markdown summary for a pull request")) -> None:
+    """Exit 1 when a check fails: a cell the policy marks must-be-lossless (or identical, near-lossless)
+    is not, or (with --against) a speed bound is crossed beyond the noise. Exit 2 for a usage error."""
+    from orchestrator.gate import PolicyError, check_line, evaluate, load_policy
 
+    if format not in ("text", "md"):
+        _fail(f"--format: expected text or md, got {format!r}")
     try:
         rules = load_policy(policy)
-    except PolicyError as e:
+        if against:
+            from orchestrator.cross_run import compare_runs
+
+            df = compare_runs(run_dir, against, _axes(match))
+        else:
+            from orchestrator.analysis import analyse
+
+            if match:
+                _fail("--match pairs cells of two runs: give --against OLD_RUN")
+            df = analyse(run_dir)
+        checks = evaluate(df, rules, against=against is not None)
+    except (PolicyError, ValueError) as e:
         _fail(str(e))
-    ok, lines = check(analyse(run_dir), rules)
-    for line in lines:
-        out.print(line, highlight=False, markup=False)
-    out.print("gate: pass" if ok else f"gate: FAIL ({len(lines)} cell(s))")
-    raise typer.Exit(0 if ok else 1)
+    failed = [c for c in checks if not c.passed]
+    if junit:
+        from orchestrator.gate_junit import write_junit
+
+        write_junit(checks, junit)
+    if format == "md":
+        from orchestrator.gate_md import gate_markdown
+
+        title = f"lossless-bench gate: {run_dir.name}" + (f" against {against.name}" if against else "")
+        print(gate_markdown(checks, title), end="")
+    else:
+        for c in failed:
+            out.print(check_line(c), highlight=False, markup=False)
+        out.print("gate: pass" if not failed else f"gate: FAIL ({len(failed)} check(s))")
+    raise typer.Exit(0 if not failed else 1)
+
+
+@app.command()
+def history(results: Path = typer.Argument(..., exists=True, file_okay=False, help="A results root holding runs"),
+            config: Optional[str] = typer.Option(None, help="Only configurations with these axis values, e.g. "
+                                                 "framework=vllm,quantization=fp8"),
+            html: Optional[Path] = typer.Option(None, help="Also write the line plots as one offline HTML file "
+                                                "(default: RESULTS/history.html)")) -> None:
+    """Every run under a results root: per configuration, speed and quality over time, one point per run,
+    with the provenance change at each step."""
+    from orchestrator.analysis import parse_selector
+    from orchestrator.history import history as read_history
+    from orchestrator.history_html import write_history_html
+
+    try:
+        df = read_history(results, parse_selector(config, "--config") if config else None)
+    except ValueError as e:
+        _fail(str(e))
+    if df.empty:
+        _fail(f"no runs (or no cells matching --config) under {results}")
+    print_table(history_table(df, f"history of {results}: {df.run.nunique()} runs"))
+    path = write_history_html(df, html or results / "history.html", f"lossless-bench history: {results.name}")
+    err.print(f"wrote {path}")
 
 
 @model_app.command("tiny")

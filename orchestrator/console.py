@@ -142,6 +142,61 @@ def compare_table(df: pd.DataFrame) -> Table:
     return t
 
 
+def against_table(df: pd.DataFrame, new: str, old: str) -> Table:
+    """`bench compare NEW --against OLD`: per pair, the verdict of NEW against OLD and the speed ratios
+    NEW/OLD with their 95% intervals and calls (what changed is listed below it: `changes_lines`)."""
+    from orchestrator.analysis import _finite   # lazy: duckdb and pandas stay out of bench's startup
+
+    def ratio(r, name: str) -> str:
+        v, lo, hi, call = (r.get(f"{name}_{x}") for x in ("ratio", "lo", "hi", "call"))
+        if not _finite(v):
+            return ""
+        ci = f" [{lo:.2f}, {hi:.2f}]" if _finite(lo) and _finite(hi) else " [no interval]"
+        return f"x{v:.2f}{ci} {call if isinstance(call, str) else ''}".rstrip()
+
+    t = Table(title=f"{new} against {old}", show_lines=False)
+    for col in ("configuration", "load", "verdict", "out tok/s", "TTFT p99", "TPOT p50", "peak mem", "reason"):
+        t.add_column(col, justify="right" if col in ("out tok/s", "TTFT p99", "TPOT p50", "peak mem") else "left",
+                     overflow="fold")
+    for r in df.to_dict("records"):
+        mem = f"x{r['mem_ratio']:.3f}" if _finite(r.get("mem_ratio")) else ""
+        t.add_row(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}",
+                  load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")),
+                  f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", ratio(r, "tok_s"), ratio(r, "ttft_p99"),
+                  ratio(r, "tpot_p50"), mem, str(r["reason"]))
+    return t
+
+
+def changes_lines(df: pd.DataFrame) -> list[str]:
+    """What changed between the paired cells, grouped: one line per distinct change, with its cells."""
+    groups: dict[str, list[str]] = {}
+    for r in df[df.changed.notna()].to_dict("records"):
+        cell = f"{r['framework']}/{r['quantization']}/{r['flags']} " + load_label(r["mode"], r["batch_size"],
+                                                                                 r["request_rate"], r.get("load"))
+        for change in str(r["changed"]).split("; "):
+            groups.setdefault(change, []).append(cell)
+    return ["what changed:"] + [f"  {change}  ({len(cells)} cell(s): {', '.join(cells[:4])}"
+                                f"{', ...' if len(cells) > 4 else ''})" for change, cells in groups.items()]
+
+
+def history_table(df: pd.DataFrame, title: str) -> Table:
+    """`bench history`: per configuration, one line per run in order, with what changed since the last."""
+    from orchestrator.analysis import _finite
+
+    t = Table(title=title, show_lines=False)
+    for col in ("configuration", "run", "started", "verdict", "out tok/s", "TTFT p50 ms", "KL mean", "changed"):
+        t.add_column(col, justify="right" if col in ("out tok/s", "TTFT p50 ms", "KL mean") else "left",
+                     overflow="fold")
+    for _, g in df.groupby("cell_id", sort=False):
+        for i, r in enumerate(g.to_dict("records")):
+            name = (f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']} "
+                    + load_label(r["mode"], r["batch_size"], r["request_rate"])) if i == 0 else ""
+            t.add_row(name, str(r["run"]), str(r["started"] or "")[:19], f"[{_STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
+                      _fmt(r["output_tok_s"]), _fmt(r["ttft_ms_p50"], ".2f"),
+                      format(r["kl_mean"], ".2g") if _finite(r["kl_mean"]) else "", str(r["changed"] or ""))
+    return t
+
+
 def plan_table(df: pd.DataFrame, qps: float, input_len: int, output_len: int, host: dict | None = None,
                gpu_hour_cost: float | None = None) -> Table:
     """`bench plan`: one row per engine config of orchestrator.plan.plan's frame."""

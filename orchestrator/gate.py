@@ -1,31 +1,45 @@
-"""`bench gate`: a policy file of rules (axis values -> the verdict they must reach) checked against
-the verdicts of orchestrator/analysis.py.
+"""`bench gate`: a policy file of rules (axis values -> what their cells must reach) checked against
+the verdicts of orchestrator/analysis.py (one run: each cell against its baseline) or of
+orchestrator/cross_run.py (`--against OLD`: each cell against the same config in a stored run).
 
-    bench gate RUN --policy policy.yaml        # exit status 1 when ok is False; print `lines`
-        ok, lines = gate(analyse(RUN), load_policy("policy.yaml"))   # PolicyError: print, exit 2
+    bench gate RUN --policy policy.yaml [--against OLD_RUN] [--junit FILE] [--format md]
+        checks = evaluate(analyse(RUN) or compare_runs(RUN, OLD), load_policy(path), against=...)
+        exit 1 when any check failed, 2 for a usage error (PolicyError)
 
     policy.yaml:
         rules:
           - match: {framework: vllm, quantization: [fp16, bf16]}   # list: each value must be present
             must_be: lossless                                     # identical | lossless | near-lossless
-    A matched cell fails when its verdict is worse (or n/a: not ok, no logprobs); so does a listed
-    value no cell has.
+            max_slowdown: 0.05            # --against: output tokens/s may not drop by more than 5%
+            max_ttft_p99_increase: 0.10   # --against: TTFT p99 may not rise by more than 10%
+            max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
+    A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
+    OLD); so does a listed value no cell has. A speed bound fails only when the 95% interval of the
+    NEW/OLD ratio lies wholly beyond it, so noise alone never fails a build; a ratio with no interval
+    (fewer than 2 repeats on a side) cannot show that, and fails as "cannot judge". Peak memory is one
+    number per cell: its bound is checked on the ratio itself.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.analysis import _CONFIG_AXES, _INT_AXES, VERDICTS, _axis_value
+from orchestrator.analysis import _CONFIG_AXES, _INT_AXES, VERDICTS, _axis_value, _finite
 from orchestrator.cells import load_label
 from orchestrator.matrix import AXES, MatrixError, _pydantic_problems
+
+
+# bound -> (the cross-run column it reads, what it says)
+SPEED_BOUNDS = {"max_slowdown": ("tok_s", "output tokens/s"), "max_ttft_p99_increase": ("ttft_p99", "TTFT p99"),
+                "max_memory_increase": ("mem", "peak memory")}
 
 
 class PolicyError(MatrixError):
@@ -38,7 +52,20 @@ class PolicyError(MatrixError):
 class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     match: dict[str, Any] = Field(default_factory=dict, description="Axis values (a list: any of them, each required)")
-    must_be: Literal["identical", "lossless", "near-lossless"]
+    must_be: Literal["identical", "lossless", "near-lossless"] | None = None
+    max_slowdown: float | None = Field(None, ge=0, lt=1, description="--against: most output tokens/s may drop")
+    max_ttft_p99_increase: float | None = Field(None, ge=0, description="--against: most TTFT p99 may rise")
+    max_memory_increase: float | None = Field(None, ge=0, description="--against: most peak memory may rise")
+
+    @model_validator(mode="after")
+    def _something(self) -> "Rule":
+        if self.must_be is None and not self.speed_bounds():
+            raise ValueError("a rule needs must_be or a bound (max_slowdown, max_ttft_p99_increase, "
+                             "max_memory_increase)")
+        return self
+
+    def speed_bounds(self) -> dict[str, float]:
+        return {k: v for k in SPEED_BOUNDS if (v := getattr(self, k)) is not None}
 
     @field_validator("match")
     @classmethod
@@ -79,24 +106,83 @@ def load_policy(path: str | Path) -> Policy:
         raise PolicyError(_pydantic_problems(err), str(path)) from None
 
 
-def gate(df: pd.DataFrame, policy: Policy) -> tuple[bool, list[str]]:
-    """(True, []) when every cell a rule matches meets it; else one line per failure."""
-    lines: list[str] = []
+@dataclass
+class Check:
+    """One rule against one cell (or a rule's value that no cell has): a JUnit test case."""
+
+    rule: int
+    name: str          # e.g. "must_be lossless", "max_slowdown 0.05"
+    cell: str          # the cell's label, or "(no cell)"
+    cell_id: str | None
+    passed: bool
+    message: str
+
+
+def _where(r: dict) -> str:
+    return "/".join(str(r[a]) for a in _CONFIG_AXES if r[a] != "offline") + " " + (
+        load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load"))
+        if r["mode"] == "serve" else f"batch={r['batch_size']}")
+
+
+def _speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
+    col, what = SPEED_BOUNDS[bound]
+    if col == "mem":
+        ratio = r.get("mem_ratio")
+        if not _finite(ratio):
+            return False, f"cannot judge {what}: no ratio (not measured on a side, or not ok)"
+        ok = ratio <= 1 + limit
+        return ok, f"{what} x{ratio:.3f} (one peak per cell, no interval) {'<=' if ok else '>'} x{1 + limit:.3f}"
+    ratio, lo, hi = r.get(f"{col}_ratio"), r.get(f"{col}_lo"), r.get(f"{col}_hi")
+    if not (_finite(lo) and _finite(hi)):
+        return False, f"cannot judge {what}: no interval (needs 2+ repeats on both sides)"
+    shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {r.get(f'{col}_n')})"
+    if bound == "max_slowdown":   # worse is lower: fail only if even the interval's top is below the bound
+        ok = hi >= 1 - limit
+        return ok, f"{shown}: " + ("within noise of" if ok and lo < 1 - limit else "") + (
+            f"above x{1 - limit:.3f}" if ok else f"wholly below x{1 - limit:.3f}")
+    ok = lo <= 1 + limit
+    return ok, f"{shown}: " + ("within noise of" if ok and hi > 1 + limit else "") + (
+        f"below x{1 + limit:.3f}" if ok else f"wholly above x{1 + limit:.3f}")
+
+
+def evaluate(df: pd.DataFrame, policy: Policy, against: bool) -> list[Check]:
+    """Every (rule, cell) check. Speed bounds need `against` (a cross-run frame)."""
+    checks: list[Check] = []
     rank = {v: i for i, v in enumerate(VERDICTS)}
     for i, rule in enumerate(policy.rules):
+        if rule.speed_bounds() and not against:
+            raise PolicyError([f"rules[{i}]: {', '.join(rule.speed_bounds())} compare with a stored run: "
+                               "give --against OLD_RUN"])
         wants = {a: [_axis_value(a, x) for x in (v if isinstance(v, list) else [v])] for a, v in rule.match.items()}
         have = list(zip(*[[_axis_value(a, x) for x in df[a]] for a in wants])) if wants else [()] * len(df)
         hit = np.array([all(h in w for h, w in zip(row, wants.values())) for row in have], dtype=bool)
-        label = f"rule {i} (must_be {rule.must_be})"
+        names = ([f"must_be {rule.must_be}"] if rule.must_be else []) + [f"{k} {v:g}" for k, v in
+                                                                        rule.speed_bounds().items()]
         present = {row for row, h in zip(have, hit) if h}
         for combo in itertools.product(*wants.values()):  # every value a rule lists must have been run
             if combo not in present:
                 named = ", ".join(f"{a}={c}" for a, c in zip(wants, combo)) or "any axis values"
-                lines.append(f"{label}: no cell for {named}")
+                checks.append(Check(i, " + ".join(names), "(no cell)", None, False, f"no cell for {named}"))
         for r in df[hit].to_dict("records"):
-            if r["verdict"] == "n/a" or rank[r["verdict"]] > rank[rule.must_be]:
-                where = "/".join(str(r[a]) for a in _CONFIG_AXES if r[a] != "offline") + " " + (
-                    load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load"))
-                    if r["mode"] == "serve" else f"batch={r['batch_size']}")
-                lines.append(f"{label}: {r['cell_id']} {where}: {r['verdict']}: {r['reason']}")
-    return not lines, lines
+            cell = _where(r)
+            if rule.must_be:
+                ok = r["verdict"] != "n/a" and rank[r["verdict"]] <= rank[rule.must_be]
+                checks.append(Check(i, f"must_be {rule.must_be}", cell, r["cell_id"], ok,
+                                    f"{r['verdict']}: {r['reason']}"))
+            for bound, limit in rule.speed_bounds().items():
+                if r.get("only_in"):
+                    ok, msg = False, r["reason"]
+                else:
+                    ok, msg = _speed_check(r, bound, limit)
+                checks.append(Check(i, f"{bound} {limit:g}", cell, r["cell_id"], ok, msg))
+    return checks
+
+
+def check_line(c: Check) -> str:
+    return f"rule {c.rule} ({c.name}): " + (f"{c.cell_id} {c.cell}: " if c.cell_id else "") + c.message
+
+
+def gate(df: pd.DataFrame, policy: Policy, against: bool = False) -> tuple[bool, list[str]]:
+    """(True, []) when every check passes; else one line per failed check."""
+    failed = [c for c in evaluate(df, policy, against) if not c.passed]
+    return not failed, [check_line(c) for c in failed]

@@ -320,7 +320,7 @@ def _load_facts(loaded: Loaded | None) -> dict:
     f = loaded.facts
     return {"load_s": loaded.load_s, "load_peak_mem_bytes": loaded.load_peak_mem_bytes,
             "mem_source": loaded.mem_source, "versions": json.dumps(f.versions, sort_keys=True),
-            "engine_args": json.dumps(f.engine_args, sort_keys=True, default=str),
+            "engine_args": scrub_paths(json.dumps(f.engine_args, sort_keys=True, default=str)),
             "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode, "notes": json.dumps(f.notes),
             "model_fingerprint": loaded.model_fingerprint, "host": json.dumps(loaded.host, sort_keys=True),
             "missing": json.dumps(loaded.missing, sort_keys=True)}

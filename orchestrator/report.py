@@ -1,9 +1,10 @@
-"""`bench report RUN`: report.html (orchestrator/report_html.py) and report.md beside it
+"""`bench report RUN [--against OLD_RUN]`: report.html (orchestrator/report_html.py) and report.md beside it
 (orchestrator/report_md.py), both from one load of the run (orchestrator/report_data.py).
 
 Numbers come from `orchestrator.analysis.analyse` (verdicts, KL, noise floors, speedups) and the
 stored cells table (versions). When the analysis cannot run, the report still renders the speed
-numbers and says why the quality columns are empty.
+numbers and says why the quality columns are empty. With --against, OLD is analysed too and paired
+with this run (orchestrator/report_data.py: load_against); without it the report is what it was.
 """
 
 from __future__ import annotations
@@ -15,21 +16,37 @@ from orchestrator.report_html import render_html
 from orchestrator.report_md import render_markdown
 
 
-def write_report(run_dir: str | Path, output: str | Path | None = None) -> tuple[Path, Path]:
-    """Write report.html (default: RUN/report.html) and report.md beside it; returns both paths."""
-    root = Path(run_dir)
+def _check_run(root: Path) -> None:
     if not root.is_dir():
         raise FileNotFoundError(f"no run directory at {root}")
     if not (root / "cells").exists() and not (root / "manifest.json").exists():
         raise FileNotFoundError(f"{root} is not a run directory (no cells/ and no manifest.json)")
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None, against: str | Path | None = None,
+                 match: list[str] | None = None) -> tuple[Path, Path]:
+    """Write report.html (default: RUN/report.html) and report.md beside it; returns both paths.
+
+    against: a stored run OLD; the report then also shows each configuration's move from OLD to this
+    run on the quality-vs-speed plot and, per pair of cells, this run against OLD
+    (orchestrator/cross_run.py), pairing cells by id or, with `match`, by those axes."""
+    root = Path(run_dir)
+    _check_run(root)
+    if against is not None:
+        _check_run(Path(against))
     html_path = Path(output) if output else root / "report.html"
     md_path = html_path.with_suffix(".md")
     df, manifest, err = load(root)
     name = str(manifest.get("run_id") or root.name)
+    vs = None
+    if against is not None:
+        from orchestrator.report_data import load_against
+
+        vs = load_against(df, root, Path(against), match)
     from orchestrator.store import atomic_write_text
 
-    atomic_write_text(html_path, render_html(df, manifest, name, err))
-    atomic_write_text(md_path, render_markdown(df, manifest, name, err))
+    atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs))
+    atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs))
     for p in (html_path, md_path):  # a temporary file is private; a report is for sharing
         p.chmod(0o644)
     return html_path, md_path

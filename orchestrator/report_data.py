@@ -1,10 +1,13 @@
 """What both report formats share: one run loaded for reporting (stored cells joined with the
 analysis), the caps on what one page holds, the cells a table shows, the Pareto frontier, and the
-number formatting and counts both print."""
+number formatting and counts both print. With `--against OLD`: the pairs of NEW and OLD
+(orchestrator/cross_run.py) and each configuration's move between the two runs' quality-vs-speed
+points (`load_against`)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,7 @@ MAX_POINTS = 2000       # quality-vs-speed: above this, a density of all cells p
 MAX_SERIES = 24         # throughput/latency lines: the engine configs with the highest throughput
 MAX_TABLE_CELLS = 2000  # cells table (and report.md): the Pareto frontier, then the fastest cells
 MAX_LISTED = 50         # cells not ok, cells not placed: listed one by one up to this, else grouped
+MAX_ARROWS = 500        # --against: moves drawn on the quality plot (the longest ones above this)
 
 
 # ------------------------------------------------------------------ data
@@ -72,6 +76,87 @@ def load(run_dir: str | Path) -> tuple[pd.DataFrame, dict, str | None]:
     df["label"] = [f"{c} {lo}" + (f" in{i}/out{o}" if multi_len else "")
                    for c, lo, i, o in zip(df.config, df.load_label, df.input_len, df.output_len)]
     return df, manifest, analysis_error
+
+
+@dataclass
+class Against:
+    """NEW against OLD for the report (`bench report NEW --against OLD`)."""
+    name: str                   # OLD's run name
+    pairs: pd.DataFrame         # compare_runs(NEW, OLD): one row per cell of either run, plus config,
+                                # load_label, label and each side's in-run speedup (old_/new_speedup)
+    moves: pd.DataFrame         # the pairs placed in both runs: label, new_/old_ cell, speedup, kl_mean, verdict
+    not_drawn: list[tuple[str, str]] = field(default_factory=list)   # (label, why) of pairs with no arrow
+    error: str | None = None    # why compare_runs could not run (pairs is then empty)
+    old_error: str | None = None  # why analyse(OLD) could not run (no moves then)
+
+
+def _labels(df: pd.DataFrame) -> None:
+    """config, load_label and label columns, as `load` makes them, on a frame with the axes."""
+    mode = df["mode"].fillna("offline") if "mode" in df else pd.Series("offline", index=df.index)
+    df["config"] = (df["framework"].astype(str) + "/" + df["model"].astype(str) + "/" + df["quantization"].astype(str)
+                    + "/" + df["flags"].astype(str) + np.where(mode == "serve", "/serve", "")) if len(df) else ""
+    arrival = df["load"] if "load" in df else pd.Series(None, index=df.index)
+    df["load_label"] = [load_label(m, int(b), r if _finite(r) else None, a if isinstance(a, str) else None)
+                        for m, b, r, a in zip(mode, df.batch_size, df.request_rate, arrival)]
+    multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
+    df["label"] = [f"{c} {lo}" + (f" in{i}/out{o}" if multi_len else "")
+                   for c, lo, i, o in zip(df.config, df.load_label, df.input_len, df.output_len)]
+
+
+def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Path,
+                 match: list[str] | None = None) -> Against:
+    """NEW (already loaded: `new_df`) against OLD: compare_runs' pairs, and for every pair placed on
+    the quality plot in both runs (a speedup and a KL against its own run's baseline, from
+    analyse(OLD) and analyse(NEW)) the move from its OLD point to its NEW one. A --match that does
+    not pair cells one to one raises cross_run.MatchError; any other failure is said in the report."""
+    from orchestrator.cross_run import MatchError, compare_runs
+
+    old_df, old_manifest, old_error = load(old_root)
+    name = str(old_manifest.get("run_id") or Path(old_root).name)
+    error = None
+    try:
+        pairs = compare_runs(new_root, old_root, match)
+    except MatchError:
+        raise
+    except Exception as e:  # the rest of the report still stands
+        error = f"{type(e).__name__}: {first_line(str(e), 400)}"
+        pairs = pd.DataFrame(columns=["cell_id", "only_in", "baseline_cell_id", "verdict", "reason", "load"])
+    if len(pairs):
+        _labels(pairs)
+        pairs["only_in"] = pairs.only_in.where(pairs.only_in.notna(), None)
+        links = pairs.loc[pairs.only_in.isna(), ["cell_id", "baseline_cell_id"]]
+        new_ids, old_ids = links.cell_id.tolist(), links.baseline_cell_id.tolist()
+    elif match:  # no pairs to go by: with --match the cell ids do not pair either
+        new_ids, old_ids = [], []
+    else:  # compare_runs failed: the arrows still pair by cell id
+        new_ids = old_ids = sorted(set(new_df.cell_id) & set(old_df.cell_id))
+    new_at, old_at = new_df.set_index("cell_id"), old_df.set_index("cell_id")
+    if len(pairs):
+        is_new = pairs.only_in.isna() | (pairs.only_in == "new")
+        pairs["new_speedup"] = pairs.cell_id.map(new_at.speedup).where(is_new)
+        pairs["old_speedup"] = pairs.baseline_cell_id.map(old_at.speedup).where(pairs.only_in != "new")
+
+    # column-wise: a large run has 100k pairs
+    cols = ["label", "speedup", "speedup_lo", "speedup_hi", "kl_mean", "verdict", "reason"]
+    j = pd.concat([pd.DataFrame({"new_cell": new_ids, "old_cell": old_ids}),
+                   new_at.reindex(new_ids)[cols].reset_index(drop=True).add_prefix("new_"),
+                   old_at.reindex(old_ids)[cols].reset_index(drop=True).add_prefix("old_")], axis=1)
+    for side in ("new", "old"):
+        for c in ("speedup", "speedup_lo", "speedup_hi", "kl_mean"):
+            j[f"{side}_{c}"] = pd.to_numeric(j[f"{side}_{c}"], errors="coerce").astype(float)
+    in_new, in_old = ((np.isfinite(j[f"{s}_speedup"]) & (j[f"{s}_speedup"] > 0) & np.isfinite(j[f"{s}_kl_mean"]))
+                      for s in ("new", "old"))
+    moves = j[in_new & in_old].rename(columns={"new_label": "label", "new_kl_mean": "new_kl", "old_kl_mean": "old_kl"})
+    moves = moves[["label", "new_cell", "old_cell", "new_speedup", "new_kl", "new_verdict", "old_speedup",
+                   "old_speedup_lo", "old_speedup_hi", "old_kl", "old_verdict"]].reset_index(drop=True)
+    not_drawn = [(label, f"no speedup or KL in {name}" + (f" ({first_line(why, 120)})" if isinstance(why, str) else ""))
+                 for label, why in zip(j.new_label[in_new & ~in_old], j.old_reason[in_new & ~in_old])]
+    not_drawn += [(label, "no speedup or KL in this run") for label in j.new_label[in_old & ~in_new]]
+    if len(pairs):
+        lone = pairs[pairs.only_in.notna()]
+        not_drawn += [(label, "only in this run" if side == "new" else f"only in {name}")
+                      for label, side in zip(lone.label, lone.only_in)]
+    return Against(name, pairs, moves, not_drawn, error, old_error)
 
 
 def pareto_front(speedup: np.ndarray, kl: np.ndarray) -> np.ndarray:
@@ -139,6 +224,62 @@ def _why(r: dict) -> str:
     if r["status"] != "ok":
         return first_line(r.get("status_reason")) or str(r["status"])
     return str(r["reason"]) if isinstance(r["reason"], str) else ""
+
+
+def _ratio(r: dict, name: str) -> str:
+    """A NEW/OLD ratio of compare_runs with its 95% interval: '1.15x [0.81, 1.65]'."""
+    v, lo, hi = r.get(f"{name}_ratio"), r.get(f"{name}_lo"), r.get(f"{name}_hi")
+    if not _finite(v):
+        return ""
+    return f"{v:.3g}x" + (f" [{lo:.3g}, {hi:.3g}]" if _finite(lo) and _finite(hi) else " [no interval]")
+
+
+def _text(v: Any) -> str:
+    """A text column's value, or "" where it is missing (None or NaN)."""
+    return v if isinstance(v, str) else ""
+
+
+def _call(r: dict, name: str) -> str:
+    c = r.get(f"{name}_call")
+    return c if isinstance(c, str) else ""
+
+
+def _moved(r: dict) -> str:
+    """A pair's in-run speedup, OLD -> NEW: '0.90x → 1.20x'."""
+    a, b = r.get("old_speedup"), r.get("new_speedup")
+    if not (_finite(a) or _finite(b)):
+        return ""
+    return " → ".join(f"{v:.2f}x" if _finite(v) else "-" for v in (a, b))
+
+
+def against_rows(pairs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The pairs the against tables show, and what was left out: at most MAX_TABLE_CELLS, the worst
+    first (verdict, then a slowdown in tok/s, TTFT p99 or TPOT p50, then cells in one run only)."""
+    if len(pairs) <= MAX_TABLE_CELLS:
+        return pairs, ""
+    rank = {"lossy": 0, "n/a": 1, "near-lossless": 2, "lossless": 3, "identical": 4}
+    slower = sum((pairs[f"{n}_call"] == "slower").astype(int) for n in ("tok_s", "ttft_p99", "tpot_p50"))
+    order = pd.DataFrame({"v": pairs.verdict.map(rank).fillna(1), "s": -slower, "o": pairs.only_in.isna()}) \
+        .sort_values(["v", "s", "o"], kind="stable").index
+    shown = pairs.loc[sorted(order[:MAX_TABLE_CELLS])]
+    return shown, (f"{len(pairs):,} pairs are more than one page can hold: the table shows {len(shown):,}, the "
+                   "worst verdicts and the slowdowns first; every pair is in "
+                   "`bench compare NEW --against OLD -o pairs.parquet`.")
+
+
+def _against_counts(pairs: pd.DataFrame, name: str) -> str:
+    """'3 pairs: 2 identical, 1 lossless; tok/s 1 faster, 2 no difference; 1 only in this run'."""
+    both = pairs[pairs.only_in.isna()]
+    verdicts = ", ".join(f"{n} {v}" for v, n in _verdict_counts(both).items() if n) if len(both) else ""
+    calls = both.tok_s_call.dropna().value_counts() if "tok_s_call" in both else pd.Series(dtype=int)
+    text = f"{len(both):,} pair(s)" + (f": {verdicts}" if verdicts else "")
+    if len(calls):
+        text += "; tok/s " + ", ".join(f"{int(n)} {c}" for c, n in calls.items())
+    for side, who in (("new", "this run"), ("old", name)):
+        n = int((pairs.only_in == side).sum())
+        if n:
+            text += f"; {n} only in {who}"
+    return text
 
 
 def _status_counts(df: pd.DataFrame) -> dict[str, int]:

@@ -6,6 +6,10 @@
                KL(baseline || cell), log axes, one point per cell coloured by verdict, the
                lossless/near tolerances and the baseline's noise floor as lines, and the Pareto
                frontier (cells that no other cell beats on both: higher speedup and lower KL)
+  against OLD  (`--against OLD_RUN` only) on the quality plot, an arrow per configuration from its
+               point in OLD (against OLD's own baseline) to its point here, and under it one row per
+               pair of cells (orchestrator/cross_run.py): verdict against OLD, NEW/OLD ratios of
+               tok/s, TTFT p99, TPOT p50 with 95% CIs and calls, memory, what changed
   throughput and latency against batch size, one line per engine config: output tokens/s,
                TTFT and TPOT p50 with error bars up to p99
   cells        every cell in one table, sortable by clicking a header (a few lines of inline
@@ -31,8 +35,9 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import report_data
-from orchestrator.report_data import (VERDICT_ORDER, _finite, _num, _sci, _speed, _status_counts, _ttft,
-                                      _verdict_counts, _why, first_line, pareto_front, table_cells)
+from orchestrator.report_data import (VERDICT_ORDER, _against_counts, _call, _finite, _moved, _num, _ratio, _sci,
+                                      _speed, _status_counts, _text, _ttft, _verdict_counts, _why, against_rows,
+                                      first_line, pareto_front, table_cells)
 
 VERDICT_COLOR = {"identical": "#1a7f37", "lossless": "#4caf50", "near-lossless": "#e6a700", "lossy": "#d73027",
                  "n/a": "#8c8c8c"}
@@ -59,8 +64,9 @@ def _fig_html(fig, div_id: str) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def quality_figure(df: pd.DataFrame, tolerances: dict) -> tuple[Any, list[str]]:
-    """(figure or None, labels of the cells it cannot place)."""
+def quality_figure(df: pd.DataFrame, tolerances: dict, against: Any = None) -> tuple[Any, list[str]]:
+    """(figure or None, labels of the cells it cannot place). against: a report_data.Against, whose
+    moves (each configuration's point in OLD to its point here) are drawn as arrows."""
     import plotly.graph_objects as go
 
     has = df.speedup.map(_finite) & df.kl_mean.map(_finite)
@@ -68,7 +74,10 @@ def quality_figure(df: pd.DataFrame, tolerances: dict) -> tuple[Any, list[str]]:
     d = df[has].copy()
     if d.empty:
         return None, left_out
+    moves = against.moves if against is not None and len(against.moves) else None
     positive = d.kl_mean[d.kl_mean > 0]
+    if moves is not None:  # OLD's points share the axes
+        positive = pd.concat([positive, moves.old_kl[moves.old_kl > 0]])
     floor = 10 ** math.floor(math.log10(positive.min())) / 10 if len(positive) else 1e-12
     d["kl_plot"] = d.kl_mean.where(d.kl_mean > 0, floor)
     d["front"] = pareto_front(d.speedup.to_numpy(), d.kl_mean.to_numpy())
@@ -109,6 +118,8 @@ def quality_figure(df: pd.DataFrame, tolerances: dict) -> tuple[Any, list[str]]:
     # the axis spans the CIs too, so no error bar runs off the plot (a bar drawn to the edge reads as a line)
     x_lo = float(np.nanmin(np.fmin(d.speedup.to_numpy(float), d.speedup_lo.to_numpy(float))))
     x_hi = float(np.nanmax(np.fmax(d.speedup.to_numpy(float), d.speedup_hi.to_numpy(float))))
+    if moves is not None:
+        x_lo, x_hi = min(x_lo, float(moves.old_speedup.min())), max(x_hi, float(moves.old_speedup.max()))
     x_lo = x_lo if x_lo > 0 else float(d.speedup[d.speedup > 0].min())
     xs = [min(x_lo, 1.0) / 1.5, max(x_hi, 1.0) * 1.5]
     lines = [(tolerances.get("kl_lossless"), "kl_lossless", "#4caf50"), (tolerances.get("kl_near"), "kl_near", "#e6a700")]
@@ -119,8 +130,10 @@ def quality_figure(df: pd.DataFrame, tolerances: dict) -> tuple[Any, list[str]]:
         if _finite(y) and y > 0:
             fig.add_trace(go.Scatter(x=xs, y=[y, y], mode="lines", name=f"{name} {y:.0e}", hoverinfo="name",
                                      line=dict(color=color, dash="dot", width=1)))
-    fig.add_trace(go.Scatter(x=[1, 1], y=[floor, max(float(d.kl_plot.max()), 1e-1) * 3], mode="lines",
+    kl_top = float(d.kl_plot.max()) if moves is None else max(float(d.kl_plot.max()), float(moves.old_kl.max()))
+    fig.add_trace(go.Scatter(x=[1, 1], y=[floor, max(kl_top, 1e-1) * 3], mode="lines",
                              name="baseline speed (1x)", hoverinfo="name", line=dict(color="#999", width=1)))
+    fig._moves_note = _moves(fig, moves, floor, against.name) if moves is not None else ""
     fig.update_layout(
         height=560, margin=dict(l=70, r=20, t=30, b=60), hovermode="closest", template="plotly_white",
         legend=dict(orientation="h", y=-0.15),
@@ -128,6 +141,52 @@ def quality_figure(df: pd.DataFrame, tolerances: dict) -> tuple[Any, list[str]]:
                    type="log", range=[math.log10(xs[0]), math.log10(xs[1])]),
         yaxis=dict(title="KL(baseline || cell), mean per token — down is closer", type="log", exponentformat="e"))
     return fig, left_out
+
+
+def _moves(fig, moves: pd.DataFrame, floor: float, old_name: str) -> str:
+    """Each configuration's move from OLD to this run: a hollow marker at its OLD point (hover for
+    both) and an arrow from there to its point here; at most report_data.MAX_ARROWS, the longest.
+    Returns what the page says about them."""
+    import plotly.graph_objects as go
+
+    m = moves.copy()
+    m["ox"], m["nx"] = np.log10(m.old_speedup.to_numpy(float)), np.log10(m.new_speedup.to_numpy(float))
+    m["oy"] = np.log10(m.old_kl.where(m.old_kl > 0, floor).to_numpy(float))
+    m["ny"] = np.log10(m.new_kl.where(m.new_kl > 0, floor).to_numpy(float))
+    m["length"] = np.hypot(m.nx - m.ox, m.ny - m.oy)
+    still = int((m.length < 1e-9).sum())   # the same point in both runs (a baseline cell: 1x, KL 0)
+    m = m[m.length >= 1e-9]
+    capped = len(m) > report_data.MAX_ARROWS
+    if capped:
+        m = m.nlargest(report_data.MAX_ARROWS, "length", keep="first").sort_index()
+    if len(m):
+        def kl(v) -> str:
+            return "0" if v == 0 else f"{v:.3g}"
+
+        hover = [f"<b>{html.escape(r.label)}</b><br>in {html.escape(old_name)}: speedup "
+                 f"{_speed({'speedup': r.old_speedup, 'speedup_lo': r.old_speedup_lo, 'speedup_hi': r.old_speedup_hi})}"
+                 f", KL {kl(r.old_kl)}, {r.old_verdict}<br>here: speedup {r.new_speedup:.2f}x, KL {kl(r.new_kl)}, "
+                 f"{r.new_verdict}<br>cell {r.new_cell}" for r in m.itertuples()]
+        fig.add_trace(go.Scatter(
+            x=m.old_speedup, y=10 ** m.oy, mode="markers", name=f"in {old_name} (arrow: to this run)",
+            marker=dict(size=9, color="rgba(0,0,0,0)", line=dict(width=1.5, color=[VERDICT_COLOR.get(v, "#555")
+                                                                                  for v in m.old_verdict])),
+            hovertext=hover, hoverinfo="text"))
+        # on log axes an annotation's x/y (and ax/ay in axis units) are log10 values; rounded, as
+        # plotly.js has misplaced annotations given every digit of a float (plotly.js#7569)
+        fig.update_layout(annotations=[dict(x=round(r.nx, 6), y=round(r.ny, 6), ax=round(r.ox, 6),
+                                            ay=round(r.oy, 6), xref="x", yref="y", axref="x",
+                                            ayref="y", text="", showarrow=True, arrowhead=2, arrowsize=1.2,
+                                            arrowwidth=1.4, arrowcolor="#555", standoff=6, startstandoff=4)
+                                       for r in m.itertuples()])
+    note = (f"Arrows: {len(m):,} configuration(s) from their point in {old_name} (hollow markers: speedup and KL "
+            f"against {old_name}'s own baseline) to their point in this run" if len(m) else
+            f"No configuration moved between {old_name} and this run")
+    if capped:
+        note += f", the {report_data.MAX_ARROWS:,} longest of {len(moves) - still:,} moves"
+    if still:
+        note += f"; {still:,} at the same point in both runs (no arrow)"
+    return note + "."
 
 
 def _density(fig, d: pd.DataFrame) -> None:
@@ -377,6 +436,84 @@ def _configs_table(df: pd.DataFrame) -> str:
             f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
+def _against_section(ag: Any, fig: Any) -> str:
+    """Under the quality plot: what its arrows show and the pairs it does not draw; then one row per
+    pair of cells of this run and OLD (compare_runs), and the cells in one run only."""
+    parts = []
+    if fig is not None and getattr(fig, "_moves_note", ""):
+        parts.append(f"<p class='muted'>{_esc(fig._moves_note)}</p>")
+    elif ag.old_error:
+        parts.append(f"<p class='muted'>No arrows from {_esc(ag.name)}: its analysis could not run "
+                     f"({_esc(ag.old_error)}).</p>")
+    if ag.not_drawn:
+        shown = ag.not_drawn[:report_data.MAX_LISTED]
+        more = len(ag.not_drawn) - len(shown)
+        parts.append(f"<p class='muted'>No arrow from {_esc(ag.name)}: "
+                     + _esc("; ".join(f"{label} ({why})" for label, why in shown))
+                     + (f"; and {more:,} more" if more > 0 else "") + "</p>")
+    parts.append(f'<h2 id="against">Against {_esc(ag.name)}</h2>')
+    if ag.error:
+        parts.append(f'<div class="banner">This run could not be compared with {_esc(ag.name)}: '
+                     f'{_esc(ag.error)}</div>')
+    if not len(ag.pairs):
+        return "\n".join(parts + ["<p class='muted'>No cells to pair.</p>"])
+    parts.append(f"<p>{_esc(_against_counts(ag.pairs, ag.name))}.</p>")
+    parts.append(f"<p class='muted'>Each cell of this run against the cell of the same configuration in "
+                 f"{_esc(ag.name)}: the verdict judges this run's logprobs against {_esc(ag.name)}'s with "
+                 f"{_esc(ag.name)}'s noise floor; ratios are this run ÷ {_esc(ag.name)} with the 95% interval "
+                 "(Welch t on the log ratio of the two runs' repeats), and the call says faster or slower only "
+                 "where the interval excludes 1. Speedup: against each run's own baseline (the plot's arrow). "
+                 "What changed: the provenance of the two cells.</p>")
+    shown, note = against_rows(ag.pairs)
+    if note:
+        parts.append(f"<p class='muted'><b>{_esc(note)}</b></p>")
+    multi_len = ag.pairs[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
+    call_color = {"faster": "#1a7f37", "slower": "#d73027"}
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+
+    def ratio(name: str, header: str) -> list[tuple[str, str, Callable, Callable, str]]:
+        return [(f"vs-{name}", f"{header} ratio [95% CI]", lambda r: r.get(f"{name}_ratio"), lambda r: _ratio(r, name),
+                 "n"), (f"vs-{name}-call", "call", lambda r: _call(r, name), lambda r: _call(r, name), "call")]
+
+    # (key, header, value for sorting, text shown, css class); keys apart from the cells table's (#sort=)
+    cols = [("vs-config", "engine config", lambda r: r["config"], lambda r: r["config"], ""),
+            ("vs-load", "load", lambda r: f"{r['mode']}:{int(r['batch_size']):06d}:"
+             f"{r['request_rate'] if _finite(r['request_rate']) else 0:012.3f}", lambda r: r["load_label"], "")]
+    if multi_len:
+        cols += [("vs-in", "in", lambda r: r["input_len"], lambda r: str(r["input_len"]), "n"),
+                 ("vs-out", "out", lambda r: r["output_len"], lambda r: str(r["output_len"]), "n")]
+    cols += [("vs-verdict", "verdict", lambda r: rank.get(r["verdict"], 9), lambda r: str(r["verdict"]), "verdict"),
+             ("vs-kl", "KL mean", lambda r: r.get("kl_mean"), lambda r: _sci(r.get("kl_mean")), "n"),
+             ("vs-speedup", "speedup (old → new)", lambda r: r.get("new_speedup"), _moved, "n")]
+    cols += ratio("tok_s", "out tok/s") + ratio("ttft_p99", "TTFT p99") + ratio("tpot_p50", "TPOT p50")
+    cols += [("vs-mem", "peak mem ratio", lambda r: r.get("mem_ratio"),
+              lambda r: f"{r['mem_ratio']:.3f}x" if _finite(r.get("mem_ratio")) else "", "n"),
+             ("vs-reason", "reason", lambda r: _text(r.get("reason")), lambda r: _text(r.get("reason")), "reason"),
+             ("vs-changed", "what changed", lambda r: _text(r.get("changed")), lambda r: _text(r.get("changed")),
+              "reason")]
+    head = "".join(f'<th data-key="{k}">{_esc(h)}</th>' for k, h, *_ in cols)
+    body = []
+    for r in shown.to_dict("records"):
+        tds = []
+        for key, _, value, text, cls in cols:
+            v = value(r)
+            v = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+            t = text(r)
+            style = ""
+            if key == "vs-verdict":
+                style = f' style="color:{VERDICT_COLOR.get(r["verdict"], "#333")}"'
+            elif cls == "call" and t in call_color:
+                style = f' style="color:{call_color[t]};font-weight:600"'
+            shown_text = "<br>".join(_esc(x) for x in t.split("; ")) if key == "vs-changed" else _esc(t)
+            tds.append(f'<td class="{cls}" data-v="{_esc(v)}"{style}>{shown_text}</td>')
+        old_cell = r.get("baseline_cell_id")
+        tip = f"cell {r['cell_id']}" + (f" · in {ag.name}: cell {old_cell}" if isinstance(old_cell, str) else "")
+        body.append(f'<tr title="{_esc(tip)}">' + "".join(tds) + "</tr>")
+    parts.append(f'<div class="wrap"><table class="sortable" id="against-cells"><thead><tr>{head}</tr></thead>'
+                 f'<tbody>{"".join(body)}</tbody></table></div>')
+    return "\n".join(parts)
+
+
 def _kv(rows: list[tuple[str, Any]]) -> str:
     return '<table class="kv">' + "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in rows) + "</table>"
 
@@ -416,7 +553,10 @@ def _duration(s: dict) -> str:
         return "not ended (running, or killed)"
 
 
-def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None) -> str:
+def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
+                against: Any = None) -> str:
+    """The page; against (a report_data.Against) adds the moves from OLD to the quality plot and the
+    section with this run against OLD."""
     import plotly
     import plotly.offline
 
@@ -463,7 +603,7 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
 
     # quality vs speed
     parts.append("<h2>Quality vs speed</h2>")
-    fig, left_out = quality_figure(df, tolerances)
+    fig, left_out = quality_figure(df, tolerances, against)
     if fig is not None:
         parts.append(_fig_html(fig, "plot-quality"))
         parts.append("<p class='muted'>One point per cell (hover for details). Speedup = the cell's output tokens/s "
@@ -481,6 +621,8 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     elif left_out:
         parts.append(f"<p class='muted'>Not placed (no KL or no speedup, see their verdict reason): "
                      f"{_esc(', '.join(left_out))}</p>")
+    if against is not None:
+        parts.append(_against_section(against, fig))
 
     # throughput and latency
     parts.append("<h2>Throughput and latency vs batch size</h2>")

@@ -237,3 +237,181 @@ def test_large_run_report_is_aggregated_and_capped(tmp_path, monkeypatch):
         res = _chromium(tmp_path, "--dump-dom", html_path.as_uri())
         assert res.returncode == 0 and not _console_errors(res.stderr), res.stderr[-2000:]
         assert re.search(r'<body[^>]*data-plots="2"', res.stdout)
+
+
+# ------------------------------------------------------------------ bench report NEW --against OLD
+
+@pytest.fixture(scope="module")
+def rerun(report_run):
+    """The report matrix run again, in another run directory: every cell pairs with one of run1."""
+    return run_matrix(report_run.root.parent.parent / "report.yaml", report_run.root.parent / "run2")
+
+
+@pytest.fixture(scope="module")
+def batch1_run(report_run, tmp_path_factory):
+    """hf fp32 default at batch 1 alone: one cell pairs with run1, run1's other three are in OLD only."""
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["name"] = "rep-batch1"
+    data["axes"]["batch_size"] = [1]
+    data["axes"]["flags"] = ["default"]
+    path = tmp_path_factory.mktemp("batch1") / "batch1.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return run_matrix(path, report_run.root.parent / "batch1")
+
+
+def _figure(text: str, div: str) -> tuple[list, dict]:
+    """(traces, layout) of a plot as the page hands them to Plotly.newPlot."""
+    m = re.search(r'Plotly\.newPlot\(\s*"' + div + r'",\s*(\[.*?\]),\s*(\{.*?\})\s*,\s*\{"displaylogo', text, re.S)
+    return json.loads(m.group(1)), json.loads(m.group(2))
+
+
+def _values(v) -> list[float]:
+    """A plotly array as the page holds it: a list, or base64 of a typed array (plotly >= 6)."""
+    if isinstance(v, dict):
+        import base64
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
+    return list(v)
+
+
+def _against_rows(text: str) -> list[dict[str, str]]:
+    """key -> data-v of every body row of the page's against table (the row's tooltip as 'title')."""
+    table = re.search(r'<table class="sortable" id="against-cells">(.*?)</table>', text, re.S).group(1)
+    keys = re.findall(r'<th data-key="([^"]+)"', table)
+    body = re.search(r"<tbody>(.*?)</tbody>", table, re.S).group(1)
+    return [dict(zip(keys, re.findall(r'<td[^>]*data-v="([^"]*)"', tr)), title=title)
+            for title, tr in re.findall(r'<tr title="([^"]*)">(.*?)</tr>', body, re.S)]
+
+
+def _md_table(md: str, heading: str) -> list[list[str]]:
+    """The body rows of the first Markdown table after `heading`, split into cells."""
+    lines = md[md.index(heading):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return rows
+
+
+def test_report_against(report_run, rerun, tmp_path):
+    """`bench report RUN2 --against RUN1`: the quality plot draws each config's move from RUN1 to RUN2
+    as an arrow, from its point in RUN1 to its point in RUN2 (each against its own run's baseline);
+    a section and report.md pair every cell with its ratios, calls and what changed."""
+    from orchestrator.analysis import analyse
+
+    out = tmp_path / "vs.html"
+    res = CliRunner().invoke(app, ["report", str(rerun.root), "--against", str(report_run.root), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    text, md = out.read_text(), out.with_suffix(".md").read_text()
+    assert '<h2 id="against">Against run1</h2>' in text
+    assert "4 pair(s)" in text and "only in" not in text.split('<h2 id="against">')[1].split("</p>")[0]
+
+    cells = set(rerun.read_cells().cell_id)
+    rows = _against_rows(text)
+    assert len(rows) == 4
+    # ids are stable across runs: every cell pairs with its namesake in run1
+    pairs = {re.search(r"^cell (\w+) · in run1: cell (\w+)$", r["title"]).groups() for r in rows}
+    assert pairs == {(c, c) for c in cells}
+    assert sorted(r["vs-config"] for r in rows) == ["hf/tiny/fp32/default"] * 2 + ["hf/tiny/fp32/eager",
+                                                                                   "hf/tiny/q4_0/default"]
+    ok = [r for r in rows if r["vs-verdict"] != str(VERDICT_RANK["n/a"])]
+    assert len(ok) == 3
+    for r in ok:  # the same engine on the same model: lossless against run1, and throughput ratios with a call
+        assert int(r["vs-verdict"]) <= VERDICT_RANK["lossless"]
+        assert float(r["vs-tok_s"]) > 0 and r["vs-tok_s-call"] in ("faster", "slower", "no difference")
+        assert float(r["vs-ttft_p99"]) > 0 and float(r["vs-tpot_p50"]) > 0 and float(r["vs-mem"]) > 0
+        assert r["vs-changed"]  # "nothing recorded changed", or the provenance diff
+    unsupported = next(r for r in rows if r["vs-config"] == "hf/tiny/q4_0/default")
+    assert unsupported["vs-tok_s"] == "" and "unsupported" in unsupported["vs-reason"]
+
+    # the arrows: tail at the config's point in run1, head at its point in run2 (log10 on log axes)
+    new, old = analyse(rerun.root).set_index("cell_id"), analyse(report_run.root).set_index("cell_id")
+    traces, layout = _figure(text, "plot-quality")
+    arrows = [a for a in layout.get("annotations", []) if a.get("showarrow") and a.get("arrowhead")]
+    placed = [c for c in cells if all(np.isfinite([new.speedup[c], new.kl_mean[c], old.speedup[c], old.kl_mean[c]]))]
+    assert len(placed) == 3
+    moved = [c for c in placed if (new.speedup[c], new.kl_mean[c]) != (old.speedup[c], old.kl_mean[c])]
+    assert moved and len(arrows) == len(moved)   # a baseline cell stays at 1x, KL 0 in both runs: no arrow
+    positive = [k for k in [*new.kl_mean, *old.kl_mean] if k > 0]
+    for c in moved:
+        a = next(a for a in arrows if abs(a["x"] - np.log10(new.speedup[c])) < 1e-5)
+        assert (a["xref"], a["yref"], a["axref"], a["ayref"]) == ("x", "y", "x", "y")
+        assert a["ax"] == pytest.approx(np.log10(old.speedup[c]), abs=1e-5)
+        for y, kl in ((a["y"], new.kl_mean[c]), (a["ay"], old.kl_mean[c])):
+            if kl > 0:
+                assert y == pytest.approx(np.log10(kl), abs=1e-5)
+            else:  # KL 0 is drawn at the axis floor, below every positive KL
+                assert y < np.log10(min(positive, default=1e-12))
+    tails = next(t for t in traces if t.get("name", "").startswith("in run1"))
+    assert sorted(_values(tails["x"])) == pytest.approx(sorted(old.speedup[c] for c in moved))
+    assert f"{len(placed) - len(moved)} at the same point in both runs" in text or len(placed) == len(moved)
+
+    # report.md: the same table, one row per pair
+    md_rows = _md_table(md, "### Against run1")
+    assert len(md_rows) == 4 and all(len(r) == 11 for r in md_rows)
+    assert sorted(r[0] for r in md_rows) == sorted(r["vs-config"] for r in rows)
+    assert all(re.match(r"[\d.e+-]+x \[[\d.e+-]+, [\d.e+-]+\] (faster|slower|no difference)$", r[5])
+               for r in md_rows if r[2] != "n/a")
+    assert md.count("\n| hf | tiny |") == 4  # the run's own table is still there
+
+    # the page still draws, with the arrows, and nothing throws
+    if CHROMIUM:
+        res = _chromium(tmp_path, "--dump-dom", out.as_uri())
+        assert res.returncode == 0 and not _console_errors(res.stderr), res.stderr[-2000:]
+        assert re.search(r'<body[^>]*data-plots="2"', res.stdout)
+        quality = res.stdout[res.stdout.index('id="plot-quality"'):res.stdout.index('id="plot-speed"')]
+        assert quality.count('class="annotation-arrow-g"') == len(moved)
+
+    # without --against the page has none of it
+    plain, plain_md = write_report(rerun.root, tmp_path / "plain.html")
+    text = plain.read_text()
+    assert 'id="against"' not in text and "annotations" not in json.dumps(_figure(text, "plot-quality")[1])
+    assert "Against" not in plain_md.read_text()
+
+
+VERDICT_RANK = {"identical": 0, "lossless": 1, "near-lossless": 2, "lossy": 3, "n/a": 4}
+
+
+def test_report_against_cells_in_one_run(report_run, batch1_run, tmp_path):
+    """NEW with one cell against run1's four: one pair, and run1's other cells listed as only in OLD
+    (in the table, and under the plot as configs without an arrow)."""
+    html_path, md_path = write_report(batch1_run.root, tmp_path / "one.html", against=report_run.root)
+    text = html_path.read_text()
+    rows = _against_rows(text)
+    assert len(rows) == 4
+    only_old = [r for r in rows if r["vs-reason"].startswith("only in OLD")]
+    assert len(only_old) == 3 and all(r["vs-tok_s"] == "" for r in only_old)
+    assert "1 pair(s)" in text and "3 only in run1" in text
+    no_arrow = re.search(r"No arrow from run1: (.*?)</p>", text).group(1)
+    for label in ("hf/tiny/fp32/default batch 2", "hf/tiny/fp32/eager batch 1", "hf/tiny/q4_0/default batch 1"):
+        assert f"{label} (only in run1)" in no_arrow
+    md_rows = _md_table(md_path.read_text(), "### Against run1")
+    assert len(md_rows) == 4 and sum(r[9].startswith("only in OLD") for r in md_rows) == 3
+
+
+def test_report_against_usage_errors(report_run, rerun):
+    res = CliRunner().invoke(app, ["report", str(report_run.root), "--match", "framework,batch_size"])
+    assert res.exit_code == 2 and "--against" in res.output
+    # a --match that does not pair one cell to one: a usage error, and no report written
+    res = CliRunner().invoke(app, ["report", str(rerun.root), "--against", str(report_run.root), "--match", "framework",
+                                   "-o", str(rerun.root / "unpaired.html")])
+    assert res.exit_code == 2 and "share" in res.output and not (rerun.root / "unpaired.html").exists()
+
+
+def test_report_against_when_the_comparison_fails(report_run, rerun, tmp_path, monkeypatch):
+    """compare_runs failing (say, OLD's logprobs unreadable) leaves a banner in the section; the rest
+    of the report, and the arrows (paired by cell id), still stand."""
+    import orchestrator.cross_run
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("OLD's logprobs are unreadable\nsecond line")
+
+    monkeypatch.setattr(orchestrator.cross_run, "compare_runs", broken)
+    html_path, md_path = write_report(rerun.root, tmp_path / "r.html", against=report_run.root)
+    text = html_path.read_text()
+    assert "could not be compared with run1: RuntimeError: OLD&#x27;s logprobs are unreadable</div>" in text
+    assert 'id="against-cells"' not in text and "No cells to pair." in text
+    assert [a for a in _figure(text, "plot-quality")[1].get("annotations", []) if a.get("arrowhead")]
+    assert "> This run could not be compared with run1: RuntimeError" in md_path.read_text()
