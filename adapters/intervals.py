@@ -161,9 +161,14 @@ def relative_half_width(samples, level: float = 0.95) -> float | None:
     return None if math.isnan(lo) else math.sqrt(hi / lo) - 1.0
 
 
-def log_ratio_intervals(num, den, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def log_ratio_intervals(num, den, level: float = 0.95, run_var: float = 0.0,
+                        run_df: float = math.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """log_ratio_interval for each row pair of a (k, n_num) and a (k, n_den) array at once
-    (vectorised: the analysis computes 100,000 cells' intervals in one call per repeat count)."""
+    (vectorised: the analysis computes 100,000 cells' intervals in one call per repeat count).
+
+    `run_var` adds a between-run component to the variance of the log ratio, estimated on `run_df`
+    degrees of freedom (`run_noise`): two runs are two draws of the machine's state, which the
+    repeats inside each run do not see."""
     num = np.atleast_2d(np.asarray(num, dtype=float))
     den = np.atleast_2d(np.asarray(den, dtype=float))
     (n1, n2), shape = (num.shape[1], den.shape[1]), len(num)
@@ -174,14 +179,35 @@ def log_ratio_intervals(num, den, level: float = 0.95) -> tuple[np.ndarray, np.n
     if n1 < 2 or n2 < 2:   # no spread to estimate on one side
         return ratio, np.full(shape, np.nan), np.full(shape, np.nan)
     v1, v2 = s1 / n1, s2 / n2
-    se = np.sqrt(v1 + v2)
+    se = np.sqrt(v1 + v2 + run_var)
     with np.errstate(divide="ignore", invalid="ignore"):
         # Welch-Satterthwaite; where one side has no spread it is the other side's n - 1
-        df = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1))
+        df = (v1 + v2 + run_var) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1) + run_var**2 / run_df)
     spread = ok & (se > 0)
     half = np.zeros(shape)   # both sides constant: the interval is the point
     half[spread] = t_quantile(0.5 + level / 2, df[spread]) * se[spread]
     return ratio, np.where(ok, ratio * np.exp(-half), np.nan), np.where(ok, ratio * np.exp(half), np.nan)
+
+
+def run_noise(old_rows: list, repeat_rows: list) -> tuple[float, float]:
+    """(variance, degrees of freedom) of the between-run part of a log ratio, from configurations run
+    twice (a stored run and a repeat of it): per configuration d = mean log(repeat) - mean log(run),
+    whose variance is the runs' difference (2 sigma_run^2) plus the repeats' own (s1^2/n1 + s2^2/n2);
+    pooled over the k configurations, the within part taken out: max(0, mean(d^2 - within)), on k
+    degrees of freedom. That takes each cell's drift as its own (cells run minutes apart): with a
+    drift partly shared and partly per cell a 95% interval holds about 95%; a drift shared by every
+    cell alone is one draw per pair of runs, and there it holds about 78% (the repeats alone: 17%;
+    tests/test_intervals.py). (0, inf) when nothing pairs."""
+    terms = []
+    for a, b in zip(old_rows, repeat_rows):
+        a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if len(a) < 2 or len(b) < 2 or not (np.all(a > 0) and np.all(b > 0)):
+            continue
+        la, lb = np.log(a), np.log(b)
+        terms.append((lb.mean() - la.mean()) ** 2 - la.var(ddof=1) / len(a) - lb.var(ddof=1) / len(b))
+    if not terms:
+        return 0.0, math.inf
+    return max(0.0, float(np.mean(terms))), float(len(terms))
 
 
 def log_ratio_interval(num, den, level: float = 0.95) -> tuple[float, float, float]:

@@ -532,7 +532,7 @@ def _runs(x) -> np.ndarray:
     return np.asarray(x if hasattr(x, "__len__") else [], dtype=float)   # None, NaN and pd.NA: no runs
 
 
-def _speed_intervals(num_runs: list, den_runs: list) -> tuple[np.ndarray, ...]:
+def _speed_intervals(num_runs: list, den_runs: list, run_var: float = 0.0, run_df: float = math.inf) -> tuple[np.ndarray, ...]:
     """(center, lo, hi, n_num, n_den) of the 95% Welch t interval on the log ratio of each cell's runs
     to its baseline's (adapters/intervals.py says why not the bootstrap); the center is the ratio of
     the runs' geometric means. Cells with the same repeat counts stack into one array, so 100k cells
@@ -546,7 +546,7 @@ def _speed_intervals(num_runs: list, den_runs: list) -> tuple[np.ndarray, ...]:
             groups.setdefault(key, []).append(i)
     for idx in groups.values():
         center[idx], lo[idx], hi[idx] = log_ratio_intervals(np.stack([num_runs[i] for i in idx]),
-                                                            np.stack([den_runs[i] for i in idx]))
+                                                            np.stack([den_runs[i] for i in idx]), 0.95, run_var, run_df)
     return center, lo, hi, n_num, n_den
 
 

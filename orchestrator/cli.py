@@ -247,6 +247,9 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
                                                    help="A stored run: compare every cell with the same config there"),
             match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes (comma-separated) "
                                                 "instead of their ids, for matrices that differ"),
+            noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                     help="--against: a repeat of OLD; its drift from OLD widens the "
+                                                     "speed intervals by the run-to-run noise"),
             baseline: Optional[str] = typer.Option(None, help="Axis values of the baseline, e.g. framework=hf,quantization=fp32 (default: the matrix's)"),
             tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
@@ -261,19 +264,28 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
 
             if baseline:
                 _fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
-            df = compare_runs(run_dir, against, _axes(match), tol)
+            df = compare_runs(run_dir, against, _axes(match), tol, noise_run)
             print_table(against_table(df, str(run_dir), str(against)))
-            for line in changes_lines(df):
+            for line in [_noise_line(df, noise_run), *changes_lines(df)]:
                 out.print(line, highlight=False, markup=False, soft_wrap=True)
         else:
-            if match:
-                _fail("--match pairs cells of two runs: give --against OLD_RUN")
+            if match or noise_run:
+                _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
             df = analyse(run_dir, baseline=parse_selector(baseline) if baseline else None, tolerances=tol)
             print_table(compare_table(df))
     except ValueError as e:
         _fail(str(e))
     if output:
         df.to_parquet(output)
+
+
+def _noise_line(df, noise_run: Path | None) -> str:
+    if noise_run is None:
+        return ("speed intervals: from the repeats within each run only; how two runs of the same cells differ is "
+                "not measured (--noise-run OLD_REPEAT measures it)")
+    sd = df["tok_s_run_sd"].dropna()
+    drift = f"{100 * (float(sd.iloc[0]) if len(sd) else 0.0):.1f}%"
+    return f"speed intervals: repeats and the run-to-run drift measured against {noise_run} (tok/s log sd {drift})"
 
 
 def _axes(text: str | None) -> list[str] | None:
@@ -287,6 +299,9 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
          against: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
                                                 help="A stored run: gate quality and speed against it"),
          match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes instead of their ids"),
+         noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                  help="--against: a repeat of OLD, whose drift from OLD widens the "
+                                                  "speed intervals by the run-to-run noise"),
          junit: Optional[Path] = typer.Option(None, help="Also write the checks as JUnit XML here"),
          format: str = typer.Option("text", "--format", help="text, or md: a Markdown summary for a pull request")) -> None:
     """Exit 1 when a check fails: a cell the policy marks must-be-lossless (or identical, near-lossless)
@@ -300,12 +315,12 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
         if against:
             from orchestrator.cross_run import compare_runs
 
-            df = compare_runs(run_dir, against, _axes(match))
+            df = compare_runs(run_dir, against, _axes(match), noise_run=noise_run)
         else:
             from orchestrator.analysis import analyse
 
-            if match:
-                _fail("--match pairs cells of two runs: give --against OLD_RUN")
+            if match or noise_run:
+                _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
             df = analyse(run_dir)
         checks = evaluate(df, rules, against=against is not None)
     except (PolicyError, ValueError) as e:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from orchestrator.analysis import (_CONFIG_AXES, _axis_value, _duckdb, _logprob_files, _noise_pairs, _pair_metrics,
                                    _read_cells, _ref_rows, _settings, _speed_call, _speed_intervals, judge)
+from adapters.intervals import run_noise
 from orchestrator.matrix import AXES, Tolerances
 from orchestrator.store import RunStore
 
@@ -94,9 +95,14 @@ def _provenance_columns(root: Path) -> pd.DataFrame:
 
 
 def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | None = None,
-                 tolerances: Tolerances | None = None) -> pd.DataFrame:
+                 tolerances: Tolerances | None = None, noise_run: str | Path | None = None) -> pd.DataFrame:
     """One row per cell of either run: the pair's verdict (NEW against OLD), speed ratios with
-    intervals and calls, and what changed. `only_in` names the run of a cell without a partner."""
+    intervals and calls, and what changed. `only_in` names the run of a cell without a partner.
+
+    The repeats inside a run do not see how two runs of the same cells differ (the machine's state
+    drifts: 10-40% on a shared host). `noise_run`, a repeat of OLD (the same matrix run again),
+    measures that: its drift from OLD, pooled over the cells they share, widens every speed interval
+    (adapters.intervals.run_noise). Without it the intervals cover the repeats only, and say so."""
     new_root, old_root = Path(new_dir), Path(old_dir)
     unknown = sorted(set(match or ()) - set(AXES))
     if unknown:
@@ -138,7 +144,14 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
     df.loc[df.baseline_cell_id.isna(), "reason"] = "only in NEW: no cell of this config in OLD"
     df["only_in"] = np.where(df.baseline_cell_id.isna(), "new", None)
     df["old_status"] = df.baseline_cell_id.map(old_row.status)
-    _add_cross_speed(df, old_row)
+    noise = None
+    if noise_run is not None:
+        with _duckdb() as con:
+            rep = _read_cells(con, Path(noise_run))
+        rep["key"] = _pair_keys(rep, match, "the noise run")
+        noise = old.merge(rep[["key", "status", *(runs for *_, runs, _ in SPEED)]], on="key", suffixes=("", "_rep"))
+        noise = noise[(noise.status == "ok") & (noise.status_rep == "ok")]
+    _add_cross_speed(df, old_row, noise)
     _add_changes(df, new_root, old_root)
 
     gone = old[~old.key.isin(new.key)]
@@ -153,13 +166,16 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
     return df[first + rest].sort_values([*_CONFIG_AXES, "batch_size", "cell_id"], kind="stable", ignore_index=True)
 
 
-def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame) -> None:
+def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame, noise: pd.DataFrame | None) -> None:
     base = old.reindex(df.baseline_cell_id)
     ok = ((df.status == "ok") & (base.status == "ok").to_numpy()).to_numpy()
     for name, col, runs, higher_better in SPEED:
         new_v, old_v = df[col].to_numpy(dtype=float), base[col].to_numpy(dtype=float)
         num = [_samples(x) if k else _samples(None) for x, k in zip(df[runs], ok)]
-        center, lo, hi, n_new, n_old = _speed_intervals(num, [_samples(x) for x in base[runs]])
+        run_var, run_df = (0.0, float("inf")) if noise is None else run_noise(
+            [_samples(x) for x in noise[runs]], [_samples(x) for x in noise[f"{runs}_rep"]])
+        df[f"{name}_run_sd"] = np.sqrt(run_var) if noise is not None else np.nan   # log sd of a run's drift
+        center, lo, hi, n_new, n_old = _speed_intervals(num, [_samples(x) for x in base[runs]], run_var, run_df)
         # the ratio the interval is about (geometric means of the repeats); one repeat a side: the cells' own
         with np.errstate(divide="ignore", invalid="ignore"):
             whole = np.where(ok & (old_v > 0), new_v / old_v, np.nan)

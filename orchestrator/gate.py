@@ -13,6 +13,8 @@ orchestrator/cross_run.py (`--against OLD`: each cell against the same config in
             max_slowdown: 0.05            # --against: output tokens/s may not drop by more than 5%
             max_ttft_p99_increase: 0.10   # --against: TTFT p99 may not rise by more than 10%
             max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
+    With --noise-run OLD_REPEAT (OLD's matrix run again) the intervals also hold the run-to-run drift
+    the repeats inside one run cannot see; without it they hold the repeats only.
     A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
     OLD); so does a listed value no cell has. A speed bound fails only when the 95% interval of the
     NEW/OLD ratio lies wholly beyond it, so noise alone never fails a build; a ratio with no interval
@@ -135,7 +137,9 @@ def _speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
     ratio, lo, hi = r.get(f"{col}_ratio"), r.get(f"{col}_lo"), r.get(f"{col}_hi")
     if not (_finite(lo) and _finite(hi)):
         return False, f"cannot judge {what}: no interval (needs 2+ repeats on both sides)"
-    shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {r.get(f'{col}_n')})"
+    run_sd = r.get(f"{col}_run_sd")
+    noise = f", run drift sd {100 * run_sd:.1f}%" if _finite(run_sd) else ", repeats only"
+    shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {r.get(f'{col}_n')}{noise})"
     if bound == "max_slowdown":   # worse is lower: fail only if even the interval's top is below the bound
         ok = hi >= 1 - limit
         return ok, f"{shown}: " + ("within noise of" if ok and lo < 1 - limit else "") + (
