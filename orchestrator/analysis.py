@@ -594,7 +594,8 @@ def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Toler
         pm = _pair_metrics(con, pairs, files, tolerances.atol, _ref_rows(root), located)
     pm["abs_ppl_rel"] = pm["ppl_rel"].abs()
 
-    df = cells.merge(pm[pm.kind == "base"].drop(columns=["kind", "a_cell", "a_rep", "b_cell", "b_rep", "pair_id"])
+    df = cells.merge(pm[pm.kind == "base"].drop(columns=["kind", "a_cell", "a_rep", "a_file", "b_cell", "b_rep", "b_file",
+                                                         "pair_id"])
                      .rename(columns={"key": "cell_id"}), on="cell_id", how="left")
     _add_speed(df, cells)
     judge(df, pm, df.baseline_cell_id.map(cells.set_index("cell_id").engine_key), tolerances, own_floors=True)
