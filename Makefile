@@ -45,8 +45,8 @@ $(VLLM_VENV)/bin/vllm-env-ok:
 	$(VLLM_VENV)/bin/pip install -q '$(VLLM_PACKAGE)==$(VLLM_VERSION)' 'torch==2.13.0'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	# what adapters/worker.py imports besides vllm (usually already there; httpx for serve cells)
-	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil httpx $(NVML)
-	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, numpy, pydantic, psutil, httpx; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil httpx aiohttp $(NVML)
+	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, numpy, pydantic, psutil, httpx, aiohttp; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
 env-vllm: $(VLLM_VENV)/bin/vllm-env-ok

@@ -104,7 +104,7 @@ def traced_group_task(job_blob: bytes):
     def read_events(path, offset):
         events, offset = read(path, offset)
         now = time.time()
-        tr["events"] += [(e["event"], e["t"], now, e.get("load_s")) for e in events]
+        tr["events"] += [(e.event, e.t, now, getattr(e, "load_s", None)) for e in events]
         return events, offset
 
     L._read_events = read_events
