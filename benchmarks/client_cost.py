@@ -311,7 +311,7 @@ def main() -> None:
     ap.add_argument("--url", help="a vLLM server already running (else one is started on builtin:tiny)")
     ap.add_argument("--model", help="the model dir (default: builtin:tiny)")
     ap.add_argument("--ours-only", action="store_true", help="only our client(s) (CPU per request and chunk)")
-    ap.add_argument("--wait-idle", type=float, default=120, metavar="S",
+    ap.add_argument("--wait-idle", type=float, default=600, metavar="S",
                     help="before each side, wait up to S s for the machine to be idle (under 0.2 CPUs busy over 2 s; "
                          "0: do not wait)")
     ap.add_argument("--max-foreign", type=float, default=0.1, metavar="CPUS",

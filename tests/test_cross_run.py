@@ -30,7 +30,9 @@ MATRIX = {
     "models": {"tiny": None},           # a local copy of the built-in model, rebuilt in place for run B
     "axes": {"framework": ["hf", "llamacpp"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1, 2],
              "input_len": [32], "output_len": [128]},   # batches of 20-300 ms: longer than scheduler slices
-    "flags": {"llamacpp": {"default": EXACT}},
+    # one thread each: two spinning threads on two shared cores made a run's speed swing 2x (llama.cpp) and
+    # 4x (hf) from run to run, which no 5% bound survives; one thread is steady
+    "flags": {"llamacpp": {"default": EXACT | {"n_threads": 1}}, "hf": {"default": {"num_threads": 1}}},
     "measure": {"warmup": 2, "repeats": 12, "scoring_prompts": 2, "scoring_len": 24, "greedy_tokens": 8,
                 "score_repeats": 2, "top_k": 8},
     "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
