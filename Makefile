@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # on a CUDA host every engine environment gets NVML (nvidia-ml-py): GPU memory figures need it
 comma  := ,
 NVML   := $(if $(shell command -v nvidia-smi 2>/dev/null),nvidia-ml-py,)
-EXTRAS := hf,llamacpp,serve,test$(if $(NVML),$(comma)gpu)
+EXTRAS := hf,llamacpp,serve,lm_eval,test$(if $(NVML),$(comma)gpu)
 
 .PHONY: setup smoke test env-vllm browser gpu-wheels lmdeploy-src clean
 
@@ -44,9 +44,10 @@ $(VLLM_VENV)/bin/vllm-env-ok:
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q '$(VLLM_PACKAGE)==$(VLLM_VERSION)' 'torch==2.13.0'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	# what adapters/worker.py imports besides vllm (usually already there; httpx for serve cells)
-	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil httpx aiohttp $(NVML)
-	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, numpy, pydantic, psutil, httpx, aiohttp; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	# what adapters/worker.py imports besides vllm (usually already there; httpx for serve cells, lm-eval for
+	# lm-eval tasks)
+	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil httpx aiohttp 'lm-eval==0.4.13' $(NVML)
+	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, numpy, pydantic, psutil, httpx, aiohttp, lm_eval; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $@
 
 env-vllm: $(VLLM_VENV)/bin/vllm-env-ok

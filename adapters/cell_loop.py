@@ -12,9 +12,9 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from adapters.base import Unsupported
-from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, CellDone, CellFailed, CellRecord, CellSpec,
-                               CellStart, CellUnsupported, GroupUnsupported, LoadFailed, TimedRun, TokenScores,
-                               WorkerEvent)
+from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, TASK_OUTPUTS, CellDone, CellFailed, CellRecord,
+                               CellSpec, CellStart, CellUnsupported, GroupUnsupported, LoadFailed, TaskOutput,
+                               TimedRun, TokenScores, WorkerEvent)
 from adapters.intervals import relative_half_width
 
 T = TypeVar("T")
@@ -95,17 +95,20 @@ def load_or_report(load: Callable[[], T], events: Events, cell_ids: list[str]) -
     return None
 
 
-def run_cells(cells: list[CellSpec], measure: Callable[[CellSpec], tuple[CellRecord, dict[str, np.ndarray]]],
+Measured = tuple[CellRecord, dict[str, np.ndarray], list[TaskOutput]]
+
+
+def run_cells(cells: list[CellSpec], measure: Callable[[CellSpec], Measured],
               events: Events, out: Path, check: Callable[[], None] = lambda: None) -> None:
-    """Each cell in turn: its record and logprob rows on disk, or in the events why not. `check` runs
-    after each cell (and before a failure is blamed on it): it may end the worker, as serve mode's does
-    when its server has died."""
+    """Each cell in turn: its record, logprob rows and task outputs on disk, or in the events why not.
+    `check` runs after each cell (and before a failure is blamed on it): it may end the worker, as serve
+    mode's does when its server has died."""
     for cell in cells:
         cid = cell.cell_id
         events.emit(CellStart(cell_id=cid))
         started = time.perf_counter()
         try:
-            record, logprobs = measure(cell)
+            record, logprobs, tasks = measure(cell)
         except Unsupported as err:
             events.emit(CellUnsupported(cell_id=cid, reason=str(err)))
             continue
@@ -117,5 +120,7 @@ def run_cells(cells: list[CellSpec], measure: Callable[[CellSpec], tuple[CellRec
         check()
         record.duration_s = time.perf_counter() - started
         np.savez(out / f"{cid}.npz", **logprobs)
+        if tasks:
+            (out / f"{cid}.tasks.json").write_bytes(TASK_OUTPUTS.dump_json(tasks))
         (out / f"{cid}.json").write_text(record.model_dump_json())
         events.emit(CellDone(cell_id=cid))

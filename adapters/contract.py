@@ -3,10 +3,12 @@
 Both sides import this module and nothing else of each other; it depends on pydantic and numpy only,
 so every engine environment can import it. It holds:
 
-- the specs the driver writes for a worker (`GroupSpec`: `LoadSpec`, `CellSpec`, `ScoringSpec`, `ServeSpec`),
+- the specs the driver writes for a worker (`GroupSpec`: `LoadSpec`, `CellSpec`, `ScoringSpec`, `ServeSpec`,
+  and the tasks as token ids: `TaskSpec`),
 - the worker's events (`WorkerEvent`, one typed kind per line of events.jsonl) and the facts an adapter
   reports after load (`LoadFacts`),
-- what a cell's measurement becomes (`CellRecord`), with `missing`: metric -> why it is null,
+- what a cell's measurement becomes (`CellRecord`), with `missing`: metric -> why it is null, and what its
+  engine produced for each task (`TaskOutput`: greedy ids, choice logprobs, lm-eval's scored items),
 - the logprob row layout (`LOGPROB_COLUMNS`; the store derives its Parquet schema from it) and the one
   sparse top-k rule (`topk_dense`, `topk_sparse`),
 - the timing types every adapter and the load generator fill (`RequestTiming`, `TimedRun`) and the one
@@ -102,12 +104,50 @@ class ServeSpec(_Model):
     seed: int = 0
 
 
+class GenerationTaskSpec(_Model):
+    """Greedy completions of each prompt, `max_tokens` each (EOS ignored: the driver cuts the text at
+    EOS and the stop strings, which for greedy decoding is what stopping there would have given)."""
+
+    kind: Literal["generation"] = "generation"
+    name: str
+    prompts: list[list[int]]
+    max_tokens: int
+
+
+class ChoiceTaskSpec(_Model):
+    """Teacher-forced logprobs of each choice's continuation ids after its item's context."""
+
+    kind: Literal["choice"] = "choice"
+    name: str
+    contexts: list[list[int]]
+    choices: list[list[list[int]]]           # item -> choice -> continuation ids
+
+
+class LmEvalTaskSpec(_Model):
+    """An lm-evaluation-harness task run on the cell's engine (adapters.lm_eval_model)."""
+
+    kind: Literal["lm_eval"] = "lm_eval"
+    name: str
+    task: str                                # the lm-eval task name
+    include_path: str | None = None          # a folder of task YAMLs (local datasets)
+    num_fewshot: int | None = None
+    limit: int | None = None
+    metric: str | None = None                # the per-item figure stored as the score (None: the task's first)
+    tokenizer: str                           # the group's tokenizer source, so every engine sees the same ids
+    trust_remote_code: bool = False
+    max_length: int = 2048
+
+
+TaskSpec = Annotated[Union[GenerationTaskSpec, ChoiceTaskSpec, LmEvalTaskSpec], Field(discriminator="kind")]
+
+
 class GroupSpec(_Model):
     mode: Literal["offline", "serve"] = "offline"
     load: LoadSpec
     cells: list[CellSpec]
     scoring: ScoringSpec | None = None
     serve: ServeSpec | None = None
+    tasks: list[TaskSpec] = Field(default_factory=list)    # run by every cell after its timings and logprobs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -193,6 +233,52 @@ _EVENT = TypeAdapter(WorkerEvent)
 
 def parse_event(line: str | bytes) -> WorkerEvent:
     return _EVENT.validate_json(line)
+
+
+# ------------------------------------------------------------------------------------------------
+# task outputs: what a cell's engine produced for each task (<cell_id>.tasks.json); the driver scores
+# generation and choice outputs (orchestrator/task_metrics.py), lm-eval scores its own items
+
+
+class GenerationOutput(_Model):
+    kind: Literal["generation"] = "generation"
+    name: str
+    tokens: list[list[int]]                  # per prompt: the greedy token ids
+
+
+class ChoiceOutput(_Model):
+    kind: Literal["choice"] = "choice"
+    name: str
+    logprobs: list[list[list[float]]]        # item -> choice -> the logprob of each continuation token
+    greedy: list[list[bool]]                 # item -> choice: every continuation token was the top-1
+
+
+class LmEvalItem(_Model):
+    doc_id: int
+    score: float | None                      # the task's chosen metric for this item
+    prediction: str                          # the filtered response (multiple choice: the highest loglikelihood's index)
+    target: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+    choice_logprobs: list[float] | None = None   # multiple choice: each choice's loglikelihood
+
+
+class LmEvalOutput(_Model):
+    kind: Literal["lm_eval"] = "lm_eval"
+    name: str
+    metric: str
+    items: list[LmEvalItem]
+
+
+class TaskError(_Model):
+    """A task that could not run on this cell: its figures are null with this reason."""
+
+    kind: Literal["error"] = "error"
+    name: str
+    reason: str
+
+
+TaskOutput = Annotated[Union[GenerationOutput, ChoiceOutput, LmEvalOutput, TaskError], Field(discriminator="kind")]
+TASK_OUTPUTS = TypeAdapter(list[TaskOutput])
 
 
 # ------------------------------------------------------------------------------------------------

@@ -23,9 +23,11 @@ import numpy as np
 
 from adapters import load_generator, served_capture, server_process
 from adapters.base import Adapter, Unsupported
-from adapters.cell_loop import Events, LogprobRows, load_or_report, run_cells, timed_repeats
-from adapters.contract import CellRecord, CellSpec, End, GroupSpec, Loaded, LoadFacts, ScoringSpec, ServeSpec, summarize
+from adapters.cell_loop import Events, LogprobRows, Measured, load_or_report, run_cells, timed_repeats
+from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, Loaded, LoadFacts, ScoringSpec, ServeSpec,
+                               TaskSpec, summarize)
 from adapters.server_process import ServerApi, ServerProcess
+from adapters.task_runner import run_tasks
 from adapters.trackers import MemoryTracker
 
 
@@ -76,8 +78,38 @@ def _server_tokens(target: Target, texts: list[str], notes: list[str], what: str
     return ids
 
 
-def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
-                    memory: MemoryTracker | None) -> tuple[CellRecord, dict[str, np.ndarray]]:
+class ServedScorer:
+    """The task runner's Scorer (adapters.task_runner) over the cell's server: greedy completions, and
+    teacher-forced rows from its prompt logprobs, through the OpenAI API, `concurrency` at a time."""
+
+    def __init__(self, target: Target, concurrency: int):
+        self.target, self.concurrency = target, concurrency
+
+    def _capture(self, prompts: list[list[int]], max_tokens: int, top_k: int, want_prompt: bool):
+        t = self.target
+        if not t.api.prompt_ids:   # the text would be re-tokenized by the server: not the ids the task scores
+            raise Unsupported("this server takes text prompts only; tasks send token ids")
+        if not t.api.logprobs:
+            raise Unsupported("this server returns no logprobs over its OpenAI API")
+        return served_capture.capture(t.url, t.api, prompts, prompts, max_tokens=max_tokens, top_k=top_k,
+                                      concurrency=self.concurrency, seed=t.settings.seed, model=t.model,
+                                      to_id=t.to_id, headers=t.headers, timeout_s=t.settings.request_timeout_s,
+                                      want_prompt=want_prompt)
+
+    def greedy(self, prompts: list[list[int]], n_tokens: int, top_k: int):
+        return [c.generation for c in self._capture(prompts, n_tokens, top_k, False)]
+
+    def score(self, prompts: list[list[int]], top_k: int):
+        if self.target.api.prompt_logprobs is None:
+            raise Unsupported("this server offers no prompt logprobs, which choice scoring needs")
+        caps = self._capture(prompts, 1, top_k, True)
+        if any(c.prompt is None for c in caps):
+            raise Unsupported("the server returned no prompt logprobs")
+        return [c.prompt for c in caps]
+
+
+def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
+                    memory: MemoryTracker | None) -> Measured:
     api, s = target.api, target.settings
     conc, per_run = cell.batch_size, s.requests
     rate = math.inf if cell.request_rate is None else cell.request_rate
@@ -127,7 +159,7 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
         notes.append("logprobs not captured: this server returns no logprobs over its OpenAI API")
     elif scoring:
         logprobs = capture_served(target, scoring, conc, notes)
-    return record, logprobs
+    return record, logprobs, run_tasks(ServedScorer(target, conc), tasks, conc)
 
 
 def capture_served(target: Target, scoring: ScoringSpec, concurrency: int, notes: list[str]) -> dict[str, np.ndarray]:
@@ -210,7 +242,7 @@ def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path, pr
                        **provenance))
     try:
         # a failure because the server died is a crash, not an error: check_alive ends the worker
-        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, memory),
+        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, memory),
                   events, out, target.check_alive)
     finally:
         if target.server:

@@ -2,9 +2,10 @@
 
 It runs in the framework's own interpreter, so it imports nothing from the orchestrator, only
 this package, numpy, pydantic and psutil; its input is an `adapters.contract.GroupSpec`. It loads
-the engine once, then for each cell runs the warm-up and timed batches and the logprob capture, and
-writes for each cell `<cell_id>.json` (the measurements, an `adapters.contract.CellRecord`) and
-`<cell_id>.npz` (the logprob rows). Progress goes to `events.jsonl`, one typed event per line, so the
+the engine once, then for each cell runs the warm-up and timed batches, the logprob capture and the
+group's tasks (adapters.task_runner), and writes for each cell `<cell_id>.json` (the measurements, an
+`adapters.contract.CellRecord`), `<cell_id>.npz` (the logprob rows) and `<cell_id>.tasks.json` (the
+task outputs). Progress goes to `events.jsonl`, one typed event per line, so the
 parent can tell which cell was running when a crash or a hang happened. Serve cells (`adapters.served_cells`) start the engine's server here instead of
 loading the engine.
 """
@@ -23,11 +24,12 @@ import numpy as np
 
 from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
-from adapters.cell_loop import Events, LogprobRows, chunks, load_or_report, run_cells, timed_repeats
+from adapters.cell_loop import Events, LogprobRows, Measured, chunks, load_or_report, run_cells, timed_repeats
 from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded, ScoringSpec, Started,
-                               summarize)
+                               TaskSpec, summarize)
 from adapters.provenance import host_facts, model_fingerprint
 from adapters.served_cells import serve_group
+from adapters.task_runner import run_tasks
 from adapters.trackers import MemoryTracker
 
 
@@ -44,8 +46,8 @@ def capture_logprobs(adapter: Adapter, scoring: ScoringSpec, batch_size: int) ->
     return rows.arrays()
 
 
-def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None,
-             memory: MemoryTracker) -> tuple[CellRecord, dict[str, np.ndarray]]:
+def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
+             memory: MemoryTracker) -> Measured:
     batches = list(chunks(cell.timing_prompts, cell.batch_size))
     for batch in batches[: cell.warmup]:
         adapter.generate(batch, cell.output_len, cell.ignore_eos)
@@ -63,7 +65,7 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None,
             logprobs = capture_logprobs(adapter, scoring, cell.batch_size)
         except Unsupported as err:  # e.g. a KV-reuse flag that forbids full logits: keep the timings
             record.notes.append(f"logprobs not captured: {err}")
-    return record, logprobs
+    return record, logprobs, run_tasks(adapter, tasks, cell.batch_size)
 
 
 def _missing_modules(cls: type[Adapter]) -> list[str]:
@@ -115,7 +117,7 @@ def main(spec_path: str, out_dir: str) -> int:
     events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
                        **provenance))
 
-    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, memory), events, out)
+    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, memory), events, out)
     adapter.close()
     memory.stop()
     events.emit(End())

@@ -111,7 +111,7 @@ def traced_group_task(job_blob: bytes):
     L._measured = timed("arrow_s", L._measured)
     L._logprob_table = timed("arrow_s", L._logprob_table)
     node = ray.get_runtime_context().get_node_id()
-    rows = [(row | {"node_id": node}, lp) for row, lp in L.run_group(job)]
+    rows = [r._replace(row=r.row | {"node_id": node}) for r in L.run_group(job)]
     tr["returned"] = time.time()
     return rows, tr
 
@@ -146,10 +146,10 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     rows, tr = ray.get(task.remote(blob))
     t_got = time.time()
     with store.writing():
-        for row, lp in rows:
-            store.write_cell(row | {"started_at": "x"}, lp)
+        for row, lp, tasks in rows:
+            store.write_cell(row | {"started_at": "x"}, lp, tasks)
     t_written = time.time()
-    bad = [r for r, _ in rows if r["status"] != "ok"]
+    bad = [r.row for r in rows if r.row["status"] != "ok"]
     if bad:
         raise RuntimeError(f"{engine}: {bad[0]['status']}: {bad[0]['reason']}")
 
@@ -181,7 +181,7 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     out["(outputs -> Arrow)"] = tr["arrow_s"]
     out["(event polling lag)"] = sum(d[2] - d[1] for d in dones) / len(dones)
     out["(engine's load_s)"] = first("loaded")[3]
-    out["(logprob rows)"] = float(sum(lp.num_rows for _, lp in rows if lp is not None))
+    out["(logprob rows)"] = float(sum(r.logprobs.num_rows for r in rows if r.logprobs is not None))
     return out
 
 

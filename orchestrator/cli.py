@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from orchestrator.console import (against_table, changes_lines, compare_table, err, history_table, matrix_table, out,
-                                  plan_table, print_table, runs_table, summary_table)
+                                  plan_table, print_table, runs_table, summary_table, task_table)
 from orchestrator.matrix import MatrixError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -254,8 +254,9 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
     """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
-    logits, text and perplexity, and on speed; print the verdicts."""
+    logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
     from orchestrator.analysis import analyse, parse_selector, parse_tolerances
+    from orchestrator.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
 
     try:
         tol = parse_tolerances(tolerances) if tolerances else None
@@ -265,14 +266,21 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             if baseline:
                 _fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
             df = compare_runs(run_dir, against, _axes(match), tol, noise_run)
+            tv = compare_task_runs(run_dir, against, df, tol)
+            df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
             print_table(against_table(df, str(run_dir), str(against)))
             for line in [_noise_line(df, noise_run), *changes_lines(df)]:
                 out.print(line, highlight=False, markup=False, soft_wrap=True)
         else:
             if match or noise_run:
                 _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
-            df = analyse(run_dir, baseline=parse_selector(baseline) if baseline else None, tolerances=tol)
+            selector = parse_selector(baseline) if baseline else None
+            df = analyse(run_dir, baseline=selector, tolerances=tol)
+            tv = analyse_tasks(run_dir, baseline=selector, tolerances=tol)
+            df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
             print_table(compare_table(df))
+        if not tv.empty:
+            print_table(task_table(tv))
     except ValueError as e:
         _fail(str(e))
     if output:
@@ -315,14 +323,19 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
         if against:
             from orchestrator.cross_run import compare_runs
 
+            from orchestrator.task_verdicts import compare_task_runs
+
             df = compare_runs(run_dir, against, _axes(match), noise_run=noise_run)
+            tasks = compare_task_runs(run_dir, against, df) if any(r.task for r in rules.rules) else None
         else:
             from orchestrator.analysis import analyse
+            from orchestrator.task_verdicts import analyse_tasks
 
             if match or noise_run:
                 _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
             df = analyse(run_dir)
-        checks = evaluate(df, rules, against=against is not None)
+            tasks = analyse_tasks(run_dir) if any(r.task for r in rules.rules) else None
+        checks = evaluate(df, rules, against=against is not None, tasks=tasks)
     except (PolicyError, ValueError) as e:
         _fail(str(e))
     failed = [c for c in checks if not c.passed]

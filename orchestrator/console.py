@@ -114,6 +114,12 @@ def runs_table(runs: pd.DataFrame, title: str) -> Table:
 
 
 _STYLE = {"identical": "bold green", "lossless": "green", "near-lossless": "yellow", "lossy": "bold red", "n/a": "dim"}
+_TASK_STYLE = {"no change": "green", "improved": "cyan", "regressed": "bold red", "n/a": "dim"}
+
+
+def _task_cell(r: dict) -> str:
+    v = r.get("task_verdict")
+    return f"[{_TASK_STYLE[v]}]{v}[/]" if isinstance(v, str) else ""
 
 
 def compare_table(df: pd.DataFrame) -> Table:
@@ -126,9 +132,9 @@ def compare_table(df: pd.DataFrame) -> Table:
     serve = "mode" in df and (df["mode"] == "serve").any()
     t = Table(title="Lossless comparison", show_lines=False)
     for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
-                "noise", "top1", "greedy", "ppl_rel", "speedup [95% CI] call", "mem saved", "reason"):
-        t.add_column(col, justify="right" if col not in ("verdict", "reason", "framework", "model", "flags", "load")
-                     else "left", overflow="fold")
+                "noise", "top1", "greedy", "ppl_rel", "tasks", "speedup [95% CI] call", "mem saved", "reason"):
+        t.add_column(col, justify="right" if col not in ("verdict", "tasks", "reason", "framework", "model", "flags",
+                                                         "load") else "left", overflow="fold")
     for r in df.to_dict("records"):
         load = load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")) if serve else str(r["batch_size"])
         call = r.get("speed_call") if isinstance(r.get("speed_call"), str) else ""   # None or NaN: no interval
@@ -137,8 +143,37 @@ def compare_table(df: pd.DataFrame) -> Table:
         greedy = "" if not _finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
         t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]), load,
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
-                  num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"), speed,
-                  num(r["mem_saving"], ".0%"), str(r["reason"]))
+                  num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"), _task_cell(r),
+                  speed, num(r["mem_saving"], ".0%"), str(r["reason"]))
+    return t
+
+
+def task_table(tv: pd.DataFrame) -> Table:
+    """`bench compare`: the task layer, one row per cell and task: the metric with its interval, and the
+    paired change against the baseline with its interval, test and p-value."""
+    from orchestrator.analysis import _finite
+
+    def ci(r, name: str, spec: str) -> str:
+        v, lo, hi = r.get(name), r.get(f"{name}_lo"), r.get(f"{name}_hi")
+        if not _finite(v):
+            return ""
+        return f"{format(v, spec)} [{format(lo, spec)}, {format(hi, spec)}]" if _finite(lo) and _finite(hi) \
+            else format(v, spec)
+
+    t = Table(title="Task layer (item by item against the baseline)", show_lines=False)
+    for col in ("configuration", "batch", "task", "metric", "n", "score [95% CI]", "baseline", "change [95% CI]",
+                "ratio [95% CI]", "test", "p", "verdict"):
+        t.add_column(col, justify="left" if col in ("configuration", "task", "metric", "test", "verdict") else "right",
+                     overflow="fold")
+    for r in tv.to_dict("records"):
+        test = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap"}.get(r.get("test"), "")
+        judged = r["task_verdict"] != "n/a"
+        t.add_row(f"{r['framework']}/{r['quantization']}/{r['flags']}" + ("" if r["mode"] == "offline" else " serve"),
+                  str(r["batch_size"]), str(r["task"]), str(r.get("metric") or ""),
+                  str(int(r["n"])) if _finite(r.get("n")) else "", ci(r, "score", ".3f"),
+                  format(r["base_score"], ".3f") if judged else "", ci(r, "change", "+.3f") if judged else "",
+                  ci(r, "ratio", ".3f") if judged else "", test, format(r["p_value"], ".3g") if judged else "",
+                  _task_cell(r) + ("" if judged else f" {r['task_reason']}"))
     return t
 
 
@@ -155,14 +190,14 @@ def against_table(df: pd.DataFrame, new: str, old: str) -> Table:
         return f"x{v:.2f}{ci} {call if isinstance(call, str) else ''}".rstrip()
 
     t = Table(title=f"{new} against {old}", show_lines=False)
-    for col in ("configuration", "load", "verdict", "out tok/s", "TTFT p99", "TPOT p50", "peak mem", "reason"):
+    for col in ("configuration", "load", "verdict", "tasks", "out tok/s", "TTFT p99", "TPOT p50", "peak mem", "reason"):
         t.add_column(col, justify="right" if col in ("out tok/s", "TTFT p99", "TPOT p50", "peak mem") else "left",
                      overflow="fold")
     for r in df.to_dict("records"):
         mem = f"x{r['mem_ratio']:.3f}" if _finite(r.get("mem_ratio")) else ""
         t.add_row(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}",
                   load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")),
-                  f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", ratio(r, "tok_s"), ratio(r, "ttft_p99"),
+                  f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", _task_cell(r), ratio(r, "tok_s"), ratio(r, "ttft_p99"),
                   ratio(r, "tpot_p50"), mem, str(r["reason"]))
     return t
 

@@ -13,13 +13,17 @@ orchestrator/cross_run.py (`--against OLD`: each cell against the same config in
             max_slowdown: 0.05            # --against: output tokens/s may not drop by more than 5%
             max_ttft_p99_increase: 0.10   # --against: TTFT p99 may not rise by more than 10%
             max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
+            task: {name: tiny-ending, min_ratio: 0.99, no_regression: true}   # the task layer
     With --noise-run OLD_REPEAT (OLD's matrix run again) the intervals also hold the run-to-run drift
     the repeats inside one run cannot see; without it they hold the repeats only.
     A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
     OLD); so does a listed value no cell has. A speed bound fails only when the 95% interval of the
     NEW/OLD ratio lies wholly beyond it, so noise alone never fails a build; a ratio with no interval
     (fewer than 2 repeats on a side) cannot show that, and fails as "cannot judge". Peak memory is one
-    number per cell: its bound is checked on the ratio itself.
+    number per cell: its bound is checked on the ratio itself. A task rule reads the task layer
+    (orchestrator/task_verdicts.py): min_ratio fails when the 95% interval of the metric's ratio to the
+    baseline's (OLD's with --against) lies wholly below it, no_regression when the paired test finds a
+    regression; a cell without the task's rows, or a baseline without them, fails as "cannot judge".
 """
 
 from __future__ import annotations
@@ -51,6 +55,22 @@ class PolicyError(MatrixError):
         super().__init__(problems, source)
 
 
+class TaskRule(BaseModel):
+    """The task layer: a task's metric on the cell against its baseline (or OLD's cell), item by item."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="The task's name in the matrix's tasks section")
+    min_ratio: float | None = Field(None, gt=0, description="Least cell/baseline ratio of the metric (MLPerf's "
+                                    "tiers: 0.99, 0.999); fails only when the ratio's 95% interval is wholly below")
+    no_regression: bool = Field(False, description="Fail when the paired test finds a regression (p < task_alpha)")
+
+    @model_validator(mode="after")
+    def _something(self) -> "TaskRule":
+        if self.min_ratio is None and not self.no_regression:
+            raise ValueError("a task rule needs min_ratio or no_regression: true")
+        return self
+
+
 class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     match: dict[str, Any] = Field(default_factory=dict, description="Axis values (a list: any of them, each required)")
@@ -58,12 +78,13 @@ class Rule(BaseModel):
     max_slowdown: float | None = Field(None, ge=0, lt=1, description="--against: most output tokens/s may drop")
     max_ttft_p99_increase: float | None = Field(None, ge=0, description="--against: most TTFT p99 may rise")
     max_memory_increase: float | None = Field(None, ge=0, description="--against: most peak memory may rise")
+    task: TaskRule | None = None
 
     @model_validator(mode="after")
     def _something(self) -> "Rule":
-        if self.must_be is None and not self.speed_bounds():
-            raise ValueError("a rule needs must_be or a bound (max_slowdown, max_ttft_p99_increase, "
-                             "max_memory_increase)")
+        if self.must_be is None and not self.speed_bounds() and self.task is None:
+            raise ValueError("a rule needs must_be, a bound (max_slowdown, max_ttft_p99_increase, "
+                             "max_memory_increase) or a task rule")
         return self
 
     def speed_bounds(self) -> dict[str, float]:
@@ -149,8 +170,32 @@ def _speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
         f"below x{1 + limit:.3f}" if ok else f"wholly above x{1 + limit:.3f}")
 
 
-def evaluate(df: pd.DataFrame, policy: Policy, against: bool) -> list[Check]:
-    """Every (rule, cell) check. Speed bounds need `against` (a cross-run frame)."""
+def _task_check(tv: pd.DataFrame | None, cell_id: str, rule: TaskRule) -> tuple[bool, str]:
+    hit = None if tv is None or tv.empty else tv[(tv.cell_id == cell_id) & (tv.task == rule.name)]
+    if hit is None or hit.empty:
+        return False, f"cannot judge task {rule.name}: the cell has no rows for it"
+    r = hit.iloc[0].to_dict()
+    if r["task_verdict"] == "n/a":
+        return False, f"cannot judge task {rule.name}: {r['task_reason']}"
+    fails = []
+    if rule.no_regression and r["task_verdict"] == "regressed":
+        fails.append("a significant regression")
+    bound = ""
+    if rule.min_ratio is not None:
+        if not (_finite(r.get("ratio_lo")) and _finite(r.get("ratio_hi"))):
+            return False, f"cannot judge task {rule.name}: no ratio (the baseline's {r['metric']} is 0)"
+        below = r["ratio_hi"] < rule.min_ratio   # even the interval's top is below the bound
+        if below:
+            fails.append(f"ratio wholly below x{rule.min_ratio:g}")
+        bound = (f"ratio x{r['ratio']:.4f} [95% CI {r['ratio_lo']:.4f}, {r['ratio_hi']:.4f}] "
+                 + ("wholly below" if below else "within noise of" if r["ratio_lo"] < rule.min_ratio else "above")
+                 + f" x{rule.min_ratio:g}; ")
+    return not fails, f"task {rule.name}: {bound}{r['task_verdict']}: {r['task_reason']}"
+
+
+def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFrame | None = None) -> list[Check]:
+    """Every (rule, cell) check. Speed bounds need `against` (a cross-run frame); task rules read `tasks`
+    (orchestrator/task_verdicts.py, of the same comparison)."""
     checks: list[Check] = []
     rank = {v: i for i, v in enumerate(VERDICTS)}
     for i, rule in enumerate(policy.rules):
@@ -160,8 +205,13 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool) -> list[Check]:
         wants = {a: [_axis_value(a, x) for x in (v if isinstance(v, list) else [v])] for a, v in rule.match.items()}
         have = list(zip(*[[_axis_value(a, x) for x in df[a]] for a in wants])) if wants else [()] * len(df)
         hit = np.array([all(h in w for h, w in zip(row, wants.values())) for row in have], dtype=bool)
+        task_name = None
+        if rule.task:
+            task_name = f"task {rule.task.name}" + (f" min_ratio {rule.task.min_ratio:g}" if rule.task.min_ratio
+                                                     else "") + (" no_regression" if rule.task.no_regression else "")
         names = ([f"must_be {rule.must_be}"] if rule.must_be else []) + [f"{k} {v:g}" for k, v in
-                                                                        rule.speed_bounds().items()]
+                                                                        rule.speed_bounds().items()] + \
+            ([task_name] if task_name else [])
         present = {row for row, h in zip(have, hit) if h}
         for combo in itertools.product(*wants.values()):  # every value a rule lists must have been run
             if combo not in present:
@@ -179,6 +229,9 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool) -> list[Check]:
                 else:
                     ok, msg = _speed_check(r, bound, limit)
                 checks.append(Check(i, f"{bound} {limit:g}", cell, r["cell_id"], ok, msg))
+            if rule.task:
+                ok, msg = (False, r["reason"]) if r.get("only_in") else _task_check(tasks, r["cell_id"], rule.task)
+                checks.append(Check(i, task_name, cell, r["cell_id"], ok, msg))
     return checks
 
 

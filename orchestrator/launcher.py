@@ -18,18 +18,21 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 import adapters
-from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, CellDone, CellFailed, CellRecord, CellSpec, CellStart,
-                               CellUnsupported, GroupSpec, GroupUnsupported, Loaded, LoadFailed, LoadSpec, ModelSpec,
-                               ScoringSpec, ServeSpec, parse_event)
+from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, TASK_OUTPUTS, CellDone, CellFailed, CellRecord,
+                               CellSpec, CellStart, CellUnsupported, GroupSpec, GroupUnsupported, Loaded, LoadFailed,
+                               LoadSpec, ModelSpec, ScoringSpec, ServeSpec, TaskError, parse_event)
 from adapters.server_process import die_with_parent
 from orchestrator.cells import Cell, EngineGroup
 from orchestrator.matrix import Matrix
-from orchestrator.store import LOGPROBS_SCHEMA
+from orchestrator import task_sets
+from orchestrator.store import LOGPROBS_SCHEMA, TASKS_SCHEMA
+from orchestrator.task_metrics import task_rows
 from orchestrator.workload import Tokenizer, scoring_prompts, text_prompts, timing_prompts
 
 PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
@@ -48,6 +51,14 @@ class GroupJob:
     python: str
     cache_dir: str
     tries: int = 0          # times the scheduler has sent this group to Ray
+
+
+class CellResult(NamedTuple):
+    """What the driver stores for one cell: its row, and its logprob and task rows where it has them."""
+
+    row: dict
+    logprobs: pa.Table | None = None
+    tasks: pa.Table | None = None
 
 
 def _own_group_dying_with_parent() -> None:
@@ -85,12 +96,15 @@ def _resolve_source(source: str, cache_dir: str) -> str:
     return source
 
 
-def build_spec(job: GroupJob, cells: list[Cell]) -> GroupSpec:
+def _tokenizer_source(job: GroupJob) -> str:
+    entry = job.matrix.model_entry(job.group.model)
+    return _resolve_source(entry.tokenizer or entry.source, job.cache_dir)
+
+
+def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer) -> GroupSpec:
     m, g = job.matrix, job.group
     entry = m.model_entry(g.model)
     source = _resolve_source(entry.source, job.cache_dir)
-    tok = Tokenizer(_resolve_source(entry.tokenizer, job.cache_dir) if entry.tokenizer else source,
-                    entry.trust_remote_code)
     serve = g.mode == "serve"
     api = adapters.ADAPTERS[g.framework].server_api if serve else None
     as_text = serve and not api.prompt_ids   # a server that takes text only gets the prompts' text
@@ -108,6 +122,8 @@ def build_spec(job: GroupJob, cells: list[Cell]) -> GroupSpec:
             repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
             request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate))
     scoring = scoring_prompts(m.measure, tok)
+    tasks = task_sets.task_specs(task_sets.resolve(m.tasks), tok, _tokenizer_source(job), entry.trust_remote_code,
+                                 max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
     load = LoadSpec(
         framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
         gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
@@ -121,7 +137,22 @@ def build_spec(job: GroupJob, cells: list[Cell]) -> GroupSpec:
             top_k=m.measure.top_k, greedy_tokens=m.measure.greedy_tokens, repeats=m.measure.score_repeats),
         serve=None if not serve else ServeSpec(
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
-            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)))
+            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)),
+        tasks=tasks)
+
+
+def _task_table(run_id: str, cell_id: str, path: Path, tasks: dict, tok: Tokenizer) -> tuple[pa.Table | None, dict]:
+    """A cell's task outputs scored into tasks-table rows, and {task:<name>: why} for tasks that did not run."""
+    if not path.exists():
+        return None, {}
+    rows, missing = [], {}
+    for out in TASK_OUTPUTS.validate_json(path.read_bytes()):
+        if isinstance(out, TaskError):
+            missing[f"task:{out.name}"] = scrub_paths(out.reason)
+            continue
+        entry, items = tasks[out.name]
+        rows += [r | {"run_id": run_id, "cell_id": cell_id} for r in task_rows(entry, items, out, tok)]
+    return (pa.Table.from_pylist(rows, schema=TASKS_SCHEMA) if rows else None), missing
 
 
 def _arrow(values: np.ndarray, type_: pa.DataType) -> pa.Array:
@@ -215,17 +246,17 @@ def unsupported_reason(job: GroupJob, python: str) -> str | None:
     return None
 
 
-def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
+def run_group(job: GroupJob) -> list[CellResult]:
     """Run every cell of the group; always returns exactly one row per cell."""
     by_id = {c.cell_id: c for c in job.group.cells}
-    results: dict[str, tuple[dict, pa.Table | None]] = {}
+    results: dict[str, CellResult] = {}
     remaining = list(job.group.cells)
     python = job.python or sys.executable
     attempt = 0
 
-    def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None):
+    def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None, tasks=None):
         row = base_row(job, by_id[cell_id]) | {"status": status, "reason": scrub_paths(reason), "attempt": attempt}
-        results[cell_id] = (row | (extra or {}), lp)
+        results[cell_id] = CellResult(row | (extra or {}), lp, tasks)
 
     reason = unsupported_reason(job, python)
     if reason:
@@ -234,7 +265,11 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
         return [results[c.cell_id] for c in job.group.cells]
 
     try:
-        spec_all = build_spec(job, remaining)
+        entry = job.matrix.model_entry(job.group.model)
+        tok = Tokenizer(_tokenizer_source(job), entry.trust_remote_code)
+        spec_all = build_spec(job, remaining, tok)
+        tasks = {task_sets.task_name(e): (e, None if isinstance(e, task_sets.LmEvalTask) else task_sets.read_items(e))
+                 for e in task_sets.resolve(job.matrix.tasks)}
     except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
         for c in remaining:
             finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")
@@ -264,7 +299,10 @@ def run_group(job: GroupJob) -> list[tuple[dict, pa.Table | None]]:
             elif isinstance(ev, CellDone):
                 cid = ev.cell_id
                 record = CellRecord.model_validate_json((work / f"{cid}.json").read_text())
-                finish(cid, "ok", extra=_measured(loaded, record), lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"))
+                task_table, not_run = _task_table(job.run_id, cid, work / f"{cid}.tasks.json", tasks, tok)
+                record.missing.update(not_run)
+                finish(cid, "ok", extra=_measured(loaded, record), lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"),
+                       tasks=task_table)
                 current = None
             elif isinstance(ev, (CellFailed, CellUnsupported)):
                 finish(ev.cell_id, "failed" if isinstance(ev, CellFailed) else "unsupported",

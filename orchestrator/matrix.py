@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters import ADAPTERS
 from adapters.base import QUANTIZATIONS, normalize_quantization
 from adapters.contract import RepeatsAuto
+from orchestrator import task_sets
+from orchestrator.task_sets import TaskEntry
 
 AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate")
 MODES = ("offline", "serve")
@@ -141,6 +143,8 @@ class Tolerances(_Strict):
     noise_factor: float = Field(1.0, ge=0, description="A metric no further from exact than noise_factor x the "
                                 "baseline's own noise floor (run-to-run, batch 1 vs largest batch) counts as "
                                 "'lossless'; 0 turns the noise floor off")
+    task_alpha: float = Field(0.05, gt=0, lt=1, description="Level of the paired tests of the task layer: a change "
+                              "with p >= task_alpha is 'no change' (McNemar's exact test, or a paired bootstrap)")
 
 
 class Run(_Strict):
@@ -169,6 +173,10 @@ class Matrix(_Strict):
                                                               "mode": "offline"},
                                      description="Axis values of the baseline; axes not named match the cell's own")
     tolerances: Tolerances = Field(default_factory=Tolerances)
+    tasks: list[Union[str, TaskEntry]] = Field(default_factory=list, description="Task sets every cell runs after "
+                                               "its timings and logprobs (orchestrator/task_sets.py): built-in names "
+                                               "(" + ", ".join(task_sets.BUILTIN_TASKS) + ") or mappings with kind: "
+                                               "generation | choice | lm_eval")
     serve: Serve = Field(default_factory=Serve)
     run: Run = Field(default_factory=Run)
 
@@ -189,6 +197,9 @@ def _path(loc: tuple) -> str:
             out += f"[{part}]"
         elif part in ("synthetic", "jsonl", "text") and out.endswith("workload"):
             continue  # the discriminator tag pydantic adds is not part of the YAML path
+        elif out.startswith("tasks[") and (part in ("str", "generation", "choice", "lm_eval")
+                                            or str(part).startswith("tagged-union[")):
+            continue  # nor are a task entry's branches (a built-in name, or a mapping of a kind)
         else:
             out += f".{part}" if out else str(part)
     return out or "(top level)"
@@ -203,6 +214,8 @@ def _pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
             if (loc[2] == "str") == isinstance(e.get("input"), dict) and len(loc) == 3:
                 continue
             loc = loc[:2] + loc[3:]
+        if len(loc) == 3 and loc[0] == "tasks" and loc[2] == "str" and isinstance(e.get("input"), dict):
+            continue  # a task given as a mapping: its errors are the mapping's, not "not a string"
         path = _path(loc)
         if prefix:
             path = f"{prefix}.{path}" if path != "(top level)" else prefix
@@ -255,6 +268,7 @@ def _check_semantics(m: Matrix) -> list[str]:
         for i, rule in enumerate(getattr(m, section)):
             problems += _check_rule(m, rule, f"{section}[{i}]", need_all=(section == "include"))
     problems += _check_rule(m, m.baseline, "baseline", need_all=False, allow_lists=False)
+    problems += task_sets.problems(m.tasks)
     return problems
 
 

@@ -1,8 +1,9 @@
 """`bench report RUN [--against OLD_RUN]`: report.html (orchestrator/report_html.py) and report.md beside it
 (orchestrator/report_md.py), both from one load of the run (orchestrator/report_data.py).
 
-Numbers come from `orchestrator.analysis.analyse` (verdicts, KL, noise floors, speedups) and the
-stored cells table (versions). When the analysis cannot run, the report still renders the speed
+Numbers come from `orchestrator.analysis.analyse` (verdicts, KL, noise floors, speedups, perplexity),
+`orchestrator.task_verdicts` (the task layer: each task's score and its paired change against the
+baseline) and the stored cells table (versions). When the analysis cannot run, the report still renders the speed
 numbers and says why the quality columns are empty. With --against, OLD is analysed too and paired
 with this run (orchestrator/report_data.py: load_against); without it the report is what it was.
 """
@@ -36,7 +37,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
         _check_run(Path(against))
     html_path = Path(output) if output else root / "report.html"
     md_path = html_path.with_suffix(".md")
-    df, manifest, err = load(root)
+    df, manifest, err, tasks = load(root)
     name = str(manifest.get("run_id") or root.name)
     vs = None
     if against is not None:
@@ -45,8 +46,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
         vs = load_against(df, root, Path(against), match)
     from orchestrator.store import atomic_write_text
 
-    atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs))
-    atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs))
+    atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs, tasks=tasks))
+    atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs, tasks=tasks))
     for p in (html_path, md_path):  # a temporary file is private; a report is for sharing
         p.chmod(0o644)
     return html_path, md_path

@@ -2,7 +2,9 @@
 analysis), the caps on what one page holds, the cells a table shows, the Pareto frontier, and the
 number formatting and counts both print. With `--against OLD`: the pairs of NEW and OLD
 (orchestrator/cross_run.py) and each configuration's move between the two runs' quality-vs-speed
-points (`load_against`)."""
+points (`load_against`). The task layer (orchestrator/task_verdicts.py) comes with both: its long
+table (one row per cell and task) for the task panel and the task quality axes, and its per-cell
+summary (task_verdict, task_reason) merged into the cells."""
 
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from orchestrator.cells import load_label
 from orchestrator.store import STATUSES, RunStore
 
 VERDICT_ORDER = ("identical", "lossless", "near-lossless", "lossy", "n/a")
-_METRICS = ("verdict", "reason", "kl_mean", "max_abs", "greedy_match", "greedy_close", "top1", "ppl_rel",
-            "noise_kl_mean", "noise_max_abs", "noise_greedy_match", "speedup", "speedup_lo", "speedup_hi",
-            "baseline_cell_id", "baseline_match")
+_METRICS = ("verdict", "reason", "kl_mean", "max_abs", "greedy_match", "greedy_close", "top1", "ppl", "ppl_base",
+            "ppl_rel", "noise_ppl_rel", "noise_kl_mean", "noise_max_abs", "noise_greedy_match", "speedup",
+            "speedup_lo", "speedup_hi", "baseline_cell_id", "baseline_match")
 # What one HTML page holds and a browser still opens: a larger run is aggregated or capped, and
 # the page says so (the numbers of every cell: `bench compare RUN -o cells.parquet`, `bench export`).
 # report_html.py and report_md.py read them as report_data.MAX_* on each call, so they can be lowered.
@@ -44,8 +46,53 @@ def first_line(text: Any, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def load(run_dir: str | Path) -> tuple[pd.DataFrame, dict, str | None]:
-    """(one row per cell: stored columns + analysis columns, manifest, why the analysis failed or None)."""
+@dataclass
+class TaskLayer:
+    """The task layer as the report shows it (orchestrator/task_verdicts.py)."""
+    table: pd.DataFrame         # one row per (cell, task): analyse_tasks or compare_task_runs, plus each
+                                # cell's config, load_label and label as the cells frame has them
+    error: str | None = None    # why the task analysis could not run (the table is then empty)
+
+    @property
+    def tasks(self) -> list[str]:
+        return sorted(self.table.task.dropna().unique()) if len(self.table) else []
+
+
+TASK_VERDICT_ORDER = ("regressed", "improved", "no change", "n/a")   # worst first: the order tables list them in
+
+
+def no_task_layer(error: str | None = None) -> TaskLayer:
+    return TaskLayer(pd.DataFrame(columns=["cell_id", "task", "task_verdict", "task_reason", "label"]), error)
+
+
+def _task_layer(compute: Any, cells: pd.DataFrame) -> TaskLayer:
+    """compute() -> the long task table, labelled from `cells`; a failure leaves the rest of the report standing."""
+    try:
+        tv = compute()
+    except Exception as e:
+        return no_task_layer(f"{type(e).__name__}: {first_line(str(e), 400)}")
+    tv = tv.reset_index(drop=True)
+    at = cells.drop_duplicates("cell_id").set_index("cell_id")
+    for col in ("config", "load_label", "label"):
+        tv[col] = tv.cell_id.map(at[col]) if col in at and len(tv) else None
+    return TaskLayer(tv)
+
+
+def _merge_task_summary(df: pd.DataFrame, tasks: TaskLayer, rows: pd.Series | None = None) -> pd.DataFrame:
+    """df plus task_verdict and task_reason per cell (summarize_tasks); `rows`: where they apply (else all)."""
+    from orchestrator.task_verdicts import summarize_tasks
+
+    df = df.drop(columns=[c for c in ("task_verdict", "task_reason") if c in df.columns])
+    summary = summarize_tasks(tasks.table).set_index("cell_id") if len(tasks.table) else None
+    for col in ("task_verdict", "task_reason"):
+        values = df.cell_id.map(summary[col]) if summary is not None and len(df) else pd.Series(None, index=df.index)
+        df[col] = values.where(rows, None) if rows is not None else values
+    return df
+
+
+def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, dict, str | None, TaskLayer]:
+    """(one row per cell: stored columns + analysis columns + the task summary, manifest, why the
+    analysis failed or None, the task layer). tasks=False skips the task analysis (empty layer)."""
     store = RunStore(run_dir)
     manifest = store.read_manifest()
     raw = store.read_cells()
@@ -75,7 +122,12 @@ def load(run_dir: str | Path) -> tuple[pd.DataFrame, dict, str | None]:
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
     df["label"] = [f"{c} {lo}" + (f" in{i}/out{o}" if multi_len else "")
                    for c, lo, i, o in zip(df.config, df.load_label, df.input_len, df.output_len)]
-    return df, manifest, analysis_error
+    layer = no_task_layer()
+    if tasks:
+        from orchestrator.task_verdicts import analyse_tasks
+
+        layer = _task_layer(lambda: analyse_tasks(store.root), df)
+    return _merge_task_summary(df, layer), manifest, analysis_error, layer
 
 
 @dataclass
@@ -88,6 +140,7 @@ class Against:
     not_drawn: list[tuple[str, str]] = field(default_factory=list)   # (label, why) of pairs with no arrow
     error: str | None = None    # why compare_runs could not run (pairs is then empty)
     old_error: str | None = None  # why analyse(OLD) could not run (no moves then)
+    tasks: TaskLayer | None = None  # compare_task_runs: each NEW cell's tasks against its partner in OLD
 
 
 def _labels(df: pd.DataFrame) -> None:
@@ -111,7 +164,7 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
     not pair cells one to one raises cross_run.MatchError; any other failure is said in the report."""
     from orchestrator.cross_run import MatchError, compare_runs
 
-    old_df, old_manifest, old_error = load(old_root)
+    old_df, old_manifest, old_error, _ = load(old_root, tasks=False)   # OLD's own task verdicts are not shown
     name = str(old_manifest.get("run_id") or Path(old_root).name)
     error = None
     try:
@@ -156,12 +209,22 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
         lone = pairs[pairs.only_in.notna()]
         not_drawn += [(label, "only in this run" if side == "new" else f"only in {name}")
                       for label, side in zip(lone.label, lone.only_in)]
-    return Against(name, pairs, moves, not_drawn, error, old_error)
+    from orchestrator.task_verdicts import compare_task_runs
+
+    # only the pairs: a row of a cell in OLD only carries OLD's cell id, which is no NEW cell
+    paired = pairs.loc[pairs.only_in.isna(), ["cell_id", "baseline_cell_id"]] if len(pairs) else pairs
+    tasks = _task_layer(lambda: compare_task_runs(new_root, old_root, paired), new_df) if error is None else \
+        no_task_layer(f"no pairs ({error})")
+    if len(pairs):
+        pairs = _merge_task_summary(pairs, tasks, rows=pairs.only_in != "old")
+    return Against(name, pairs, moves, not_drawn, error, old_error, tasks)
 
 
-def pareto_front(speedup: np.ndarray, kl: np.ndarray) -> np.ndarray:
-    """Mask of the points no other point dominates (speedup >= and kl <=, one of them strictly)."""
-    speedup, kl = np.asarray(speedup, dtype=float), np.asarray(kl, dtype=float)
+def pareto_front(speedup: np.ndarray, quality: np.ndarray, higher_is_better: bool = False) -> np.ndarray:
+    """Mask of the points no other point dominates: speedup >= and quality at least as good (KL: <=,
+    the default; a task score: >=, higher_is_better), one of them strictly."""
+    speedup, quality = np.asarray(speedup, dtype=float), np.asarray(quality, dtype=float)
+    kl = -quality if higher_is_better else quality   # below, lower is better
     on = np.zeros(len(speedup), dtype=bool)
     best_kl, best_s = math.inf, math.nan
     for i in np.lexsort((kl, -speedup)):  # fastest first; equal speed: lowest KL first
@@ -290,3 +353,71 @@ def _status_counts(df: pd.DataFrame) -> dict[str, int]:
 def _verdict_counts(df: pd.DataFrame) -> dict[str, int]:
     counts = df.verdict.value_counts().to_dict()
     return {v: int(counts.get(v, 0)) for v in VERDICT_ORDER}
+
+
+# ------------------------------------------------------------------ the task layer
+
+TEST_NAMES = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap"}
+
+
+def _ci(r: dict, name: str, spec: str) -> str:
+    """A task figure with its 95% interval: '0.568 [0.475, 0.656]' (no interval: the figure alone)."""
+    v, lo, hi = r.get(name), r.get(f"{name}_lo"), r.get(f"{name}_hi")
+    if not _finite(v):
+        return ""
+    return f"{format(v, spec)} [{format(lo, spec)}, {format(hi, spec)}]" if _finite(lo) and _finite(hi) \
+        else format(v, spec)
+
+
+def _judged(r: dict) -> bool:
+    return r.get("task_verdict") in ("no change", "improved", "regressed")
+
+
+def _p(r: dict) -> str:
+    return format(r["p_value"], ".3g") if _judged(r) and _finite(r.get("p_value")) else ""
+
+
+def _moved_items(r: dict) -> str:
+    """Items that moved against the baseline: '20 worse / 0 better of 111'."""
+    if not _judged(r) or not _finite(r.get("n_paired")):
+        return ""
+    return f"{int(r['worse'])} worse / {int(r['better'])} better of {int(r['n_paired'])}"
+
+
+def task_rows(tv: pd.DataFrame, task: str) -> tuple[pd.DataFrame, str]:
+    """One task's rows as the tables list them: the regressions first, then the improvements, no
+    change and n/a, each by cell label; at most MAX_TABLE_CELLS, and what was left out."""
+    g = tv[tv.task == task].copy()
+    rank = {v: i for i, v in enumerate(TASK_VERDICT_ORDER)}
+    g["_rank"] = g.task_verdict.map(rank).fillna(len(rank))
+    g = g.sort_values(["_rank", "label"], kind="stable").drop(columns="_rank")
+    if len(g) <= MAX_TABLE_CELLS:
+        return g, ""
+    return g.head(MAX_TABLE_CELLS), (f"{len(g):,} cells ran {task}, more than one page can hold: the table shows "
+                                     f"{MAX_TABLE_CELLS:,}, the regressions first; every row is in "
+                                     "`bench compare RUN` (its task table).")
+
+
+def task_counts(tv: pd.DataFrame, task: str) -> str:
+    """'acc, n=111 items: 1 regressed, 2 no change' (n as a range where cells scored different counts)."""
+    g = tv[tv.task == task]
+    metrics = ", ".join(sorted(str(m) for m in g["metric"].dropna().unique())) if "metric" in g else ""
+    n = pd.to_numeric(g["n"], errors="coerce").dropna() if "n" in g else pd.Series(dtype=float)
+    items = "" if n.empty else (f"n={int(n.min())}" if n.min() == n.max() else f"n={int(n.min())}–{int(n.max())}")
+    counts = g.task_verdict.value_counts()
+    verdicts = ", ".join(f"{int(counts[v])} {v}" for v in TASK_VERDICT_ORDER if counts.get(v, 0))
+    head = ", ".join(x for x in (metrics, f"{items} items" if items else "") if x)
+    return f"{head}; {len(g):,} cell(s): {verdicts}" if head else f"{len(g):,} cell(s): {verdicts}"
+
+
+def _task_verdict_counts(df: pd.DataFrame) -> dict[str, int]:
+    """Cells per summarised task verdict (cells without task rows are not counted)."""
+    counts = df["task_verdict"].value_counts().to_dict() if "task_verdict" in df else {}
+    return {v: int(counts.get(v, 0)) for v in TASK_VERDICT_ORDER}
+
+
+def no_tasks_text(manifest: dict) -> str:
+    """What the report says where a run has no task rows."""
+    if (manifest.get("matrix") or {}).get("tasks"):
+        return "The matrix has a tasks section, but no cell stored task rows."
+    return "No task rows: the matrix had no tasks section (add `tasks:` to it to score task sets in every cell)."

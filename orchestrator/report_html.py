@@ -5,11 +5,17 @@
   quality vs speed   speedup (with its 95% CI, a Welch t interval on the log ratio) against
                KL(baseline || cell), log axes, one point per cell coloured by verdict, the
                lossless/near tolerances and the baseline's noise floor as lines, and the Pareto
-               frontier (cells that no other cell beats on both: higher speedup and lower KL)
+               frontier (cells that no other cell beats on both: higher speedup and lower KL).
+               With task rows, a menu on the plot (plotly updatemenus) switches the quality axis to
+               a task's score (higher is better, so that frontier maximises both speedup and score)
   against OLD  (`--against OLD_RUN` only) on the quality plot, an arrow per configuration from its
                point in OLD (against OLD's own baseline) to its point here, and under it one row per
                pair of cells (orchestrator/cross_run.py): verdict against OLD, NEW/OLD ratios of
                tok/s, TTFT p99, TPOT p50 with 95% CIs and calls, memory, what changed
+  task layer   per task, its cells against the baseline item by item (score with its 95% CI,
+               change and ratio with CIs, McNemar exact or paired bootstrap test, p, verdict), a line
+               with n and the cells per verdict; with --against, the same against OLD; and perplexity
+               per cell, the logit layer's task figure. Without task rows it says so.
   throughput and latency against batch size, one line per engine config: output tokens/s,
                TTFT and TPOT p50 with error bars up to p99
   cells        every cell in one table, sortable by clicking a header (a few lines of inline
@@ -35,12 +41,15 @@ import numpy as np
 import pandas as pd
 
 from orchestrator import report_data
-from orchestrator.report_data import (VERDICT_ORDER, _against_counts, _call, _finite, _moved, _num, _ratio, _sci,
-                                      _speed, _status_counts, _text, _ttft, _verdict_counts, _why, against_rows,
-                                      first_line, pareto_front, table_cells)
+from orchestrator.report_data import (TASK_VERDICT_ORDER, TEST_NAMES, VERDICT_ORDER, _against_counts, _call, _ci,
+                                      _finite, _judged, _moved, _moved_items, _num, _p, _ratio, _sci, _speed,
+                                      _status_counts, _task_verdict_counts, _text, _ttft, _verdict_counts, _why,
+                                      against_rows, first_line, no_tasks_text, pareto_front, table_cells, task_counts,
+                                      task_rows)
 
 VERDICT_COLOR = {"identical": "#1a7f37", "lossless": "#4caf50", "near-lossless": "#e6a700", "lossy": "#d73027",
                  "n/a": "#8c8c8c"}
+TASK_VERDICT_COLOR = {"regressed": "#d73027", "improved": "#1f77b4", "no change": "#1a7f37", "n/a": "#8c8c8c"}
 STATUS_COLOR = {"ok": "#1a7f37", "unsupported": "#b58900", "failed": "#d73027", "crashed": "#d73027",
                 "timeout": "#d73027"}
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -64,16 +73,67 @@ def _fig_html(fig, div_id: str) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def quality_figure(df: pd.DataFrame, tolerances: dict, against: Any = None) -> tuple[Any, list[str]]:
-    """(figure or None, labels of the cells it cannot place). against: a report_data.Against, whose
-    moves (each configuration's point in OLD to its point here) are drawn as arrows."""
+def quality_figure(df: pd.DataFrame, tolerances: dict, against: Any = None, tasks: Any = None) -> tuple[Any, list[str]]:
+    """(figure or None, labels of the cells it cannot place on the KL axis). against: a
+    report_data.Against, whose moves (each configuration's point in OLD to its point here) are drawn
+    as arrows. tasks: a report_data.TaskLayer; with task rows, a dropdown (plotly updatemenus: the page
+    stays static) switches the quality axis between KL and each task's score."""
     import plotly.graph_objects as go
 
     has = df.speedup.map(_finite) & df.kl_mean.map(_finite)
     left_out = df.loc[~has, "label"].tolist()
-    d = df[has].copy()
-    if d.empty:
+    fig = go.Figure()
+    fig._note, fig._moves_note = "", ""
+    views = []  # (button label, first trace, end trace, layout of the view, x span of its points)
+    if has.any():
+        start = len(fig.data)
+        layout, span = _kl_view(fig, df[has].copy(), tolerances, against)
+        views.append(("quality: KL (logit layer)", start, len(fig.data), layout, span))
+    table = tasks.table if tasks is not None and len(tasks.table) else None
+    for task in (tasks.tasks if table is not None else []):
+        start = len(fig.data)
+        view = _task_view(fig, df, table[table.task == task], task)
+        if view is not None:
+            views.append((f"quality: {task} score", start, len(fig.data), *view))
+    if not views:
         return None, left_out
+    # one x axis for every view: it spans the CIs too, so no error bar runs off the plot (a bar drawn
+    # to the edge reads as a line)
+    x_lo, x_hi = min(v[4][0] for v in views), max(v[4][1] for v in views)
+    xs = [min(x_lo, 1.0) / 1.5, max(x_hi, 1.0) * 1.5]
+    for t in fig.data:
+        if getattr(t, "meta", None) == "across":   # the tolerance lines cross the whole axis
+            t.x = xs
+    fig.update_layout(
+        height=560, margin=dict(l=70, r=20, t=50 if len(views) > 1 else 30, b=60), hovermode="closest",
+        template="plotly_white", legend=dict(orientation="h", y=-0.15),
+        xaxis=dict(title="speedup vs baseline (output tokens/s ratio, 95% CI) — right is faster",
+                   type="log", range=[math.log10(xs[0]), math.log10(xs[1])]))
+    fig.update_layout({k: v for k, v in views[0][3].items() if k != "annotations"})  # the arrows are in place
+    if len(views) > 1:
+        for _, start, end, _, _ in views[1:]:
+            for t in fig.data[start:end]:
+                t.visible = False
+        buttons = [dict(label=label, method="update",
+                        args=[{"visible": [start <= k < end for k in range(len(fig.data))]}, layout])
+                   for label, start, end, layout, _ in views]
+        fig.update_layout(updatemenus=[dict(type="dropdown", buttons=buttons, active=0, showactive=True, x=0,
+                                            xanchor="left", y=1.02, yanchor="bottom", bgcolor="#f6f8fa")])
+    fig._views = [v[0].removeprefix("quality: ") for v in views]
+    return fig, left_out
+
+
+def _x_span(speedup: pd.Series, lo: pd.Series, hi: pd.Series) -> tuple[float, float]:
+    x_lo = float(np.nanmin(np.fmin(speedup.to_numpy(float), lo.to_numpy(float))))
+    x_hi = float(np.nanmax(np.fmax(speedup.to_numpy(float), hi.to_numpy(float))))
+    return (x_lo if x_lo > 0 else float(speedup[speedup > 0].min())), x_hi
+
+
+def _kl_view(fig, d: pd.DataFrame, tolerances: dict, against: Any) -> tuple[dict, tuple[float, float]]:
+    """The logit layer's view: speedup against KL(baseline || cell), coloured by verdict, with the
+    tolerances, the noise floor and the frontier (lower KL is better). Returns (its layout, x span)."""
+    import plotly.graph_objects as go
+
     moves = against.moves if against is not None and len(against.moves) else None
     positive = d.kl_mean[d.kl_mean > 0]
     if moves is not None:  # OLD's points share the axes
@@ -90,11 +150,9 @@ def quality_figure(df: pd.DataFrame, tolerances: dict, against: Any = None) -> t
                 f"<br>out tok/s: {_num(r.output_tok_s, '.1f')}<br>cell {r.cell_id}"
                 + ("<br><b>on the Pareto frontier</b>" if r.front else ""))
 
-    fig = go.Figure()
     dense = len(d) > report_data.MAX_POINTS
-    fig._note = ""
     if dense:  # one point per cell would be a page no browser opens: the density of all, and the frontier
-        _density(fig, d)
+        _density(fig, d.speedup, d.kl_plot, "KL", log_y=True)
         fig._note = (f"{len(d):,} cells are too many to draw one by one: the shading counts the cells per "
                      f"(speedup, KL) bin, all {len(d):,} of them; the points are the "
                      f"{int(d.front.sum())} cells on the Pareto frontier, coloured by verdict.")
@@ -106,41 +164,97 @@ def quality_figure(df: pd.DataFrame, tolerances: dict, against: Any = None) -> t
             x=g.speedup, y=g.kl_plot, mode="markers", name=verdict,
             marker=dict(color=VERDICT_COLOR[verdict], size=11, line=dict(width=1, color="#333"),
                         symbol=["diamond" if k == 0 else "circle" for k in g.kl_mean]),
-            error_x=dict(type="data", symmetric=False, array=(g.speedup_hi - g.speedup).fillna(0).clip(lower=0),
-                         arrayminus=(g.speedup - g.speedup_lo).fillna(0).clip(lower=0), thickness=1, width=3,
-                         color=VERDICT_COLOR[verdict]),
-            hovertext=[hover(r) for r in g.itertuples()], hoverinfo="text"))
-    front = d[d.front].sort_values("speedup")
-    fig.add_trace(go.Scatter(x=front.speedup, y=front.kl_plot, mode="lines+markers", name="Pareto frontier",
-                             line=dict(color="#444", dash="dash", width=1.5, shape="vh"),
-                             marker=dict(size=17, color="rgba(0,0,0,0)", line=dict(color="#444", width=1.5)),
-                             hovertext=[f"Pareto frontier: {html.escape(l)}" for l in front.label], hoverinfo="text"))
-    # the axis spans the CIs too, so no error bar runs off the plot (a bar drawn to the edge reads as a line)
-    x_lo = float(np.nanmin(np.fmin(d.speedup.to_numpy(float), d.speedup_lo.to_numpy(float))))
-    x_hi = float(np.nanmax(np.fmax(d.speedup.to_numpy(float), d.speedup_hi.to_numpy(float))))
-    if moves is not None:
-        x_lo, x_hi = min(x_lo, float(moves.old_speedup.min())), max(x_hi, float(moves.old_speedup.max()))
-    x_lo = x_lo if x_lo > 0 else float(d.speedup[d.speedup > 0].min())
-    xs = [min(x_lo, 1.0) / 1.5, max(x_hi, 1.0) * 1.5]
+            error_x=_x_error(g, VERDICT_COLOR[verdict]), hovertext=[hover(r) for r in g.itertuples()], hoverinfo="text"))
+    _frontier(fig, d[d.front], "kl_plot")
     lines = [(tolerances.get("kl_lossless"), "kl_lossless", "#4caf50"), (tolerances.get("kl_near"), "kl_near", "#e6a700")]
     noise = d.noise_kl_mean[d.noise_kl_mean.map(_finite) & (d.noise_kl_mean > 0)]
     if len(noise):
         lines.append((float(noise.max()), "baseline noise floor", "#7f7f7f"))
     for y, name, color in lines:
-        if _finite(y) and y > 0:
-            fig.add_trace(go.Scatter(x=xs, y=[y, y], mode="lines", name=f"{name} {y:.0e}", hoverinfo="name",
-                                     line=dict(color=color, dash="dot", width=1)))
+        if _finite(y) and y > 0:   # x: set across the whole axis once every view is drawn (meta "across")
+            fig.add_trace(go.Scatter(x=[1, 1], y=[y, y], mode="lines", name=f"{name} {y:.0e}", hoverinfo="name",
+                                     line=dict(color=color, dash="dot", width=1), meta="across"))
     kl_top = float(d.kl_plot.max()) if moves is None else max(float(d.kl_plot.max()), float(moves.old_kl.max()))
     fig.add_trace(go.Scatter(x=[1, 1], y=[floor, max(kl_top, 1e-1) * 3], mode="lines",
                              name="baseline speed (1x)", hoverinfo="name", line=dict(color="#999", width=1)))
     fig._moves_note = _moves(fig, moves, floor, against.name) if moves is not None else ""
-    fig.update_layout(
-        height=560, margin=dict(l=70, r=20, t=30, b=60), hovermode="closest", template="plotly_white",
-        legend=dict(orientation="h", y=-0.15),
-        xaxis=dict(title="speedup vs baseline (output tokens/s ratio, 95% CI) — right is faster",
-                   type="log", range=[math.log10(xs[0]), math.log10(xs[1])]),
-        yaxis=dict(title="KL(baseline || cell), mean per token — down is closer", type="log", exponentformat="e"))
-    return fig, left_out
+    span = _x_span(d.speedup, d.speedup_lo, d.speedup_hi)
+    if moves is not None:
+        span = (min(span[0], float(moves.old_speedup.min())), max(span[1], float(moves.old_speedup.max())))
+    layout = {"yaxis.title.text": "KL(baseline || cell), mean per token — down is closer", "yaxis.type": "log",
+              "yaxis.exponentformat": "e", "yaxis.autorange": True,
+              # the arrows of --against are drawn on this view only
+              "annotations": [a.to_plotly_json() for a in fig.layout.annotations]}
+    return layout, span
+
+
+def _task_view(fig, df: pd.DataFrame, tv: pd.DataFrame, task: str) -> tuple[dict, tuple[float, float]] | None:
+    """One task's view: speedup against the task's score (95% CI both ways), coloured by the task
+    verdict against the baseline, and the frontier of cells no other is both faster and better at
+    (a higher score is better). Returns (its layout, x span), or None when no cell can be placed."""
+    import plotly.graph_objects as go
+
+    at = df.drop_duplicates("cell_id").set_index("cell_id")
+    d = tv.copy()
+    for col in ("speedup", "speedup_lo", "speedup_hi"):
+        d[col] = pd.to_numeric(d.cell_id.map(at[col]), errors="coerce")
+    d = d[d.speedup.map(_finite) & (d.speedup > 0) & d.get("score", pd.Series(np.nan, index=d.index)).map(_finite)]
+    if d.empty:
+        return None
+    d["front"] = pareto_front(d.speedup.to_numpy(), d.score.to_numpy(float), higher_is_better=True)
+    metric = ", ".join(sorted(str(m) for m in d.metric.dropna().unique()))
+
+    def hover(r: dict) -> str:
+        judged = r["task_verdict"] != "n/a"
+        return (f"<b>{html.escape(str(r['label']))}</b><br>{html.escape(task)}: {r['task_verdict']}"
+                f"<br>{html.escape(str(r['metric']))}: {_ci(r, 'score', '.3f')} (n={int(r['n'])})"
+                + (f"<br>baseline: {r['base_score']:.3f}; change {_ci(r, 'change', '+.3f')}, p={_p(r)}"
+                   if judged else f"<br>{html.escape(first_line(r['task_reason'], 120))}")
+                + f"<br>speedup: {_speed(r)}<br>cell {r['cell_id']}"
+                + ("<br><b>on the Pareto frontier</b>" if r["front"] else ""))
+
+    dense = len(d) > report_data.MAX_POINTS
+    if dense:
+        _density(fig, d.speedup, d.score, f"{task} score", log_y=False)
+    for verdict in TASK_VERDICT_ORDER:
+        g = d[(d.task_verdict == verdict) & (d.front | (not dense))]
+        if g.empty:
+            continue
+        rows = g.to_dict("records")
+        fig.add_trace(go.Scatter(
+            x=g.speedup, y=g.score, mode="markers", name=f"{task}: {verdict}",
+            marker=dict(color=TASK_VERDICT_COLOR[verdict], size=11, line=dict(width=1, color="#333")),
+            error_x=_x_error(g, TASK_VERDICT_COLOR[verdict]),
+            error_y=dict(type="data", symmetric=False, array=(g.score_hi - g.score).fillna(0).clip(lower=0),
+                         arrayminus=(g.score - g.score_lo).fillna(0).clip(lower=0), thickness=1, width=3,
+                         color=TASK_VERDICT_COLOR[verdict]),
+            hovertext=[hover(r) for r in rows], hoverinfo="text"))
+    _frontier(fig, d[d.front], "score")
+    y_lo = float(np.nanmin(np.fmin(d.score, d.score_lo))) if d.score_lo.notna().any() else float(d.score.min())
+    y_hi = float(np.nanmax(np.fmax(d.score, d.score_hi))) if d.score_hi.notna().any() else float(d.score.max())
+    fig.add_trace(go.Scatter(x=[1, 1], y=[y_lo, y_hi], mode="lines", name="baseline speed (1x)",
+                             hoverinfo="name", line=dict(color="#999", width=1)))
+    layout = {"yaxis.title.text": f"{task}: {metric} per cell (95% CI) — up is better", "yaxis.type": "linear",
+              "yaxis.exponentformat": "none", "yaxis.autorange": True, "annotations": []}
+    return layout, _x_span(d.speedup, d.speedup_lo, d.speedup_hi)
+
+
+def _x_error(g: pd.DataFrame, color: str) -> dict:
+    return dict(type="data", symmetric=False, array=(g.speedup_hi - g.speedup).fillna(0).clip(lower=0),
+                arrayminus=(g.speedup - g.speedup_lo).fillna(0).clip(lower=0), thickness=1, width=3, color=color)
+
+
+def _frontier(fig, front: pd.DataFrame, y: str) -> None:
+    """The Pareto frontier as a step line through its points, fastest last. A vertical-then-horizontal
+    step bounds the dominated region for either direction of the quality axis."""
+    import plotly.graph_objects as go
+
+    front = front.sort_values("speedup")
+    fig.add_trace(go.Scatter(x=front.speedup, y=front[y], mode="lines+markers", name="Pareto frontier",
+                             line=dict(color="#444", dash="dash", width=1.5, shape="vh"),
+                             marker=dict(size=17, color="rgba(0,0,0,0)", line=dict(color="#444", width=1.5)),
+                             hovertext=[f"Pareto frontier: {html.escape(str(l))}" for l in front.label],
+                             hoverinfo="text"))
 
 
 def _moves(fig, moves: pd.DataFrame, floor: float, old_name: str) -> str:
@@ -189,16 +303,20 @@ def _moves(fig, moves: pd.DataFrame, floor: float, old_name: str) -> str:
     return note + "."
 
 
-def _density(fig, d: pd.DataFrame) -> None:
-    """A 2-D histogram of (speedup, KL) on log axes, computed here: the page holds the counts only."""
+def _density(fig, speedup: pd.Series, y: pd.Series, name: str, log_y: bool) -> None:
+    """A 2-D histogram of (speedup, quality) on log x (and log y for KL), computed here: the page holds
+    the counts only."""
     import plotly.graph_objects as go
 
-    x, y = np.log10(d.speedup.clip(lower=1e-9).to_numpy(float)), np.log10(d.kl_plot.to_numpy(float))
-    counts, xe, ye = np.histogram2d(x, y, bins=(90, 70))
+    x = np.log10(speedup.clip(lower=1e-9).to_numpy(float))
+    yv = np.log10(y.to_numpy(float)) if log_y else y.to_numpy(float)
+    counts, xe, ye = np.histogram2d(x, yv, bins=(90, 70))
     z = np.where(counts.T > 0, counts.T, np.nan)
-    fig.add_trace(go.Heatmap(x=10 ** ((xe[:-1] + xe[1:]) / 2), y=10 ** ((ye[:-1] + ye[1:]) / 2), z=z,
+    mid = (ye[:-1] + ye[1:]) / 2
+    fig.add_trace(go.Heatmap(x=10 ** ((xe[:-1] + xe[1:]) / 2), y=10 ** mid if log_y else mid, z=z,
                              colorscale="Blues", zmin=0, name="cells per bin", colorbar=dict(title="cells", x=1.02),
-                             hovertemplate="speedup %{x:.3g}, KL %{y:.2g}: %{z} cells<extra></extra>"))
+                             hovertemplate=f"speedup %{{x:.3g}}, {html.escape(name)} %{{y:.2g}}: %{{z}} cells"
+                                           "<extra></extra>"))
 
 
 def speed_figure(df: pd.DataFrame) -> Any:
@@ -259,7 +377,7 @@ th{background:#f6f8fa;position:sticky;top:0;font-size:12.5px}
 table.sortable th{cursor:pointer;user-select:none} table.sortable th:hover{background:#eaeef2}
 th[aria-sort=ascending]::after{content:" ▲"} th[aria-sort=descending]::after{content:" ▼"}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap} .wrap{overflow-x:auto;max-height:80vh}
-td.noise{color:#656d76;background:#fafbfc} .verdict{font-weight:600}
+td.noise{color:#656d76;background:#fafbfc} .verdict{font-weight:600;white-space:nowrap}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(380px,1fr));gap:8px 28px}
 .kv td:first-child{color:#656d76;white-space:nowrap} .bad{color:#d73027} .banner{background:#ffebe9;border:1px solid #d73027;
      padding:8px 12px;border-radius:6px;margin:8px 0} pre{background:#f6f8fa;padding:10px;overflow-x:auto}
@@ -311,7 +429,7 @@ document.body.setAttribute('data-plots', Array.prototype.filter.call(document.qu
 Column = tuple[str, str, str, Callable[[dict], Any], Callable[[dict], str], str]
 
 
-def _columns(multi_len: bool) -> list[Column]:
+def _columns(multi_len: bool, with_tasks: bool = False) -> list[Column]:
     rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
     cols: list[Column] = [
         ("framework", "framework", "", lambda r: r["framework"], lambda r: r["framework"], ""),
@@ -330,6 +448,13 @@ def _columns(multi_len: bool) -> list[Column]:
         ("status", "status", "", lambda r: r["status"], lambda r: r["status"], ""),
         ("verdict", "verdict", "against the baseline, judged with the baseline's noise floor",
          lambda r: rank.get(r["verdict"], 9), lambda r: r["verdict"], "verdict"),
+    ]
+    if with_tasks:  # the task layer's verdict per cell: the worst of its tasks (the row's tooltip says which)
+        trank = {v: i for i, v in enumerate(report_data.TASK_VERDICT_ORDER)}
+        cols.append(("tasks", "tasks", "the worst task verdict against the baseline (regressed, improved, no change); "
+                     "the task layer below has every task", lambda r: trank.get(r.get("task_verdict")),
+                     lambda r: _text(r.get("task_verdict")), "verdict"))
+    cols += [
         ("kl", "KL mean", "KL(baseline || cell) per teacher-forced token", lambda r: r["kl_mean"],
          lambda r: _sci(r["kl_mean"]), "n"),
         ("noise-kl", "noise KL", "the baseline engine's own KL floor (run-to-run / batch 1 vs N)",
@@ -364,7 +489,7 @@ def _columns(multi_len: bool) -> list[Column]:
 
 def _cells_table(df: pd.DataFrame) -> str:
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
-    cols = _columns(multi_len)
+    cols = _columns(multi_len, with_tasks="task_verdict" in df and df.task_verdict.notna().any())
     head = "".join(f'<th data-key="{k}" title="{_esc(tip)}">{_esc(h)}</th>' for k, h, tip, *_ in cols)
     body = []
     for r in df.to_dict("records"):
@@ -380,6 +505,9 @@ def _cells_table(df: pd.DataFrame) -> str:
                 style = f' style="color:{VERDICT_COLOR.get(r["verdict"], "#333")}"'
             elif key == "status":
                 style = f' style="color:{STATUS_COLOR.get(r["status"], "#333")};font-weight:600"'
+            elif key == "tasks":
+                style = (f' style="color:{TASK_VERDICT_COLOR.get(r.get("task_verdict"), "#333")}"'
+                         f' title="{_esc(first_line(r.get("task_reason"), 600))}"')
             tds.append(f'<td class="{cls}" data-v="{_esc(v)}"{style}>{_esc(text(r))}</td>')
         tip = f"cell {r['cell_id']} · engine {r.get('engine_key')} · flags {r.get('flags_json') or '{}'}"
         body.append(f'<tr title="{_esc(tip)}">' + "".join(tds) + "</tr>")
@@ -485,6 +613,10 @@ def _against_section(ag: Any, fig: Any) -> str:
     cols += [("vs-verdict", "verdict", lambda r: rank.get(r["verdict"], 9), lambda r: str(r["verdict"]), "verdict"),
              ("vs-kl", "KL mean", lambda r: r.get("kl_mean"), lambda r: _sci(r.get("kl_mean")), "n"),
              ("vs-speedup", "speedup (old → new)", lambda r: r.get("new_speedup"), _moved, "n")]
+    if "task_verdict" in ag.pairs and ag.pairs.task_verdict.notna().any():  # the tasks against OLD, worst of them
+        trank = {v: i for i, v in enumerate(report_data.TASK_VERDICT_ORDER)}
+        cols.append(("vs-tasks", "tasks", lambda r: trank.get(r.get("task_verdict")),
+                     lambda r: _text(r.get("task_verdict")), "verdict"))
     cols += ratio("tok_s", "out tok/s") + ratio("ttft_p99", "TTFT p99") + ratio("tpot_p50", "TPOT p50")
     cols += [("vs-mem", "peak mem ratio", lambda r: r.get("mem_ratio"),
               lambda r: f"{r['mem_ratio']:.3f}x" if _finite(r.get("mem_ratio")) else "", "n"),
@@ -502,6 +634,9 @@ def _against_section(ag: Any, fig: Any) -> str:
             style = ""
             if key == "vs-verdict":
                 style = f' style="color:{VERDICT_COLOR.get(r["verdict"], "#333")}"'
+            elif key == "vs-tasks":
+                style = (f' style="color:{TASK_VERDICT_COLOR.get(r.get("task_verdict"), "#333")}"'
+                         f' title="{_esc(first_line(r.get("task_reason"), 600))}"')
             elif cls == "call" and t in call_color:
                 style = f' style="color:{call_color[t]};font-weight:600"'
             shown_text = "<br>".join(_esc(x) for x in t.split("; ")) if key == "vs-changed" else _esc(t)
@@ -511,6 +646,135 @@ def _against_section(ag: Any, fig: Any) -> str:
         body.append(f'<tr title="{_esc(tip)}">' + "".join(tds) + "</tr>")
     parts.append(f'<div class="wrap"><table class="sortable" id="against-cells"><thead><tr>{head}</tr></thead>'
                  f'<tbody>{"".join(body)}</tbody></table></div>')
+    return "\n".join(parts)
+
+
+def _task_table(rows: pd.DataFrame, table_id: str, multi_len: bool) -> str:
+    """One task's cells: the score with its 95% CI, the paired change against the baseline with its CI,
+    the ratio, the test, p, the items that moved each way and the verdict (coloured)."""
+    rank = {v: i for i, v in enumerate(report_data.TASK_VERDICT_ORDER)}
+    cols: list[tuple[str, str, Callable, Callable, str]] = [
+        ("config", "engine config", lambda r: r.get("config"), lambda r: _text(r.get("config")), ""),
+        ("load", "load", lambda r: f"{r['mode']}:{int(r['batch_size']):06d}:"
+         f"{r['request_rate'] if _finite(r['request_rate']) else 0:012.3f}", lambda r: _text(r.get("load_label")), "")]
+    if multi_len:
+        cols += [("in", "in", lambda r: r["input_len"], lambda r: str(r["input_len"]), "n"),
+                 ("out", "out", lambda r: r["output_len"], lambda r: str(r["output_len"]), "n")]
+    cols += [("n", "n", lambda r: r.get("n"), lambda r: _num(r.get("n"), ".0f"), "n"),
+             ("score", "score [95% CI]", lambda r: r.get("score"), lambda r: _ci(r, "score", ".3f"), "n"),
+             ("base", "baseline", lambda r: r.get("base_score") if _judged(r) else None,
+              lambda r: _num(r.get("base_score"), ".3f") if _judged(r) else "", "n"),
+             ("change", "change [95% CI]", lambda r: r.get("change") if _judged(r) else None,
+              lambda r: _ci(r, "change", "+.3f") if _judged(r) else "", "n"),
+             ("ratio", "ratio [95% CI]", lambda r: r.get("ratio") if _judged(r) else None,
+              lambda r: _ci(r, "ratio", ".3f") if _judged(r) else "", "n"),
+             ("test", "test", lambda r: TEST_NAMES.get(r.get("test"), ""), lambda r: TEST_NAMES.get(r.get("test"), ""), ""),
+             ("p", "p", lambda r: r.get("p_value") if _judged(r) else None, _p, "n"),
+             ("moved", "items worse / better", lambda r: r.get("worse") if _judged(r) else None, _moved_items, "n"),
+             ("verdict", "verdict", lambda r: rank.get(r.get("task_verdict"), 9), lambda r: _text(r.get("task_verdict")),
+              "verdict"),
+             ("reason", "why n/a", lambda r: "" if _judged(r) else _text(r.get("task_reason")),
+              lambda r: "" if _judged(r) else _text(r.get("task_reason")), "reason")]
+    head = "".join(f'<th data-key="{table_id}-{k}">{_esc(h)}</th>' for k, h, *_ in cols)
+    body = []
+    for r in rows.to_dict("records"):
+        tds = []
+        for key, _, value, text, cls in cols:
+            v = value(r)
+            v = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+            style = f' style="color:{TASK_VERDICT_COLOR.get(r.get("task_verdict"), "#333")}"' if key == "verdict" else ""
+            tds.append(f'<td class="{cls}" data-v="{_esc(v)}"{style}>{_esc(text(r))}</td>')
+        base = r.get("baseline_cell_id")
+        tip = f"cell {r['cell_id']}" + (f" · baseline {base}" if isinstance(base, str) else "")
+        body.append(f'<tr title="{_esc(tip)}">' + "".join(tds) + "</tr>")
+    return (f'<div class="wrap"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _task_tables(layer: Any, prefix: str) -> list[str]:
+    """Per task: a line with n and the cells per verdict, then its table."""
+    tv = layer.table
+    multi_len = tv[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
+    parts = []
+    for i, task in enumerate(layer.tasks):
+        rows, note = task_rows(tv, task)
+        parts.append(f'<h3 id="{prefix}-{i}-head">{_esc(task)}</h3><p>{_esc(task_counts(tv, task))}.</p>')
+        if note:
+            parts.append(f"<p class='muted'><b>{_esc(note)}</b></p>")
+        parts.append(_task_table(rows, f"{prefix}-{i}", multi_len))
+    return parts
+
+
+def _ppl_table(df: pd.DataFrame) -> str:
+    """Perplexity, the logit layer's task figure: per cell on the scoring text, against the baseline's."""
+    shown, _ = table_cells(df)
+    d = shown[shown.ppl.map(_finite)] if "ppl" in shown else shown.iloc[:0]
+    if d.empty:
+        return "<p class='muted'>No cell has a perplexity (it needs logprobs of the cell and of its baseline).</p>"
+    multi_len = d[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
+    rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
+
+    def pct(v: Any) -> str:
+        return f"{100 * v:+.3g}%" if _finite(v) else ""
+
+    cols = [("config", "engine config", lambda r: r["config"], lambda r: r["config"], ""),
+            ("load", "load", lambda r: r["load_label"], lambda r: r["load_label"], "")]
+    if multi_len:
+        cols += [("in", "in", lambda r: r["input_len"], lambda r: str(r["input_len"]), "n"),
+                 ("out", "out", lambda r: r["output_len"], lambda r: str(r["output_len"]), "n")]
+    cols += [("ppl", "perplexity", lambda r: r["ppl"], lambda r: _num(r["ppl"], ".5g"), "n"),
+             ("base", "baseline's", lambda r: r.get("ppl_base"), lambda r: _num(r.get("ppl_base"), ".5g"), "n"),
+             ("rel", "ppl_rel", lambda r: r.get("ppl_rel"), lambda r: pct(r.get("ppl_rel")), "n"),
+             ("noise", "noise |ppl_rel|", lambda r: r.get("noise_ppl_rel"), lambda r: pct(r.get("noise_ppl_rel")),
+              "n noise"),
+             ("verdict", "logit verdict", lambda r: rank.get(r["verdict"], 9), lambda r: r["verdict"], "verdict")]
+    head = "".join(f'<th data-key="ppl-{k}">{_esc(h)}</th>' for k, h, *_ in cols)
+    body = []
+    for r in d.to_dict("records"):
+        tds = []
+        for key, _, value, text, cls in cols:
+            v = value(r)
+            v = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+            style = f' style="color:{VERDICT_COLOR.get(r["verdict"], "#333")}"' if key == "verdict" else ""
+            tds.append(f'<td class="{cls}" data-v="{_esc(v)}"{style}>{_esc(text(r))}</td>')
+        body.append(f'<tr title="cell {_esc(r["cell_id"])}">' + "".join(tds) + "</tr>")
+    return (f'<div class="wrap"><table class="sortable" id="ppl"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
+
+
+def _task_panel(tasks: Any, df: pd.DataFrame, manifest: dict, against: Any = None) -> str:
+    """The task layer: per task its cells against the baseline, item by item (orchestrator/task_verdicts.py);
+    with --against, per task each cell against its partner in OLD; and perplexity, the logit layer's
+    task figure, per cell."""
+    alpha = ((manifest.get("matrix") or {}).get("tolerances") or {}).get("task_alpha", 0.05)
+    parts = ['<h2 id="tasks">Task layer</h2>']
+    if tasks is not None and tasks.error:
+        parts.append(f'<div class="banner">The task analysis could not run: {_esc(tasks.error)}</div>')
+    elif tasks is None or not len(tasks.table):
+        parts.append(f"<p class='muted' id='no-tasks'>{_esc(no_tasks_text(manifest))}</p>")
+    else:
+        parts.append(f"<div>cells {_chips(_task_verdict_counts(df), TASK_VERDICT_COLOR)}</div>")
+        parts.append("<p class='muted'>Each cell's task sets, scored item by item and paired with its baseline "
+                     "cell's same items. Score: the metric's mean with its 95% CI (Wilson for 0/1 metrics, else a "
+                     "bootstrap). Change (cell − baseline) and ratio (cell ÷ baseline, MLPerf's accuracy ratio): "
+                     "paired bootstrap 95% CIs. Test: McNemar's exact test on the items that flipped (0/1 metrics), "
+                     f"else a paired bootstrap test; regressed or improved where p &lt; {_esc(alpha)} (task_alpha), "
+                     "else no change. The quality plot above can show each task's score on its quality axis.</p>")
+        parts += _task_tables(tasks, "task")
+    vs = against.tasks if against is not None else None
+    if vs is not None and (vs.error or len(vs.table)):
+        parts.append(f'<h3 id="tasks-against">Tasks against {_esc(against.name)}</h3>')
+        if vs.error:
+            parts.append(f"<p class='muted'>No task comparison with {_esc(against.name)}: {_esc(vs.error)}</p>")
+        else:
+            parts.append(f"<p class='muted'>Each cell of this run against its partner in {_esc(against.name)}, "
+                         "item by item, with the same tests: the baseline column is the partner's score.</p>")
+            parts += _task_tables(vs, "vs-task")
+    parts.append('<h3 id="perplexity">Perplexity (logit layer)</h3>'
+                 "<p class='muted'>Per cell on the scoring text (teacher forced, the positions the cell and its "
+                 "baseline both scored): the cell's perplexity, the baseline's, and ppl_rel = ppl ÷ baseline's − 1 "
+                 "next to the baseline engine's own |ppl_rel| noise; the logit verdict weighs it with the other "
+                 "logit metrics.</p>" + _ppl_table(df))
     return "\n".join(parts)
 
 
@@ -554,9 +818,9 @@ def _duration(s: dict) -> str:
 
 
 def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
-                against: Any = None) -> str:
+                against: Any = None, tasks: Any = None) -> str:
     """The page; against (a report_data.Against) adds the moves from OLD to the quality plot and the
-    section with this run against OLD."""
+    section with this run against OLD; tasks (a report_data.TaskLayer) the task quality axes and panel."""
     import plotly
     import plotly.offline
 
@@ -580,6 +844,8 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     parts.append("<h2>Summary</h2>")
     parts.append(f"<div>status {_chips(status_counts, STATUS_COLOR)}</div>")
     parts.append(f"<div>verdict {_chips(verdict_counts, VERDICT_COLOR)}</div>")
+    if tasks is not None and len(tasks.table):
+        parts.append(f"<div>tasks {_chips(_task_verdict_counts(df), TASK_VERDICT_COLOR)}</div>")
     lines, seen = [], set()
     for name, verdicts in (("Fastest lossless (identical or lossless)", ("identical", "lossless")),
                            ("Fastest near-lossless or better", ("identical", "lossless", "near-lossless"))):
@@ -603,7 +869,7 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
 
     # quality vs speed
     parts.append("<h2>Quality vs speed</h2>")
-    fig, left_out = quality_figure(df, tolerances, against)
+    fig, left_out = quality_figure(df, tolerances, against, tasks)
     if fig is not None:
         parts.append(_fig_html(fig, "plot-quality"))
         parts.append("<p class='muted'>One point per cell (hover for details). Speedup = the cell's output tokens/s "
@@ -611,6 +877,11 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
                      "(Welch t interval on the log ratio of the per-repeat throughputs). "
                      "Diamonds: KL exactly 0 (bitwise-equal logprobs), drawn at the axis floor. The dashed step line "
                      "is the Pareto frontier: cells no other cell beats on both speed and KL.</p>")
+        if len(fig._views) > 1:
+            parts.append(f"<p class='muted' id='quality-axes'>Quality axis (the menu above the plot): "
+                         f"{_esc(', '.join(fig._views))}. On a task's axis a point is the cell's score with its 95% CI, "
+                         "coloured by its task verdict against the baseline; higher is better, so there the frontier "
+                         "holds the cells no other cell beats on both speed and score.</p>")
     else:
         parts.append("<p class='muted'>No cell has both a speedup and a KL to place.</p>")
     if fig is not None and fig._note:
@@ -623,6 +894,7 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
                      f"{_esc(', '.join(left_out))}</p>")
     if against is not None:
         parts.append(_against_section(against, fig))
+    parts.append(_task_panel(tasks, df, manifest, against))
 
     # throughput and latency
     parts.append("<h2>Throughput and latency vs batch size</h2>")

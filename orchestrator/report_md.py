@@ -1,5 +1,6 @@
 """report.md: status and verdict counts, the verdict/speedup table and the cells that are not ok,
-for a pull request or an issue; with --against OLD, the table of this run against OLD as well."""
+for a pull request or an issue; the task layer (one compact table, every task's cells against the
+baseline); with --against OLD, the table of this run against OLD as well, and its tasks against OLD."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 import pandas as pd
 
 from orchestrator import report_data
-from orchestrator.report_data import (_against_counts, _call, _moved, _num, _ratio, _sci, _speed, _status_counts,
+from orchestrator.report_data import (TEST_NAMES, _against_counts, _call, _ci, _judged, _moved,
+                                      _moved_items, _num, _p, _ratio, _sci, _speed, _status_counts, _task_verdict_counts,
                                       _text, _ttft, _ttft_disagrees, _verdict_counts, _why, against_rows, first_line,
-                                      table_cells)
+                                      no_tasks_text, table_cells, task_counts, task_rows)
 
 
 def _md(v: Any) -> str:
@@ -18,20 +20,23 @@ def _md(v: Any) -> str:
 
 
 def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
-                    against: Any = None) -> str:
+                    against: Any = None, tasks: Any = None) -> str:
     matrix = manifest.get("matrix") or {}
     baseline = matrix.get("baseline") or {}
     sc = ", ".join(f"{n} {s}" for s, n in _status_counts(df).items() if n)
     vc = ", ".join(f"{n} {v}" for v, n in _verdict_counts(df).items() if n)
+    with_tasks = tasks is not None and len(tasks.table) > 0
+    tc = ", ".join(f"{n} {v}" for v, n in _task_verdict_counts(df).items() if n) if with_tasks else ""
     out = [f"## lossless-bench: {run_name}", "",
            f"Matrix `{matrix.get('name', '?')}`, {len(df)} cells: {sc or 'none'}. Verdicts: {vc or 'none'}. "
-           f"Baseline: {', '.join(f'{k}={v}' for k, v in baseline.items()) or '-'}.", ""]
+           + (f"Tasks: {tc}. " if tc else "")
+           + f"Baseline: {', '.join(f'{k}={v}' for k, v in baseline.items()) or '-'}.", ""]
     if analysis_error:
         out += [f"> The analysis could not run: {_md(analysis_error)}", ""]
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
     head = ["framework", "model", "quant", "flags", "batch"] + (["in", "out"] if multi_len else []) + [
-        "status", "verdict", "KL mean", "noise KL", "greedy", "speedup [95% CI]", "out tok/s", "TTFT p50 ms",
-        "TPOT p50 ms", "reason"]
+        "status", "verdict"] + (["tasks"] if with_tasks else []) + [
+        "KL mean", "noise KL", "greedy", "speedup [95% CI]", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "reason"]
     shown, note = table_cells(df)
     if note:
         out += [f"> {note}", ""]
@@ -39,7 +44,8 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
     for r in shown.to_dict("records"):
         row = [r["framework"], r["model"], r["quantization"], r["flags"], r["batch_size"]] + (
             [r["input_len"], r["output_len"]] if multi_len else []) + [
-            r["status"], f"**{r['verdict']}**" if r["verdict"] in ("lossy",) else r["verdict"], _sci(r["kl_mean"]),
+            r["status"], f"**{r['verdict']}**" if r["verdict"] in ("lossy",) else r["verdict"]] + (
+            [_task_word(r.get("task_verdict"))] if with_tasks else []) + [_sci(r["kl_mean"]),
             _sci(r["noise_kl_mean"]), _num(r["greedy_match"], ".2f"), _speed(r), _num(r["output_tok_s"], ".1f"),
             _ttft(r), _num(r["tpot_ms_p50"], ".2f"), first_line(_why(r), 120)]
         out.append("| " + " | ".join(_md(x) for x in row) + " |")
@@ -57,9 +63,50 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
         out += ["", f"**{len(bad)} cell(s) not ok:**", ""]
         out += [f"- `{r['cell_id']}` {_md(r['label'])}: {r['status']}: {_md(first_line(r.get('status_reason')) or '-')}"
                 for r in bad.to_dict("records")]
+    out += ["", "### Tasks", ""]
+    if tasks is not None and tasks.error:
+        out += [f"> The task analysis could not run: {_md(tasks.error)}"]
+    elif not with_tasks:
+        out += [no_tasks_text(manifest)]
+    else:
+        out += _tasks(tasks, "the baseline")
     if against is not None:
         out += ["", *_against(against)]
+        vs = against.tasks
+        if vs is not None and (vs.error or len(vs.table)):
+            out += ["", f"### Tasks against {_md(against.name)}", ""]
+            out += [f"> No task comparison: {_md(vs.error)}"] if vs.error else _tasks(vs, f"the partner in {against.name}")
     return "\n".join(out) + "\n"
+
+
+def _task_word(v: Any) -> str:
+    return f"**{v}**" if v == "regressed" else _text(v)
+
+
+def _tasks(layer: Any, base: str) -> list[str]:
+    """The task layer in one table: a row per (task, cell), regressions first within each task, after a
+    line per task with n and the cells per verdict."""
+    tv = layer.table
+    out = [f"- **{_md(task)}**: {_md(task_counts(tv, task))}" for task in layer.tasks]
+    out += ["", f"Score with its 95% CI; change and ratio against {_md(base)} over the same items, paired "
+            "bootstrap 95% CIs; p from McNemar's exact test (0/1 metrics) or a paired bootstrap test.", ""]
+    head = ["task", "engine config", "load", "n", "score [95% CI]", "baseline", "change [95% CI]", "ratio [95% CI]",
+            "test", "p", "items worse / better", "verdict"]
+    out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    notes = []
+    for task in layer.tasks:
+        rows, note = task_rows(tv, task)
+        for r in rows.to_dict("records"):
+            judged = _judged(r)
+            verdict = _task_word(r.get("task_verdict")) + ("" if judged else f" ({first_line(r.get('task_reason'), 100)})")
+            row = [task, _text(r.get("config")), _text(r.get("load_label")), _num(r.get("n"), ".0f"),
+                   _ci(r, "score", ".3f"), _num(r.get("base_score"), ".3f") if judged else "",
+                   _ci(r, "change", "+.3f") if judged else "", _ci(r, "ratio", ".3f") if judged else "",
+                   TEST_NAMES.get(r.get("test"), ""), _p(r), _moved_items(r), verdict]
+            out.append("| " + " | ".join(_md(x) for x in row) + " |")
+        if note:
+            notes.append(f"> {note}")
+    return out + ([""] + notes if notes else [])
 
 
 def _against(ag: Any) -> list[str]:
@@ -80,13 +127,16 @@ def _against(ag: Any) -> list[str]:
     def ratio(r: dict, name: str) -> str:
         return " ".join(x for x in (_ratio(r, name), _call(r, name)) if x)
 
+    with_tasks = "task_verdict" in ag.pairs and ag.pairs.task_verdict.notna().any()
     head = ["engine config", "load"] + (["in", "out"] if multi_len else []) + [
-        "verdict", "KL mean", "speedup (old → new)", "out tok/s ratio [95% CI]", "TTFT p99 ratio [95% CI]",
+        "verdict"] + (["tasks"] if with_tasks else []) + [
+        "KL mean", "speedup (old → new)", "out tok/s ratio [95% CI]", "TTFT p99 ratio [95% CI]",
         "TPOT p50 ratio [95% CI]", "peak mem ratio", "reason", "what changed"]
     out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in shown.to_dict("records"):
         row = [r["config"], r["load_label"]] + ([r["input_len"], r["output_len"]] if multi_len else []) + [
-            f"**{r['verdict']}**" if r["verdict"] == "lossy" else r["verdict"], _sci(r.get("kl_mean")), _moved(r),
+            f"**{r['verdict']}**" if r["verdict"] == "lossy" else r["verdict"]] + (
+            [_task_word(r.get("task_verdict"))] if with_tasks else []) + [_sci(r.get("kl_mean")), _moved(r),
             ratio(r, "tok_s"), ratio(r, "ttft_p99"), ratio(r, "tpot_p50"),
             f"{_num(r.get('mem_ratio'), '.3f')}x" if _num(r.get("mem_ratio")) else "", first_line(r.get("reason"), 120),
             _text(r.get("changed"))]

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-import pyarrow as pa
 import ray
 
 from orchestrator import placement
-from orchestrator.launcher import GroupJob, base_row, run_group
+from orchestrator.launcher import CellResult, GroupJob, base_row, run_group
 
-Rows = list[tuple[dict, pa.Table | None]]
+Rows = list[CellResult]
 
 
 def init_ray(address: str | None = None) -> None:
@@ -55,7 +54,7 @@ def job_need(job: GroupJob, nodes: list[dict[str, float]]) -> placement.Need:
 # keep a fresh worker each (max_calls=1, Ray's own default for GPU tasks; Ray takes it only in the decorator).
 def _run_on_node(job: GroupJob) -> Rows:
     node = ray.get_runtime_context().get_node_id()
-    return [(row | {"node_id": node}, lp) for row, lp in run_group(job)]
+    return [r._replace(row=r.row | {"node_id": node}) for r in run_group(job)]
 
 
 @ray.remote(max_retries=0)
@@ -69,7 +68,7 @@ def _gpu_group_task(job: GroupJob) -> Rows:
 
 
 def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
-    return [(base_row(job, c) | {"status": status, "reason": reason}, None) for c in job.group.cells]
+    return [CellResult(base_row(job, c) | {"status": status, "reason": reason}) for c in job.group.cells]
 
 
 def estimate(job: GroupJob) -> float:

@@ -4,6 +4,7 @@ results/<run>/
   manifest.json                                   the matrix as given, the cells, host, versions
   cells/framework=<fw>/<cell_id>.parquet          one row per cell (CELLS_SCHEMA), as the run stores it
   logprobs/framework=<fw>/<cell_id>.parquet       one row per scored position (LOGPROBS_SCHEMA)
+  tasks/framework=<fw>/<cell_id>.parquet          one row per task item the cell ran (TASKS_SCHEMA)
   compacted.json                                  after a compaction: which compacted files are live
   cells/framework=<fw>/compacted-<g>.parquet      the cells folded by compaction <g> (one file)
   logprobs/framework=<fw>/compacted-<g>.parquet   their logprobs, grouped by cell (likely references first)
@@ -122,6 +123,21 @@ def _logprobs_schema() -> pa.Schema:
 
 LOGPROBS_SCHEMA = _logprobs_schema()
 
+# The task layer: one row per (cell, task, item), so every comparison pairs items (orchestrator/task_metrics.py).
+TASKS_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("cell_id", pa.string()),
+    ("task", pa.string()),
+    ("metric", pa.string()),
+    ("item_index", pa.int32()),              # the item's line (generation, choice) or lm-eval's doc_id
+    ("score", _f64),                         # the metric for this item (null: lm-eval gave none)
+    ("prediction", pa.string()),             # the generated text, or the chosen choice's index
+    ("target", pa.string()),                 # the answers as JSON, or the right choice's index
+    ("choice_logprobs", _list_f64),          # choice: each choice's summed continuation logprob
+    ("choice_tokens", pa.list_(pa.int32())),  # choice: each choice's continuation length in tokens
+])
+TASKS_WRITE_OPTIONS = {"compression": "zstd"}
+
 STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
 # The framework lives in the partition directory name only: a column of the same name inside the
 # files would clash with the hive partition when pandas or DuckDB read the directory.
@@ -191,14 +207,18 @@ class RunStore:
     def logprobs_path(self, framework: str, cell_id: str) -> Path:
         return self.root / "logprobs" / f"framework={framework}" / f"{cell_id}.parquet"
 
-    def write_cell(self, row: dict[str, Any], logprobs: pa.Table | None = None) -> None:
-        """Logprobs first, then the cell row: a stored cell row means its logprobs are complete."""
+    def tasks_path(self, framework: str, cell_id: str) -> Path:
+        return self.root / "tasks" / f"framework={framework}" / f"{cell_id}.parquet"
+
+    def write_cell(self, row: dict[str, Any], logprobs: pa.Table | None = None, tasks: pa.Table | None = None) -> None:
+        """Logprobs and task rows first, then the cell row: a stored cell row means its rows are complete."""
         fw, cid = row["framework"], row["cell_id"]
-        lp_path = self.logprobs_path(fw, cid)
-        if logprobs is not None and logprobs.num_rows:
-            _atomic_write_table(logprobs.cast(LOGPROBS_SCHEMA), lp_path, LOGPROBS_WRITE_OPTIONS)
-        else:
-            lp_path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
+        for table, path, schema, options in ((logprobs, self.logprobs_path(fw, cid), LOGPROBS_SCHEMA, LOGPROBS_WRITE_OPTIONS),
+                                             (tasks, self.tasks_path(fw, cid), TASKS_SCHEMA, TASKS_WRITE_OPTIONS)):
+            if table is not None and table.num_rows:
+                _atomic_write_table(table.cast(schema), path, options)
+            else:
+                path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
         _atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
 
     @contextlib.contextmanager
@@ -261,6 +281,14 @@ class RunStore:
         """The whole logprobs table as Arrow (large runs: prefer logprob_batches)."""
         schema = LOGPROBS_SCHEMA if columns is None else pa.schema([LOGPROBS_SCHEMA.field(c) for c in columns])
         return pa.Table.from_batches(list(self.logprob_batches(columns)), schema=schema)
+
+    def read_tasks(self, columns: list[str] | None = None) -> pa.Table:
+        """The tasks table: every stored cell's per-item task rows (small: items x tasks x cells)."""
+        files = sorted(p for p in (self.root / "tasks").glob("framework=*/*.parquet") if is_cell_file(p.name))
+        stored = set(self.read_cells_table(["cell_id"])["cell_id"].to_pylist()) if files else set()
+        schema = TASKS_SCHEMA if columns is None else pa.schema([TASKS_SCHEMA.field(c) for c in columns])
+        tables = [pq.read_table(f, columns=columns).cast(schema) for f in files if f.stem in stored]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_text(self.root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))

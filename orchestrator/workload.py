@@ -11,32 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from adapters.tokenizer import Tokenizer
 from orchestrator.matrix import DatasetWorkload, Measure, SyntheticWorkload
-
-
-class Tokenizer:
-    """The model's tokenizer: `tokenizers` on a local tokenizer.json, else transformers' AutoTokenizer."""
-
-    def __init__(self, source: str, trust_remote_code: bool = False):
-        path = Path(source)
-        if path.is_file():  # a .gguf file has no tokenizer.json next to it by convention
-            path = path.parent
-        if (path / "tokenizer.json").exists():
-            from tokenizers import Tokenizer as FastTokenizer
-
-            tok = FastTokenizer.from_file(str(path / "tokenizer.json"))
-            self.encode = lambda text: tok.encode(text, add_special_tokens=False).ids
-            self.decode = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
-            self.vocab_size = tok.get_vocab_size()
-            self.special_ids = set(tok.get_added_tokens_decoder())
-        else:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-            self.encode = lambda text: tok.encode(text, add_special_tokens=False)
-            self.decode = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
-            self.vocab_size = len(tok)
-            self.special_ids = set(tok.all_special_ids)
 
 
 def builtin_text(name: str) -> str:

@@ -554,8 +554,8 @@ def test_cuda_only_frameworks_are_unsupported_rows_on_a_cpu_run():
         reason = unsupported_reason(job, sys.executable)
         assert reason == f"{job.group.framework} needs CUDA; this run's device is cpu"
         rows = run_group(job)  # returns at once: no process, no prompts, no model
-        assert [r["status"] for r, _ in rows] == ["unsupported"] * len(job.group.cells)
-        assert all("needs CUDA" in r["reason"] and lp is None for r, lp in rows)
+        assert [r.row["status"] for r in rows] == ["unsupported"] * len(job.group.cells)
+        assert all("needs CUDA" in r.row["reason"] and r.logprobs is None and r.tasks is None for r in rows)
 
 
 def test_levels_an_engine_cannot_run_say_so_first():
@@ -567,8 +567,8 @@ def test_levels_an_engine_cannot_run_say_so_first():
     (job,) = _jobs(_matrix(["trtllm"], ("fp32",), device="cuda"), device="cuda")
     assert unsupported_reason(job, sys.executable).startswith("trtllm does not run quantization fp32")
     rows = run_group(job)
-    assert [r["status"] for r, _ in rows] == ["unsupported"] * len(job.group.cells)
-    assert all("does not run quantization fp32" in r["reason"] for r, _ in rows)
+    assert [r.row["status"] for r in rows] == ["unsupported"] * len(job.group.cells)
+    assert all("does not run quantization fp32" in r.row["reason"] for r in rows)
 
 
 def test_on_cuda_a_missing_environment_names_the_install_command():

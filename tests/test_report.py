@@ -96,7 +96,11 @@ def test_report_files(report_run, report):
     assert "AMD" in text or "Intel" in text or "cpu" in text.lower()
     assert "torch 2.13.0" in text  # the cells' engine-side versions
     assert "Sessions" in text and "report.yaml" not in text  # no absolute paths of the matrix leak in
+    # no tasks section in the matrix: the task panel says so, and still shows perplexity per cell
+    assert "No task rows: the matrix had no tasks section" in text and 'id="ppl"' in text
+    assert "updatemenus" not in _figure(text, "plot-quality")[1]  # KL is the only quality axis: no menu
     md = md_path.read_text()
+    assert "### Tasks\n\nNo task rows: the matrix had no tasks section" in md
     assert "4 cells: 3 ok, 1 unsupported" in md
     assert md.count("\n| hf | tiny |") == 4
     assert "identical" in md and "1.00x" in md
@@ -415,3 +419,186 @@ def test_report_against_when_the_comparison_fails(report_run, rerun, tmp_path, m
     assert 'id="against-cells"' not in text and "No cells to pair." in text
     assert [a for a in _figure(text, "plot-quality")[1].get("annotations", []) if a.get("arrowhead")]
     assert "> This run could not be compared with run1: RuntimeError" in md_path.read_text()
+
+
+# ------------------------------------------------------------------ the task layer
+
+TASK_ITEMS = 111
+QA_RIGHT = 67      # the baseline gets 67 of 111 qa items right (60%)
+QA_FLIPPED = 20    # vllm q4_0 gets 20 of those wrong: a regression McNemar's test sees (p = 2 * 0.5**20)
+
+
+def _task_rows(cell_id: str, flipped: int = 0, summ_run: bool = True):
+    """qa (exact_match, 0/1) and summ (rouge_l, continuous) rows of one cell, in TASKS_SCHEMA."""
+    import pyarrow as pa
+
+    from orchestrator.store import TASKS_SCHEMA
+
+    qa = [1.0 if i < QA_RIGHT else 0.0 for i in range(TASK_ITEMS)]
+    qa[:flipped] = [0.0] * flipped
+    summ = np.random.default_rng(0).uniform(0.1, 0.9, TASK_ITEMS).round(3).tolist()
+    rows = [dict(run_id="r", cell_id=cell_id, task="qa", metric="exact_match", item_index=i, score=s)
+            for i, s in enumerate(qa)]
+    if summ_run:
+        rows += [dict(run_id="r", cell_id=cell_id, task="summ", metric="rouge_l", item_index=i, score=s)
+                 for i, s in enumerate(summ)]
+    return pa.Table.from_pylist(rows, schema=TASKS_SCHEMA)
+
+
+def _logprobs(cell_id: str, shift: float = 0.0):
+    """Two prompts teacher forced over 3 positions, 3 greedy tokens each, two repeats; every logprob
+    moved by `shift` (0: bitwise equal to the baseline)."""
+    import pyarrow as pa
+
+    from orchestrator.store import LOGPROBS_SCHEMA
+
+    f32 = np.float32
+    top = [float(f32(np.log(p) + shift)) for p in (0.5, 0.3, 0.1)]
+    out = []
+    for rep in (0, 1):
+        for pi in (0, 1):
+            for pos in (1, 2, 3):
+                out.append(dict(run_id="r", cell_id=cell_id, kind="prompt", repeat=rep, prompt_index=pi, position=pos,
+                                token_id=12, logprob=top[2], topk_ids=[10, 11, 12], topk_logprobs=top))
+            for pos, tok in zip((4, 5, 6), (20 + pi, 30 + pi, 40 + pi)):
+                out.append(dict(run_id="r", cell_id=cell_id, kind="generation", repeat=rep, prompt_index=pi,
+                                position=pos, token_id=tok, logprob=top[0], topk_ids=[tok, tok + 100, tok + 200],
+                                topk_logprobs=top))
+    return pa.Table.from_pylist(out, schema=LOGPROBS_SCHEMA)
+
+
+def _task_run(root: Path, q4_flipped: int) -> Path:
+    """A run made by hand: hf fp32 (the baseline), vllm fp32 (the same logprobs and task results,
+    1.5x faster) and vllm q4_0 (shifted logprobs, 3x faster, `q4_flipped` qa items right -> wrong,
+    summ not run)."""
+    from orchestrator.store import RunStore
+
+    store = RunStore(root)
+    store.write_manifest({"run_id": root.name, "matrix": {
+        "name": "tasks", "baseline": {"framework": "hf", "quantization": "fp32"}, "tolerances": {},
+        "tasks": ["qa", "summ"]}})
+    for cid, fw, quant, speed, shift, flipped in (("base", "hf", "fp32", 1.0, 0.0, 0),
+                                                  ("same", "vllm", "fp32", 1.5, 0.0, 0),
+                                                  ("q4", "vllm", "q4_0", 3.0, 0.02, q4_flipped)):
+        tok_s = [100.0 * speed * f for f in (1.0, 1.02, 0.98)]
+        row = dict(run_id=root.name, cell_id=cid, engine_key=f"{fw}/{quant}/default", framework=fw, model="tiny",
+                   quantization=quant, flags="default", batch_size=1, input_len=32, output_len=16, mode="offline",
+                   load="batch", status="ok", output_tok_s=float(np.mean(tok_s)), output_tok_s_runs=tok_s,
+                   ttft_ms_p50=10.0 / speed, peak_mem_bytes=1000,
+                   missing=json.dumps({"task:summ": "lm-eval is not installed"} if cid == "q4" else {}))
+        store.write_cell(row, _logprobs(cid, shift), _task_rows(cid, flipped, summ_run=cid != "q4"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory) -> Path:
+    return _task_run(tmp_path_factory.mktemp("tasks") / "new", QA_FLIPPED)
+
+
+def _table(text: str, table_id: str) -> list[dict[str, tuple[str, str]]]:
+    """key -> (data-v, text shown) of every body row of a sortable table of the page."""
+    table = re.search(rf'<table class="sortable" id="{table_id}">(.*?)</table>', text, re.S).group(1)
+    keys = re.findall(r'<th data-key="([^"]+)"', table)
+    body = re.search(r"<tbody>(.*?)</tbody>", table, re.S).group(1)
+    return [dict(zip(keys, re.findall(r'<td[^>]*data-v="([^"]*)"[^>]*>(.*?)</td>', tr)))
+            for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+
+
+def test_pareto_front_either_direction():
+    speed = np.array([1.0, 1.5, 3.0, 2.0])
+    score = np.array([0.60, 0.60, 0.42, 0.40])
+    # a task score, higher is better: 1x is beaten by 1.5x (same score, faster); 2x by 3x (faster, better)
+    assert pareto_front(speed, score, higher_is_better=True).tolist() == [False, True, True, False]
+    # read as a KL (lower is better) the same numbers give another frontier: 2x (the lowest) and 3x (the fastest)
+    assert pareto_front(speed, score).tolist() == [False, False, True, True]
+
+
+def test_report_task_layer(task_run, tmp_path):
+    """A cell that flips 20 of 111 qa items right -> wrong: the task panel shows it regressed (McNemar
+    exact, change -0.180 with its CI), per task a line with n and the cells per verdict, the task it
+    did not run as n/a with the reason, perplexity per cell; the quality plot has a menu whose choices
+    are KL and each task's score, and on a task's axis the frontier maximises both."""
+    html_path, md_path = write_report(task_run, tmp_path / "tasks.html")
+    text, md = html_path.read_text(), md_path.read_text()
+
+    assert '<h2 id="tasks">Task layer</h2>' in text and 'id="no-tasks"' not in text
+    assert "<p>exact_match, n=111 items; 3 cell(s): 1 regressed, 2 no change.</p>" in text
+    qa = _table(text, "task-0")   # tasks in name order: qa, summ
+    assert [r["task-0-config"][1] for r in qa] == ["vllm/tiny/q4_0/default", "hf/tiny/fp32/default",
+                                                   "vllm/tiny/fp32/default"]   # the regression first
+    bad = qa[0]
+    assert bad["task-0-verdict"][1] == "regressed" and bad["task-0-test"][1] == "McNemar exact"
+    assert float(bad["task-0-p"][0]) == pytest.approx(2 * 0.5 ** QA_FLIPPED)
+    assert bad["task-0-change"][1].startswith(f"{-QA_FLIPPED / TASK_ITEMS:+.3f} [")
+    assert bad["task-0-score"][1].startswith(f"{(QA_RIGHT - QA_FLIPPED) / TASK_ITEMS:.3f} [")
+    assert bad["task-0-base"][1] == f"{QA_RIGHT / TASK_ITEMS:.3f}"
+    assert bad["task-0-moved"][1] == f"{QA_FLIPPED} worse / 0 better of {TASK_ITEMS}"
+    assert re.search(r'style="color:#d73027">regressed</td>', text)   # coloured
+    assert all(r["task-0-verdict"][1] == "no change" for r in qa[1:])
+    summ = _table(text, "task-1")
+    na = next(r for r in summ if r["task-1-config"][1] == "vllm/tiny/q4_0/default")
+    assert na["task-1-verdict"][1] == "n/a" and "lm-eval is not installed" in na["task-1-reason"][1]
+    assert {r["task-1-test"][1] for r in summ if r is not na} == {"paired bootstrap"}
+    # the cells table carries each cell's worst task verdict; perplexity is one more task-layer figure
+    assert sorted(r["tasks"][1] for r in _table(text, "cells")) == ["no change", "no change", "regressed"]
+    ppl = _table(text, "ppl")
+    assert len(ppl) == 3 and sum(float(r["ppl-rel"][0]) != 0 for r in ppl) == 1
+
+    # the quality axis: KL or a task's score, through a plotly dropdown
+    traces, layout = _figure(text, "plot-quality")
+    buttons = layout["updatemenus"][0]["buttons"]
+    assert [b["label"] for b in buttons] == ["quality: KL (logit layer)", "quality: qa score", "quality: summ score"]
+    kl, qa_view = buttons[0]["args"], buttons[1]["args"]
+    assert kl[1]["yaxis.type"] == "log" and qa_view[1]["yaxis.type"] == "linear"
+    assert "qa: exact_match" in qa_view[1]["yaxis.title.text"]
+    shown = [t for t, on in zip(traces, qa_view[0]["visible"]) if on]
+    assert all(t.get("visible") is False for t in shown)   # the KL view is the one drawn first
+    regressed = next(t for t in shown if t["name"] == "qa: regressed")
+    assert _values(regressed["x"]) == pytest.approx([3.0]) and \
+        _values(regressed["y"]) == pytest.approx([(QA_RIGHT - QA_FLIPPED) / TASK_ITEMS])
+    front = next(t for t in shown if t["name"] == "Pareto frontier")
+    assert _values(front["x"]) == pytest.approx([1.5, 3.0])   # higher score is better: 1.5x is on it, 1x is not
+    kl_front = next(t for t, on in zip(traces, kl[0]["visible"]) if on and t["name"] == "Pareto frontier")
+    assert _values(kl_front["x"]) == pytest.approx([1.5, 3.0])
+    assert "Quality axis (the menu above the plot): KL (logit layer), qa score, summ score." in text
+
+    # report.md: the task section, one compact table
+    rows = _md_table(md, "### Tasks")
+    assert len(rows) == 6 and all(len(r) == 12 for r in rows)   # qa: 3 cells, summ: 3
+    bad = next(r for r in rows if r[0] == "qa" and r[1] == "vllm/tiny/q4_0/default")
+    assert bad[-1] == "**regressed**" and bad[6].startswith("-0.180 [") and bad[8] == "McNemar exact"
+    assert "- **qa**: exact_match, n=111 items; 3 cell(s): 1 regressed, 2 no change" in md
+    assert "Tasks: 1 regressed, 2 no change." in md
+
+    if CHROMIUM:  # the page draws, and the menu's qa choice draws the qa view
+        i = text.rindex("<script>")
+        switch = ("<script>var gd = document.getElementById('plot-quality'), b = gd.layout.updatemenus[0].buttons[1];"
+                  "Plotly.update(gd, b.args[0], b.args[1]).then(function () { document.body.setAttribute("
+                  "'data-switched', gd.querySelectorAll('.scatterlayer .point').length + ' ' + "
+                  "gd.querySelector('.ytitle').textContent); });</script>")
+        page = tmp_path / "switched.html"
+        page.write_text(text[:i] + switch + text[i:])
+        res = _chromium(tmp_path, "--dump-dom", page.as_uri())
+        assert res.returncode == 0 and not _console_errors(res.stderr), res.stderr[-2000:]
+        assert not re.search(r"<html[^>]*data-report-errors", res.stdout)
+        assert re.search(r'<body[^>]*data-plots="2"', res.stdout) and "updatemenu" in res.stdout
+        m = re.search(r'data-switched="(\d+) ([^"]*)"', res.stdout)
+        assert m, "the qa view should have drawn"
+        assert int(m.group(1)) >= 3 and m.group(2).startswith("qa: exact_match")
+
+
+def test_report_task_layer_against(task_run, tmp_path):
+    """NEW against an OLD whose q4_0 cell got every qa item the baseline did: per task each NEW cell
+    against its partner in OLD, q4_0 regressed; the against table carries the task verdict."""
+    old = _task_run(tmp_path / "old", 0)
+    html_path, md_path = write_report(task_run, tmp_path / "vs.html", against=old)
+    text, md = html_path.read_text(), md_path.read_text()
+    assert '<h3 id="tasks-against">Tasks against old</h3>' in text
+    qa = _table(text, "vs-task-0")
+    assert qa[0]["vs-task-0-config"][1] == "vllm/tiny/q4_0/default" and qa[0]["vs-task-0-verdict"][1] == "regressed"
+    assert qa[0]["vs-task-0-base"][1] == f"{QA_RIGHT / TASK_ITEMS:.3f}"   # OLD's q4_0 score
+    assert sorted(r["vs-tasks"][1] for r in _table(text, "against-cells")) == ["no change", "no change", "regressed"]
+    assert "### Tasks against old" in md
+    assert len(_md_table(md, "### Tasks against old")) == 6
+    # the in-run panel is still there
+    assert _table(text, "task-0")[0]["task-0-verdict"][1] == "regressed"

@@ -207,6 +207,9 @@ SERVE_MATRIX = {
                 "score_repeats": 2, "top_k": 8},
     # each served cell against its own engine offline
     "baseline": {"model": "tiny", "mode": "offline"},
+    # the task layer through the servers: 20 choice items (teacher-forced prompt logprobs by id)
+    "tasks": [{"kind": "choice", "name": "ending20", "path": str(PROJECT_ROOT / "orchestrator/data/tasks/tiny-ending.jsonl"),
+               "limit": 20}],
     "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
 }
 
@@ -290,6 +293,29 @@ def test_vllm_served_cells_equal_offline(serve_run):
         assert v.baseline_match == "exact" and v.n_positions > 0   # teacher-forced rows, by id
         assert v.verdict in ("identical", "lossless") and v.greedy_match == 1.0 and v.top1 == 1.0, v.reason
         assert v.max_abs < 1e-4
+
+
+def test_tasks_through_the_server_score_as_offline(serve_run):
+    """vLLM's server takes ids and returns prompt logprobs: its served cells run the choice task and
+    pick what its offline cell picks; llama.cpp's takes text only: the task is n/a with that reason."""
+    from orchestrator.store import RunStore
+    from orchestrator.task_verdicts import analyse_tasks
+
+    store, cells, _ = serve_run
+    items = RunStore(store.root).read_tasks().to_pandas()
+    tv = analyse_tasks(store.root).set_index("cell_id")
+    for r in _served(cells, "llamacpp").itertuples():
+        assert "takes text prompts only" in json.loads(r.missing)["task:ending20"]
+        assert tv.loc[r.cell_id].task_verdict == "n/a" and r.cell_id not in set(items.cell_id)
+    if not HAS_VLLM:
+        pytest.skip("no .venvs/vllm: make env-vllm")
+    offline = cells[(cells.framework == "vllm") & (cells["mode"] == "offline") & (cells.batch_size == 1)].cell_id.iloc[0]
+    want = items[items.cell_id == offline].set_index("item_index")
+    for r in _served(cells, "vllm").itertuples():
+        got = items[items.cell_id == r.cell_id].set_index("item_index")
+        assert len(got) == 20 and (got.prediction == want.prediction).all()
+        assert all(abs(a - b).max() < 1e-3 for a, b in zip(got.choice_logprobs, want.choice_logprobs))
+        assert tv.loc[r.cell_id].task_verdict == "no change"
 
 
 def test_endpoint_model_is_served_but_not_started(serve_run, servers):
