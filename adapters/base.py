@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from adapters.contract import LoadFacts, LoadSpec, TimedRun, TokenScores
+from adapters.contract import LoadFacts, LoadSpec, SamplerSettings, TimedRun, TokenScores
 
 if TYPE_CHECKING:
     from adapters.server_process import ServerApi, ServerLaunch
@@ -68,6 +68,20 @@ class Adapter:
     def greedy(self, prompts: list[list[int]], n_tokens: int, top_k: int) -> list[TokenScores]:
         """Greedy generation of n_tokens per prompt (EOS ignored), with top-k logprobs per step."""
         raise NotImplementedError
+
+    def sample(self, prompts: list[list[int]], seeds: list[int], settings: SamplerSettings,
+               n_tokens: int) -> list[TokenScores]:
+        """One seeded sample per (prompts[i], seeds[i]), generated together as one batch by the engine's
+        own sampler, n_tokens each (EOS ignored): the sampled ids and each one's raw logprob (the
+        log-softmax of the raw logits, before temperature and filters); top-k lists empty (k = 0).
+        A sample must depend only on its prompt and seed, not on the rest of the batch, where the
+        engine can promise that; Unsupported where the engine has no per-request seed."""
+        raise Unsupported(f"{self.name}: seeded sampling is not implemented in this adapter")
+
+    def spec_counters(self) -> tuple[int, int] | None:
+        """Speculative decoding's (draft tokens proposed, draft tokens accepted) since load, where the
+        engine speculates and counts them; None otherwise. The worker takes differences per cell."""
+        return None
 
     def close(self) -> None:
         pass

@@ -7,7 +7,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -95,7 +95,13 @@ def load_or_report(load: Callable[[], T], events: Events, cell_ids: list[str]) -
     return None
 
 
-Measured = tuple[CellRecord, dict[str, np.ndarray], list[TaskOutput]]
+class Measured(NamedTuple):
+    """What measuring one cell produced: its record, logprob rows, task outputs and samples."""
+
+    record: CellRecord
+    logprobs: dict[str, np.ndarray]
+    tasks: list[TaskOutput]
+    samples: dict[str, np.ndarray]
 
 
 def run_cells(cells: list[CellSpec], measure: Callable[[CellSpec], Measured],
@@ -108,7 +114,7 @@ def run_cells(cells: list[CellSpec], measure: Callable[[CellSpec], Measured],
         events.emit(CellStart(cell_id=cid))
         started = time.perf_counter()
         try:
-            record, logprobs, tasks = measure(cell)
+            record, logprobs, tasks, samples = measure(cell)
         except Unsupported as err:
             events.emit(CellUnsupported(cell_id=cid, reason=str(err)))
             continue
@@ -122,5 +128,7 @@ def run_cells(cells: list[CellSpec], measure: Callable[[CellSpec], Measured],
         np.savez(out / f"{cid}.npz", **logprobs)
         if tasks:
             (out / f"{cid}.tasks.json").write_bytes(TASK_OUTPUTS.dump_json(tasks))
+        if samples:
+            np.savez(out / f"{cid}.samples.npz", **samples)
         (out / f"{cid}.json").write_text(record.model_dump_json())
         events.emit(CellDone(cell_id=cid))

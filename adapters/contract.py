@@ -104,6 +104,27 @@ class ServeSpec(_Model):
     seed: int = 0
 
 
+class SamplerSettings(_Model):
+    """The engine's own sampler, as the matrix sets it (measure.sampling). 0 turns top_k and min_p off."""
+
+    temperature: float = Field(gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0, lt=1)
+
+
+class SamplingSpec(_Model):
+    """Seeded samples of each prompt: seeds seed_offset .. seed_offset + seeds - 1, `tokens` each (EOS
+    ignored), `repeats` times with the same seeds (is a seed repeatable within one engine?)."""
+
+    prompts: list[list[int]]
+    settings: SamplerSettings
+    seeds: int
+    seed_offset: int = 0
+    tokens: int
+    repeats: int = 2
+
+
 class GenerationTaskSpec(_Model):
     """Greedy completions of each prompt, `max_tokens` each (EOS ignored: the driver cuts the text at
     EOS and the stop strings, which for greedy decoding is what stopping there would have given)."""
@@ -148,6 +169,7 @@ class GroupSpec(_Model):
     scoring: ScoringSpec | None = None
     serve: ServeSpec | None = None
     tasks: list[TaskSpec] = Field(default_factory=list)    # run by every cell after its timings and logprobs
+    sampling: SamplingSpec | None = None                   # seeded samples, after the logprobs
 
 
 # ------------------------------------------------------------------------------------------------
@@ -233,6 +255,17 @@ _EVENT = TypeAdapter(WorkerEvent)
 
 def parse_event(line: str | bytes) -> WorkerEvent:
     return _EVENT.validate_json(line)
+
+
+# The samples a cell stores (<cell_id>.samples.npz): one row per (repeat, prompt, seed), its ids and
+# each sampled token's raw logprob (log-softmax of the raw logits: before temperature and filters).
+SAMPLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("repeat", "int16"),
+    ("prompt_index", "int32"),
+    ("seed", "int64"),
+    ("token_ids", "int32"),      # [rows, tokens]
+    ("logprobs", "float32"),     # [rows, tokens]
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -594,5 +627,8 @@ class CellRecord(CellMetrics):
     peak_mem_bytes: int | None
     repeats: int                              # timed batches or runs made (measure.repeats, or as many as auto took)
     repeats_halfwidth: float | None = None    # relative half-width of the throughput's 95% interval
+    spec_draft_tokens: int | None = None      # speculative decoding over the timed batches: tokens drafted,
+    spec_accepted_tokens: int | None = None   # accepted, and accepted / drafted (None: no speculation)
+    spec_acceptance: float | None = None
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)

@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 
 from adapters.base import Adapter, EngineOptions, log_softmax, no_cuda_reason, register
-from adapters.contract import LoadFacts, LoadSpec, TimedRun, TokenScores, per_token_run, topk_dense
+from adapters.contract import LoadFacts, LoadSpec, SamplerSettings, TimedRun, TokenScores, per_token_run, topk_dense
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
@@ -62,6 +62,10 @@ class HfAdapter(Adapter):
                       cache_implementation="static" if opts.static_cache else None)
         self.gen_eos = GenerationConfig(eos_token_id=eos, **common)
         self.gen_no_eos = GenerationConfig(eos_token_id=None, **common)
+        # generate() fills a passed config's unset (default-valued) fields from the model's own
+        # generation_config, so eos_token_id=None there becomes the checkpoint's EOS again (transformers
+        # 5.24, _prepare_generation_config: update(..., defaults_only=True)); an explicit keyword does not
+        self.no_eos = dict(generation_config=self.gen_no_eos, eos_token_id=None)
         info = LoadFacts(
             versions={"torch": torch.__version__, "transformers": transformers.__version__},
             engine_args={k: str(v) for k, v in args.items()} | opts.model_dump(exclude_none=True),
@@ -108,7 +112,7 @@ class HfAdapter(Adapter):
             sync()
             start = time.perf_counter()
             out = self.model.generate(ids, attention_mask=mask, max_new_tokens=output_len,
-                                      generation_config=self.gen_no_eos if ignore_eos else self.gen_eos,
+                                      **(self.no_eos if ignore_eos else {"generation_config": self.gen_eos}),
                                       stopping_criteria=StoppingCriteriaList([Stamp()]))
             sync()
             end = time.perf_counter()
@@ -145,14 +149,69 @@ class HfAdapter(Adapter):
         ids, mask = self._left_padded(prompts)
         with self.torch.inference_mode():
             out = self.model.generate(ids, attention_mask=mask, max_new_tokens=n_tokens,
-                                      generation_config=self.gen_no_eos, output_logits=True,
-                                      return_dict_in_generate=True)
+                                      **self.no_eos, output_logits=True, return_dict_in_generate=True)
         new = out.sequences[:, ids.shape[1]:].cpu().numpy()
         # raw logits per step, [steps, batch, vocab] -> per prompt [steps, vocab]
         logits = self.torch.stack(out.logits).float().cpu().numpy()
         return [topk_dense(log_softmax(logits[:, i]), new[i], top_k) for i in range(len(prompts))]
 
+    def sample(self, prompts, seeds, settings: SamplerSettings, n_tokens) -> list[TokenScores]:
+        """Seeded sampling with one torch.Generator per request. `generate` has no per-request seed (its
+        do_sample draws one torch.multinomial for the whole batch from the global RNG, so a request's
+        sample depends on its batch), so the draw happens in a LogitsProcessor under do_sample=False:
+        transformers' own warpers, in its order (temperature -> top_k -> top_p -> min_p, each only when
+        the settings turn it on), softmax, then torch.multinomial of each row with its own generator;
+        the processor leaves only the drawn token finite, and generate's argmax takes it. That is what
+        do_sample=True does for one row (same warpers, same multinomial). The logprobs are the raw
+        logits' log-softmax (output_logits, before any processor)."""
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        processor = _seeded_sampler(self.torch, [int(s) for s in seeds], settings, self.device)
+        from transformers import LogitsProcessorList
+
+        ids, mask = self._left_padded(prompts)
+        with self.torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=n_tokens,
+                                      **self.no_eos, logits_processor=LogitsProcessorList([processor]),
+                                      output_logits=True, return_dict_in_generate=True)
+        new = out.sequences[:, ids.shape[1]:].cpu().numpy()
+        logits = self.torch.stack(out.logits).float().cpu().numpy()
+        return [topk_dense(log_softmax(logits[:, i]), new[i], 0) for i in range(len(prompts))]
+
     def close(self) -> None:
         self.model = None
         if getattr(self, "device", None) is not None and self.device.type == "cuda":
             self.torch.cuda.empty_cache()
+
+
+def _seeded_sampler(torch, seeds: list[int], settings: SamplerSettings, device):
+    """A LogitsProcessor that samples each row with its own generator (see HfAdapter.sample)."""
+    from transformers import LogitsProcessor
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    # transformers' _get_logits_processor for do_sample, with the switches it uses (top_k 0 is off, and
+    # never its GenerationConfig default of 50; min_tokens_to_keep 1 as for a single beam)
+    warpers = []
+    if settings.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(settings.temperature))
+    if settings.top_k:
+        warpers.append(TopKLogitsWarper(top_k=settings.top_k))
+    if settings.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=settings.top_p))
+    if settings.min_p:
+        warpers.append(MinPLogitsWarper(min_p=settings.min_p))
+
+    class SeededSampler(LogitsProcessor):
+        def __init__(self) -> None:
+            self.warpers = warpers
+            self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+
+        def __call__(self, input_ids, scores):
+            for w in self.warpers:
+                scores = w(input_ids, scores)
+            probs = torch.nn.functional.softmax(scores, dim=-1)
+            tokens = torch.stack([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(self.generators)])
+            return torch.full_like(scores, -float("inf")).scatter_(1, tokens, 0.0)
+
+    return SeededSampler()

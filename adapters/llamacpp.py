@@ -7,10 +7,13 @@ A `.gguf` model file runs as it is: quantization `gguf`, or the level matching i
 Batching: the default path drives llama.cpp's low-level C API. A batch of B prompts is B sequences
 (seq_id 0..B-1) in one context with n_seq_max >= B; the prompts are prefilled together and every
 decode step is one `llama_decode` carrying one token per live sequence. Greedy sampling is an argmax
-of each sequence's raw logits in numpy (the benchmark ignores EOS, so no sampler chain is needed).
+of each sequence's raw logits in numpy (the benchmark ignores EOS, so no sampler chain is needed);
+seeded sampling (`sample`) runs llama.cpp's own sampler, one llama_sampler chain per sequence with its
+own seed, in the same kind of batched loop.
 Prompt-lookup speculative decoding goes through llama-cpp-python's high-level `Llama.generate` with
 `LlamaPromptLookupDecoding`, which runs one sequence at a time: that mode reports batch_mode
-"sequential" and runs the prompts of a batch one after another.
+"sequential" and runs the prompts of a batch one after another. llama-cpp-python counts no drafts, so
+the draft model is wrapped to count them (`spec_counters`).
 
 Logprobs are computed by us from raw logits (base.log_softmax in float64), never by the engine.
 """
@@ -31,7 +34,7 @@ import numpy as np
 from pydantic import Field
 
 from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, normalize_quantization, register
-from adapters.contract import LoadFacts, LoadSpec, TimedRun, TokenScores, per_token_run, topk_dense
+from adapters.contract import LoadFacts, LoadSpec, SamplerSettings, TimedRun, TokenScores, per_token_run, topk_dense
 from adapters.gguf_convert import captured_llama_logs
 from adapters.server_process import ServerApi, ServerLaunch
 
@@ -146,6 +149,8 @@ class LlamacppAdapter(Adapter):
         self.last_perf: dict[str, float] = {}
         self._logits_key: tuple[int, int] | None = None
         self._logits_view: np.ndarray | None = None
+        self._drafter = None        # prompt-lookup mode: the counting LlamaPromptLookupDecoding
+        self._spec = [0, 0]         # prompt-lookup mode: draft tokens proposed, accepted (since load)
 
     # ------------------------------------------------------------------------------------------
     def check(self, spec: LoadSpec) -> str | None:
@@ -606,8 +611,7 @@ class LlamacppAdapter(Adapter):
                       n_threads_batch=self.n_threads, flash_attn=self.flash_attn == "on",
                       type_k=_KV_TYPES[self.opts.type_k][0] if self.opts.type_k else None,
                       type_v=_KV_TYPES[self.opts.type_v][0] if self.opts.type_v else None,
-                      draft_model=LlamaPromptLookupDecoding(max_ngram_size=self.opts.max_ngram_size,
-                                                            num_pred_tokens=self.opts.num_pred_tokens),
+                      draft_model=self._counting_drafter(LlamaPromptLookupDecoding),
                       logits_all=True, seed=self.spec.seed, verbose=False)
         own_logs = logs if logs is not None else []
         with _llama_defaults(self.opts.use_extra_bufts, _FLASH_ATTN[self.flash_attn]), captured_llama_logs(own_logs):
@@ -634,21 +638,27 @@ class LlamacppAdapter(Adapter):
             self._ensure_llama(len(p) + output_len)  # any context rebuild happens before the clock starts
         times: list[list[float]] = []
         engine_ttft: list[float] = []
+        drafted: list[tuple[list[int], list[int], list]] = []   # per prompt: its tokens, output, draft calls
         start = time.perf_counter()
         for p in prompts:
             self._fresh_llm(p, output_len)
             ctx = self._llm.ctx
             L.llama_perf_context_reset(ctx)
             ts: list[float] = []
+            out: list[int] = []
             for token in self._greedy_stream(p):
                 ts.append(time.perf_counter())
+                out.append(token)
                 if len(ts) == 1:
                     perf = L.llama_perf_context(ctx)
                     engine_ttft.append((perf.t_p_eval_ms + perf.t_eval_ms) / 1e3)
                 if len(ts) >= output_len or (not ignore_eos and self._llm.token_eos() == token):
                     break
             times.append(ts)
+            drafted.append((p, out, self._drafter.take()))
         end = time.perf_counter()
+        for p, out, calls in drafted:   # counted after the clock stopped
+            self._tally_drafts(p, out, calls)
         # the batch was handed over at `start`: a request's TTFT includes its wait behind the ones before it
         return per_token_run(start, end, times, prompts, engine_ttft)
 
@@ -667,9 +677,154 @@ class LlamacppAdapter(Adapter):
             tokens.append(int(token))
             if len(tokens) >= n_tokens:
                 break
+        self._tally_drafts(prompt, tokens, self._drafter.take())
         # row i of Llama.scores holds the logits after position i; token j was chosen from row n-1+j
         rows = np.array(self._llm.scores[len(prompt) - 1: len(prompt) - 1 + n_tokens])
         return topk_dense(log_softmax(rows), np.asarray(tokens, np.int64), top_k)
+
+    def _sample_one(self, prompt: list[int], seed: int, settings: SamplerSettings, n_tokens: int) -> TokenScores:
+        """Prompt-lookup mode: llama-cpp-python's Llama.generate, whose sampler chain (penalties off,
+        top_k, typical off, top_p, min_p, temp, dist(seed)) is built afresh on every call with the seed
+        set_seed gave it; with the draft model it samples each verified position in order with that one
+        chain, so the ids are those of plain sampling with the same seed."""
+        _check_seed(seed)
+        self._fresh_llm(prompt, n_tokens)
+        self._llm.set_seed(seed)
+        tokens: list[int] = []
+        for token in self._llm.generate(prompt, top_k=settings.top_k, top_p=settings.top_p, min_p=settings.min_p,
+                                        typical_p=1.0, temp=settings.temperature, repeat_penalty=1.0,
+                                        frequency_penalty=0.0, presence_penalty=0.0, reset=True):
+            tokens.append(int(token))
+            if len(tokens) >= n_tokens:
+                break
+        self._tally_drafts(prompt, tokens, self._drafter.take())
+        rows = np.array(self._llm.scores[len(prompt) - 1: len(prompt) - 1 + n_tokens])
+        return _sampled_scores(log_softmax(rows), tokens)
+
+    def sample(self, prompts: list[list[int]], seeds: list[int], settings: SamplerSettings,
+               n_tokens: int) -> list[TokenScores]:
+        """Seeded sampling by llama.cpp's own sampler: one llama_sampler chain per sequence (llama.cpp's
+        order: top_k -> top_p -> min_p -> temp -> dist(seed), each filter only when the settings turn it
+        on), sampling that sequence's logits row of each llama_decode of the batched loop, so a sample
+        depends only on its prompt, its seed and its logits. Raw logprobs from the same rows."""
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        for seed in seeds:
+            _check_seed(seed)
+        if self._llm is not None:
+            return [self._sample_one(p, int(seed), settings, n_tokens) for p, seed in zip(prompts, seeds)]
+        L = self._L
+        B = len(prompts)
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        self._ensure_context(B, max(len(p) for p in prompts) + n_tokens)
+        self._clear_kv()
+        cap = self._batch.capacity
+        generated: list[list[int]] = [[] for _ in range(B)]
+        logprobs: list[list[float]] = [[] for _ in range(B)]
+        chains = [self._sampler_chain(int(seed), settings) for seed in seeds]
+        try:
+            tok = np.concatenate([np.asarray(p, np.int32) for p in prompts])
+            pos = np.concatenate([np.arange(len(p), dtype=np.int32) for p in prompts])
+            seq = np.concatenate([np.full(len(p), s, np.int32) for s, p in enumerate(prompts)])
+            out = np.zeros(len(tok), np.int8)
+            ends = np.cumsum([len(p) for p in prompts]) - 1
+            out[ends] = 1
+            owner = {int(e): s for s, e in enumerate(ends)}
+            for step in range(n_tokens):
+                if step:   # one token per sequence: its last sample, at the next position
+                    tok = np.array([g[-1] for g in generated], np.int32)
+                    pos = np.array([len(p) + step - 1 for p in prompts], np.int32)
+                    seq = np.arange(B, dtype=np.int32)
+                    out = np.ones(B, np.int8)
+                    owner = {s: s for s in range(B)}
+                for rows, view in self._decode(tok, pos, seq, out):
+                    if view is None:
+                        continue
+                    lp = log_softmax(view)
+                    for j, r in enumerate(rows):
+                        s = owner[int(r)]
+                        # idx: the token's index in the llama_decode batch just run (_decode's chunks
+                        # start at multiples of its capacity)
+                        t = int(L.llama_sampler_sample(chains[s], self._ctx, int(r) % cap))
+                        generated[s].append(t)
+                        logprobs[s].append(float(lp[j, t]))
+        finally:
+            for chain in chains:
+                L.llama_sampler_free(chain)
+            self._clear_kv()
+        return [TokenScores(token_ids=np.asarray(g, np.int32), logprobs=np.asarray(lps, np.float32),
+                            topk_ids=np.zeros((len(g), 0), np.int32), topk_logprobs=np.zeros((len(g), 0), np.float32))
+                for g, lps in zip(generated, logprobs)]
+
+    def _sampler_chain(self, seed: int, settings: SamplerSettings):
+        L = self._L
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        parts = []
+        if settings.top_k:
+            parts.append(L.llama_sampler_init_top_k(settings.top_k))
+        if settings.top_p < 1.0:
+            parts.append(L.llama_sampler_init_top_p(settings.top_p, 1))
+        if settings.min_p:
+            parts.append(L.llama_sampler_init_min_p(settings.min_p, 1))
+        parts.append(L.llama_sampler_init_temp(settings.temperature))
+        parts.append(L.llama_sampler_init_dist(seed))
+        for part in parts:
+            L.llama_sampler_chain_add(chain, part)   # the chain owns its parts (freed with it)
+        return chain
+
+    # prompt-lookup acceptance: llama-cpp-python counts nothing, so the draft model is wrapped and every
+    # draft it returns is kept with the position it starts at; after a sequence, a draft's accepted tokens
+    # are its longest prefix that the sequence (prompt + output) holds from that position (Llama.generate
+    # keeps a draft token only while each sampled token equals it). Drafts past the output taken count as
+    # proposed and not accepted.
+    def _counting_drafter(self, base):
+        if self._drafter is None:
+            adapter = self
+
+            class CountingPromptLookup(base):
+                def __init__(self, **kwargs) -> None:
+                    super().__init__(**kwargs)
+                    self.calls: list[tuple[int, list[int]]] = []
+
+                def __call__(self, input_ids, /, **kwargs):
+                    draft = super().__call__(input_ids, **kwargs)
+                    room = adapter._llm.n_ctx() - len(input_ids) if adapter._llm is not None else len(draft)
+                    self.calls.append((len(input_ids), [int(t) for t in draft[:max(room, 0)]]))
+                    return draft
+
+                def take(self) -> list[tuple[int, list[int]]]:
+                    calls, self.calls = self.calls, []
+                    return calls
+
+            self._drafter = CountingPromptLookup(max_ngram_size=self.opts.max_ngram_size,
+                                                 num_pred_tokens=self.opts.num_pred_tokens)
+        return self._drafter
+
+    def _tally_drafts(self, prompt: list[int], output: list[int], calls: list[tuple[int, list[int]]]) -> None:
+        seq = [int(t) for t in prompt] + [int(t) for t in output]
+        for start, draft in calls:
+            n = 0
+            while n < len(draft) and start + n < len(seq) and seq[start + n] == draft[n]:
+                n += 1
+            self._spec[0] += len(draft)
+            self._spec[1] += n
+
+    def spec_counters(self) -> tuple[int, int] | None:
+        """Prompt lookup's (draft tokens proposed, accepted) since load, over generate, greedy and sample."""
+        if not self.opts.prompt_lookup:
+            return None
+        return self._spec[0], self._spec[1]
+
+
+def _check_seed(seed: int) -> None:
+    if not 0 <= int(seed) < 0xFFFFFFFF:
+        raise Unsupported(f"llama.cpp sampler seeds are 32-bit and 0xFFFFFFFF means 'random': seed {seed} "
+                          "is outside 0 .. 4294967294")
+
+
+def _sampled_scores(lp: np.ndarray, tokens: list[int]) -> TokenScores:
+    return topk_dense(lp, np.asarray(tokens, np.int64), 0)
 
 
 def _last_error(logs: list[str]) -> str:

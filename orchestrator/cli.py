@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from orchestrator.console import (against_table, changes_lines, compare_table, err, history_table, matrix_table, out,
-                                  plan_table, print_table, runs_table, summary_table, task_table)
+                                  plan_table, print_table, runs_table, sampling_table, summary_table, task_table)
 from orchestrator.matrix import MatrixError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -225,20 +225,34 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
                        repeats: int = typer.Option(2, "--repeats", min=1, help="Times each prompt is sent to each endpoint"),
                        max_tokens: int = typer.Option(32, "--max-tokens", min=1),
                        seed: int = typer.Option(0, "--seed"),
+                       temperature: float = typer.Option(0.0, "--temperature", min=0.0,
+                                                         help="Above 0: seeded samples (--seeds per prompt) at this "
+                                                         "temperature, compared seed by seed and as a distribution"),
+                       top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
+                       top_k: int = typer.Option(0, "--top-k", min=0, help="0: off"),
+                       seeds: int = typer.Option(16, "--seeds", min=2, help="With --temperature: seeds per prompt"),
                        timeout_s: float = typer.Option(120.0, "--timeout", help="Per-request timeout (s)"),
                        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
-    """Send each prompt to two /v1/completions endpoints N times at temperature 0 and report differing outputs."""
-    from orchestrator.endpoint_diff import diff_endpoints, format_diff_report, read_prompts
+    """Send each prompt to two /v1/completions endpoints N times at temperature 0 and report differing outputs;
+    with --temperature, N seeds per prompt at the given sampler: differing outputs per seed, and whether the
+    two samples come from the same distribution."""
+    from orchestrator.endpoint_diff import (diff_endpoints, diff_sampled, format_diff_report, format_sampled_report,
+                                            read_prompts)
 
     items = read_prompts(prompts)
     if not items:
         _fail(f"no prompts in {prompts}")
     try:
-        report = diff_endpoints(url_a, url_b, items, repeats=repeats, max_tokens=max_tokens, seed=seed,
-                                timeout_s=timeout_s)
+        if temperature > 0:
+            report = diff_sampled(url_a, url_b, items, seeds=seeds, max_tokens=max_tokens, temperature=temperature,
+                                  top_p=top_p, top_k=top_k, timeout_s=timeout_s)
+        else:
+            report = diff_endpoints(url_a, url_b, items, repeats=repeats, max_tokens=max_tokens, seed=seed,
+                                    timeout_s=timeout_s)
     except Exception as e:  # connection refused, HTTP errors: one line, exit 1
         _fail(f"diff-endpoints: {type(e).__name__}: {e}")
-    print(json.dumps(report, indent=2) if as_json else format_diff_report(report))
+    print(json.dumps(report, indent=2) if as_json else (format_sampled_report(report) if temperature > 0
+                                                         else format_diff_report(report)))
 
 
 @app.command()
@@ -256,6 +270,7 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
     """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
     logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
     from orchestrator.analysis import analyse, parse_selector, parse_tolerances
+    from orchestrator.sampling_verdicts import analyse_sampling, compare_sampling_runs
     from orchestrator.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
 
     try:
@@ -267,7 +282,9 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
                 _fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
             df = compare_runs(run_dir, against, _axes(match), tol, noise_run)
             tv = compare_task_runs(run_dir, against, df, tol)
+            sv = compare_sampling_runs(run_dir, against, df, tol)
             df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
+            df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
             print_table(against_table(df, str(run_dir), str(against)))
             for line in [_noise_line(df, noise_run), *changes_lines(df)]:
                 out.print(line, highlight=False, markup=False, soft_wrap=True)
@@ -277,10 +294,14 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             selector = parse_selector(baseline) if baseline else None
             df = analyse(run_dir, baseline=selector, tolerances=tol)
             tv = analyse_tasks(run_dir, baseline=selector, tolerances=tol)
+            sv = analyse_sampling(run_dir, baseline=selector, tolerances=tol)
             df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
+            df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
             print_table(compare_table(df))
         if not tv.empty:
             print_table(task_table(tv))
+        if not sv.empty:
+            print_table(sampling_table(sv))
     except ValueError as e:
         _fail(str(e))
     if output:

@@ -132,9 +132,9 @@ def compare_table(df: pd.DataFrame) -> Table:
     serve = "mode" in df and (df["mode"] == "serve").any()
     t = Table(title="Lossless comparison", show_lines=False)
     for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
-                "noise", "top1", "greedy", "ppl_rel", "tasks", "speedup [95% CI] call", "mem saved", "reason"):
-        t.add_column(col, justify="right" if col not in ("verdict", "tasks", "reason", "framework", "model", "flags",
-                                                         "load") else "left", overflow="fold")
+                "noise", "top1", "greedy", "ppl_rel", "tasks", "sampling", "speedup [95% CI] call", "mem saved", "reason"):
+        t.add_column(col, justify="right" if col not in ("verdict", "tasks", "sampling", "reason", "framework", "model",
+                                                         "flags", "load") else "left", overflow="fold")
     for r in df.to_dict("records"):
         load = load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")) if serve else str(r["batch_size"])
         call = r.get("speed_call") if isinstance(r.get("speed_call"), str) else ""   # None or NaN: no interval
@@ -144,8 +144,13 @@ def compare_table(df: pd.DataFrame) -> Table:
         t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]), load,
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
                   num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"), _task_cell(r),
-                  speed, num(r["mem_saving"], ".0%"), str(r["reason"]))
+                  _sampling_cell(r), speed, num(r["mem_saving"], ".0%"), str(r["reason"]))
     return t
+
+
+def _sampling_cell(r: dict) -> str:
+    v = r.get("sampling_verdict")
+    return f"[{_SAMPLING_STYLE[v]}]{v}[/]" if isinstance(v, str) else ""
 
 
 def task_table(tv: pd.DataFrame) -> Table:
@@ -174,6 +179,33 @@ def task_table(tv: pd.DataFrame) -> Table:
                   format(r["base_score"], ".3f") if judged else "", ci(r, "change", "+.3f") if judged else "",
                   ci(r, "ratio", ".3f") if judged else "", test, format(r["p_value"], ".3g") if judged else "",
                   _task_cell(r) + ("" if judged else f" {r['task_reason']}"))
+    return t
+
+
+_SAMPLING_STYLE = {"identical": "bold green", "same distribution": "green", "different": "bold red", "n/a": "dim"}
+
+
+def sampling_table(sv: pd.DataFrame) -> Table:
+    """`bench compare`: the sampling layer, one row per cell with samples."""
+    from orchestrator.analysis import _finite
+
+    t = Table(title="Sampling layer (seeded samples against the baseline)", show_lines=False)
+    for col in ("configuration", "batch", "samples", "repeatable", "seed by seed", "shift nats/tok", "p", "verdict",
+                "seeds to detect", "why"):
+        t.add_column(col, justify="right" if col in ("batch", "samples", "repeatable", "shift nats/tok", "p",
+                                                     "seeds to detect") else "left", overflow="fold")
+    for r in sv.to_dict("records"):
+        seed = r.get("seed_verdict") or "n/a"
+        if seed != "n/a" and _finite(r.get("seed_identical")):
+            seed = f"{r['seed_identical']:.0%} identical"
+        v = r.get("sampling_verdict") or "n/a"
+        t.add_row(f"{r['framework']}/{r['quantization']}/{r['flags']}", str(r["batch_size"]), str(r.get("samples_n", "")),
+                  f"{r['repeatable']:.0%}" if _finite(r.get("repeatable")) else "",
+                  seed, format(r["dist_shift"], "+.4f") if _finite(r.get("dist_shift")) else "",
+                  format(r["dist_p"], ".3g") if _finite(r.get("dist_p")) else "",
+                  f"[{_SAMPLING_STYLE[v]}]{v}[/]",
+                  str(int(r["seeds_needed"])) if _finite(r.get("seeds_needed")) else "",
+                  "" if v != "n/a" else str(r.get("sampling_reason") or ""))
     return t
 
 

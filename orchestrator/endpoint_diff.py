@@ -1,4 +1,5 @@
-"""`bench diff-endpoints`: the same prompts to two OpenAI-compatible servers, N times each at temperature 0.
+"""`bench diff-endpoints`: the same prompts to two OpenAI-compatible servers, N times each at temperature 0,
+or (`--temperature T`) with N seeds each at the sampler settings the deployments serve with.
 
 Serving mode itself (server process, load generator, output capture) lives engine-side in `adapters`, since it
 runs in the worker; this module is the driver-side comparison of two endpoints nobody here started.
@@ -44,6 +45,15 @@ class Output:
     tokens: list[str] | None          # token strings where the server returned logprobs
     finish_reason: str | None
     completion_tokens: int | None
+    token_logprobs: list[float] | None = None   # each generated token's logprob, as the server reports it
+
+
+def _output(resp: dict) -> Output:
+    c = resp["choices"][0]
+    lp = c.get("logprobs") or {}
+    return Output(text=c.get("text") or "", tokens=lp.get("tokens"), finish_reason=c.get("finish_reason"),
+                  completion_tokens=(resp.get("usage") or {}).get("completion_tokens"),
+                  token_logprobs=[x for x in lp.get("token_logprobs") or [] if x is not None] or None)
 
 
 def _first_divergence(a: Output, b: Output) -> dict[str, Any] | None:
@@ -72,13 +82,112 @@ def fetch_outputs(url: str, prompts: Sequence[Prompt], repeats: int, max_tokens:
                 r = client.post(url.rstrip("/") + "/v1/completions",
                                 json=completion_body(GENERIC_API, p, max_tokens, seed, False, model, logprobs=1))
                 r.raise_for_status()
-                resp = r.json()
-                c = resp["choices"][0]
-                lp = c.get("logprobs") or {}
-                out[i].append(Output(text=c.get("text") or "", tokens=lp.get("tokens"),
-                                     finish_reason=c.get("finish_reason"),
-                                     completion_tokens=(resp.get("usage") or {}).get("completion_tokens")))
+                out[i].append(_output(r.json()))
     return out
+
+
+def fetch_samples(url: str, prompts: Sequence[Prompt], seeds: int, max_tokens: int, sampler: dict[str, float],
+                  timeout_s: float = 120.0, model: str | None = None) -> list[list[Output]]:
+    """outputs[prompt][seed]: one seeded sample per (prompt, seed 0..seeds-1) at the given sampler fields."""
+    import httpx
+
+    out: list[list[Output]] = [[] for _ in prompts]
+    with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        for i, p in enumerate(prompts):
+            for seed in range(seeds):
+                body = completion_body(GENERIC_API, p, max_tokens, seed, False, model, logprobs=1) | sampler
+                r = client.post(url.rstrip("/") + "/v1/completions", json=body)
+                r.raise_for_status()
+                out[i].append(_output(r.json()))
+    return out
+
+
+def score_under(url: str, prompt: str, texts: Sequence[str], timeout_s: float = 120.0) -> list[float | None]:
+    """Each text's mean token logprob after `prompt` under the server at `url`: prompt + text sent with
+    echo (the server's teacher-forced logprobs), the tokens that start inside the text averaged (by
+    text_offset, so the server's own tokenization of the boundary does not matter). None where the
+    server does not echo logprobs."""
+    import httpx
+
+    out: list[float | None] = []
+    with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        for text in texts:
+            body = completion_body(GENERIC_API, prompt + text, 1, 0, False, None, logprobs=1) | {"echo": True}
+            r = client.post(url.rstrip("/") + "/v1/completions", json=body)
+            lp = (r.json()["choices"][0].get("logprobs") or {}) if r.status_code == 200 else {}
+            offsets, values = lp.get("text_offset") or [], lp.get("token_logprobs") or []
+            mine = [v for o, v in zip(offsets, values) if o >= len(prompt) and o < len(prompt) + len(text) and v is not None]
+            out.append(sum(mine) / len(mine) if mine else None)
+    return out
+
+
+def diff_sampled(url_a: str, url_b: str, prompts: Sequence[Prompt], seeds: int, max_tokens: int, temperature: float,
+                 top_p: float = 1.0, top_k: int = 0, alpha: float = 0.01, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Seeded samples from both endpoints: per seed, the share of prompts whose outputs differ (the
+    classic diff/total; equal seeds promise equal samples only on the same engine and build), A's and
+    B's first seed sent again (does a seed repeat?), and the distribution test of the sampling layer
+    (orchestrator/sampling_stats.py) on each sample's mean token logprob under A (both sides' samples
+    scored by A through echo: B's samples from another distribution score lower under A, by about
+    KL(B || A) per token), or, where A does not echo logprobs, under its own endpoint."""
+    import numpy as np
+
+    from orchestrator.sampling_stats import permutation_test, seeds_to_detect
+
+    sampler = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    outs = {e: fetch_samples(u, prompts, seeds, max_tokens, sampler, timeout_s) for e, u in (("A", url_a), ("B", url_b))}
+    again = {e: fetch_samples(u, prompts, 1, max_tokens, sampler, timeout_s) for e, u in (("A", url_a), ("B", url_b))}
+    report: dict[str, Any] = {"endpoints": {"A": url_a, "B": url_b}, "prompts": len(prompts), "seeds": seeds,
+                              "max_tokens": max_tokens, "sampler": sampler, "per_seed": [], "differences": []}
+    for seed in range(seeds):
+        differing = sum(_first_divergence(outs["A"][i][seed], outs["B"][i][seed]) is not None for i in range(len(prompts)))
+        report["per_seed"].append({"seed": seed, "differing": differing, "total": len(prompts)})
+    report["repeatable"] = {e: sum(_first_divergence(outs[e][i][0], again[e][i][0]) is None for i in range(len(prompts)))
+                            / len(prompts) for e in outs}
+    differing = sum(x["differing"] for x in report["per_seed"])
+    # equal seeds promise equal samples where both endpoints repeat their own seeds (the same engine
+    # and build, say): then any difference is one; otherwise only the distribution can be compared
+    report["seed_by_seed"] = ("n/a: a seed does not repeat on " + " and ".join(e for e, v in report["repeatable"].items()
+                                                                                if v < 1.0)
+                              if min(report["repeatable"].values()) < 1.0
+                              else "identical" if differing == 0 else f"differ ({differing} of {seeds * len(prompts)})")
+    scored = {e: [score_under(url_a, p, [o.text for o in outs[e][i]], timeout_s) if isinstance(p, str) else [None] * seeds
+                  for i, p in enumerate(prompts)] for e in outs}
+    under_a = all(v is not None for e in scored for po in scored[e] for v in po)
+    stats = {e: [(i, v if under_a else float(np.mean(o.token_logprobs)))
+                 for i, po in enumerate(outs[e]) for o, v in zip(po, scored[e][i]) if under_a or o.token_logprobs]
+             for e in outs}
+    if stats["A"] and stats["B"]:
+        (ia, sa), (ib, sb) = (tuple(np.array(x) for x in zip(*stats[e])) for e in ("A", "B"))
+        t = permutation_test(sa, ia, sb, ib)
+        need = seeds_to_detect(sa, ia, 0.05, alpha)
+        report["distribution"] = {"seeds_to_detect_0.05_nats": need, "test": t.test.replace("raw logprob", "logprob under A" if under_a
+                                                         else "logprob under its own endpoint"),
+                                  "p_value": t.p_value, "shift": t.shift, "n_a": t.n_base, "n_b": t.n_cell,
+                                  "alpha": alpha, "verdict": "same distribution" if t.p_value >= alpha else "different"}
+    else:
+        report["distribution"] = {"verdict": "n/a", "why": "a server returned no token logprobs"}
+    return report
+
+
+def format_sampled_report(report: dict[str, Any]) -> str:
+    s = report["sampler"]
+    differing = sum(x["differing"] for x in report["per_seed"])
+    total = sum(x["total"] for x in report["per_seed"])
+    lines = [f"A = {report['endpoints']['A']}", f"B = {report['endpoints']['B']}",
+             f"{report['prompts']} prompts x {report['seeds']} seeds, max_tokens {report['max_tokens']}, temperature "
+             f"{s['temperature']:g}, top_p {s['top_p']:g}, top_k {s['top_k']}",
+             f"  A vs B, same seed: {differing}/{total} differing outputs ({differing / max(total, 1):.1%}); per seed: "
+             + ", ".join(f"{x['differing']}/{x['total']}" for x in report["per_seed"]),
+             "  a seed sent again gives the same output: " + ", ".join(f"{e} {v:.0%}" for e, v in report["repeatable"].items()),
+             f"  seed by seed: {report['seed_by_seed']}"]
+    d = report["distribution"]
+    if d["verdict"] == "n/a":
+        lines.append(f"  distribution: n/a ({d['why']})")
+    else:
+        lines.append(f"  distribution: {d['verdict']} (p={d['p_value']:.3g} at alpha {d['alpha']:g}; shift "
+                     f"{d['shift']:+.4f} nats/token; {d['n_a']} vs {d['n_b']} samples; {d['test']}); seeds per prompt "
+                     f"to find a 0.05-nat shift: {d['seeds_to_detect_0.05_nats']}")
+    return "\n".join(lines)
 
 
 def diff_endpoints(url_a: str, url_b: str, prompts: Sequence[Prompt], repeats: int = 2, max_tokens: int = 32,

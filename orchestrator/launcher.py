@@ -26,12 +26,13 @@ import pyarrow as pa
 import adapters
 from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, TASK_OUTPUTS, CellDone, CellFailed, CellRecord,
                                CellSpec, CellStart, CellUnsupported, GroupSpec, GroupUnsupported, Loaded, LoadFailed,
-                               LoadSpec, ModelSpec, ScoringSpec, ServeSpec, TaskError, parse_event)
+                               LoadSpec, ModelSpec, SamplerSettings, SamplingSpec, ScoringSpec, ServeSpec, TaskError,
+                               parse_event)
 from adapters.server_process import die_with_parent
 from orchestrator.cells import Cell, EngineGroup
 from orchestrator.matrix import Matrix
 from orchestrator import task_sets
-from orchestrator.store import LOGPROBS_SCHEMA, TASKS_SCHEMA
+from orchestrator.store import LOGPROBS_SCHEMA, SAMPLES_SCHEMA, TASKS_SCHEMA
 from orchestrator.task_metrics import task_rows
 from orchestrator.workload import Tokenizer, scoring_prompts, text_prompts, timing_prompts
 
@@ -59,6 +60,7 @@ class CellResult(NamedTuple):
     row: dict
     logprobs: pa.Table | None = None
     tasks: pa.Table | None = None
+    samples: pa.Table | None = None
 
 
 def _own_group_dying_with_parent() -> None:
@@ -128,7 +130,8 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer) -> GroupSpec:
         framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
         gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
         cache_dir=str(Path(job.cache_dir) / "engines"), seed=0,
-        context_len=max([c.input_len + c.output_len for c in cells] + [m.measure.scoring_len + m.measure.greedy_tokens]),
+        context_len=max([c.input_len + c.output_len for c in cells] + [m.measure.scoring_len + max(
+            m.measure.greedy_tokens, m.measure.sampling.tokens if m.measure.sampling else 0)]),
         model=ModelSpec(name=g.model, source=source, trust_remote_code=entry.trust_remote_code, revision=entry.revision))
     return GroupSpec(
         mode=g.mode, load=load, cells=spec_cells,
@@ -138,7 +141,16 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer) -> GroupSpec:
         serve=None if not serve else ServeSpec(
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
             startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)),
-        tasks=tasks)
+        tasks=tasks, sampling=_sampling_spec(m, scoring))
+
+
+def _sampling_spec(m: Matrix, scoring: list[list[int]]) -> SamplingSpec | None:
+    s = m.measure.sampling
+    if s is None:
+        return None
+    return SamplingSpec(prompts=scoring[: s.prompts or len(scoring)], seeds=s.seeds, seed_offset=s.seed_offset,
+                        tokens=s.tokens, repeats=s.repeats,
+                        settings=SamplerSettings(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p))
 
 
 def _task_table(run_id: str, cell_id: str, path: Path, tasks: dict, tok: Tokenizer) -> tuple[pa.Table | None, dict]:
@@ -187,6 +199,23 @@ def _logprob_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
         else:
             columns[name] = _arrow(data[name], t)
     return pa.table(columns, schema=LOGPROBS_SCHEMA)
+
+
+def _sample_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
+    """A worker's samples (adapters.contract.SAMPLE_COLUMNS) as the store's table."""
+    if not npz.exists():
+        return None
+    data = np.load(npz)
+    n, k = data["token_ids"].shape if data["token_ids"].ndim == 2 else (0, 0)
+    if not n:
+        return None
+    offsets = _arrow(np.arange(0, (n + 1) * k, k), pa.int32())
+    columns = {"run_id": _strings([run_id.encode()] * n), "cell_id": _strings([cell_id.encode()] * n)}
+    for name in ("repeat", "prompt_index", "seed"):
+        columns[name] = _arrow(data[name], SAMPLES_SCHEMA.field(name).type)
+    for name in ("token_ids", "logprobs"):
+        columns[name] = pa.ListArray.from_arrays(offsets, _arrow(data[name].reshape(-1), SAMPLES_SCHEMA.field(name).type.value_type))
+    return pa.table(columns, schema=SAMPLES_SCHEMA)
 
 
 def _read_events(path: Path, offset: int) -> tuple[list, int]:
@@ -254,9 +283,10 @@ def run_group(job: GroupJob) -> list[CellResult]:
     python = job.python or sys.executable
     attempt = 0
 
-    def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None, tasks=None):
+    def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None, tasks=None,
+               samples=None):
         row = base_row(job, by_id[cell_id]) | {"status": status, "reason": scrub_paths(reason), "attempt": attempt}
-        results[cell_id] = CellResult(row | (extra or {}), lp, tasks)
+        results[cell_id] = CellResult(row | (extra or {}), lp, tasks, samples)
 
     reason = unsupported_reason(job, python)
     if reason:
@@ -302,7 +332,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
                 task_table, not_run = _task_table(job.run_id, cid, work / f"{cid}.tasks.json", tasks, tok)
                 record.missing.update(not_run)
                 finish(cid, "ok", extra=_measured(loaded, record), lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"),
-                       tasks=task_table)
+                       tasks=task_table, samples=_sample_table(job.run_id, cid, work / f"{cid}.samples.npz"))
                 current = None
             elif isinstance(ev, (CellFailed, CellUnsupported)):
                 finish(ev.cell_id, "failed" if isinstance(ev, CellFailed) else "unsupported",

@@ -85,6 +85,20 @@ class DatasetWorkload(_Strict):
 Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload], Field(discriminator="kind")]
 
 
+class Sampling(_Strict):
+    """measure.sampling: seeded samples through each engine's own sampler (the sampling layer)."""
+
+    temperature: float = Field(0.8, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1, description="1.0: off")
+    top_k: int = Field(0, ge=0, description="0: off")
+    min_p: float = Field(0.0, ge=0, lt=1, description="0: off (vLLM refuses min_p with speculative decoding)")
+    seeds: int = Field(16, ge=1, description="Seeds per prompt (seed_offset .. seed_offset + seeds - 1)")
+    seed_offset: int = Field(0, ge=0)
+    tokens: int = Field(16, ge=1, description="Tokens per sample (EOS ignored)")
+    prompts: int | None = Field(None, ge=1, description="How many scoring prompts to sample (default: all)")
+    repeats: int = Field(2, ge=1, description="The same seeds again: is a seed repeatable within one engine?")
+
+
 class Measure(_Strict):
     warmup: int = Field(1, ge=0)
     repeats: Union[int, Literal["auto"]] = Field(3, description="Timed batches (serve: timed "
@@ -107,6 +121,8 @@ class Measure(_Strict):
     greedy_tokens: int = Field(16, ge=1, description="Greedy tokens generated after each scoring prompt")
     score_repeats: int = Field(2, ge=1, description="Scoring passes per cell; 2 gives the run-to-run noise floor")
     scoring_text: str = Field("builtin", description="Text the scoring prompts are cut from: 'builtin' or a path")
+    sampling: Sampling | None = Field(None, description="Seeded samples of the scoring prompts (the sampling "
+                                      "layer): compared seed by seed and as a distribution")
 
 
 class Serve(_Strict):
@@ -143,6 +159,10 @@ class Tolerances(_Strict):
     noise_factor: float = Field(1.0, ge=0, description="A metric no further from exact than noise_factor x the "
                                 "baseline's own noise floor (run-to-run, batch 1 vs largest batch) counts as "
                                 "'lossless'; 0 turns the noise floor off")
+    sampling_alpha: float = Field(0.01, gt=0, lt=1, description="Level of the sampling layer's distribution test: "
+                                  "p >= sampling_alpha is 'same distribution'")
+    sampling_shift: float = Field(0.05, gt=0, description="The shift of the mean sampled-token logprob (nats) the "
+                                  "report sizes 'seeds needed to detect' for (80% power at sampling_alpha)")
     task_alpha: float = Field(0.05, gt=0, lt=1, description="Level of the paired tests of the task layer: a change "
                               "with p >= task_alpha is 'no change' (McNemar's exact test, or a paired bootstrap)")
 

@@ -72,9 +72,9 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
             task = progress.add_task(m.name, total=len(todo), ok=0, bad=0)
 
             def on_done(job: GroupJob, rows) -> None:
-                for row, logprobs, tasks in rows:
+                for row, logprobs, tasks, samples in rows:
                     row.setdefault("started_at", started)
-                    store.write_cell(row, logprobs, tasks)
+                    store.write_cell(row, logprobs, tasks, samples)
                     counts["ok" if row["status"] == "ok" else "not ok"] += 1
                 progress.update(task, advance=len(rows), ok=counts["ok"], bad=counts["not ok"])
 

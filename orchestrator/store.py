@@ -5,6 +5,7 @@ results/<run>/
   cells/framework=<fw>/<cell_id>.parquet          one row per cell (CELLS_SCHEMA), as the run stores it
   logprobs/framework=<fw>/<cell_id>.parquet       one row per scored position (LOGPROBS_SCHEMA)
   tasks/framework=<fw>/<cell_id>.parquet          one row per task item the cell ran (TASKS_SCHEMA)
+  samples/framework=<fw>/<cell_id>.parquet        one row per seeded sample (SAMPLES_SCHEMA)
   compacted.json                                  after a compaction: which compacted files are live
   cells/framework=<fw>/compacted-<g>.parquet      the cells folded by compaction <g> (one file)
   logprobs/framework=<fw>/compacted-<g>.parquet   their logprobs, grouped by cell (likely references first)
@@ -66,6 +67,9 @@ CELLS_SCHEMA = pa.schema([
     ("warmup", pa.int32()),
     ("repeats", pa.int32()),              # timed batches (serve: runs) made; with repeats: auto, as many as it took
     ("repeats_halfwidth", _f64),          # relative half-width of the output throughput's 95% interval
+    ("spec_draft_tokens", pa.int64()),    # speculative decoding in the timed batches: draft tokens proposed,
+    ("spec_accepted_tokens", pa.int64()),  # accepted,
+    ("spec_acceptance", _f64),            # and accepted / proposed (null: no speculation, see missing)
     ("requests", pa.int32()),             # timed requests (repeats x batch_size)
     ("ttft_ms_p50", _f64), ("ttft_ms_p90", _f64), ("ttft_ms_p99", _f64),
     ("tpot_ms_p50", _f64), ("tpot_ms_p90", _f64), ("tpot_ms_p99", _f64),
@@ -137,6 +141,19 @@ TASKS_SCHEMA = pa.schema([
     ("choice_tokens", pa.list_(pa.int32())),  # choice: each choice's continuation length in tokens
 ])
 TASKS_WRITE_OPTIONS = {"compression": "zstd"}
+
+# The sampling layer: one row per seeded sample (adapters.contract.SAMPLE_COLUMNS), with its ids and
+# each sampled token's raw logprob, so samples compare seed by seed and as a distribution.
+SAMPLES_SCHEMA = pa.schema([
+    ("run_id", pa.string()),
+    ("cell_id", pa.string()),
+    ("repeat", pa.int16()),                  # the same seeds again (0, 1, ...)
+    ("prompt_index", pa.int32()),            # which scoring prompt
+    ("seed", pa.int64()),
+    ("token_ids", pa.list_(pa.int32())),     # the sampled ids (EOS ignored)
+    ("logprobs", pa.list_(pa.float32())),    # each sampled token's raw logprob (before temperature and filters)
+])
+SAMPLES_WRITE_OPTIONS = {"compression": "zstd"}
 
 STATUSES = ("ok", "unsupported", "failed", "crashed", "timeout")
 # The framework lives in the partition directory name only: a column of the same name inside the
@@ -210,11 +227,16 @@ class RunStore:
     def tasks_path(self, framework: str, cell_id: str) -> Path:
         return self.root / "tasks" / f"framework={framework}" / f"{cell_id}.parquet"
 
-    def write_cell(self, row: dict[str, Any], logprobs: pa.Table | None = None, tasks: pa.Table | None = None) -> None:
-        """Logprobs and task rows first, then the cell row: a stored cell row means its rows are complete."""
+    def samples_path(self, framework: str, cell_id: str) -> Path:
+        return self.root / "samples" / f"framework={framework}" / f"{cell_id}.parquet"
+
+    def write_cell(self, row: dict[str, Any], logprobs: pa.Table | None = None, tasks: pa.Table | None = None,
+                   samples: pa.Table | None = None) -> None:
+        """Logprob, task and sample rows first, then the cell row: a stored cell row means its rows are complete."""
         fw, cid = row["framework"], row["cell_id"]
         for table, path, schema, options in ((logprobs, self.logprobs_path(fw, cid), LOGPROBS_SCHEMA, LOGPROBS_WRITE_OPTIONS),
-                                             (tasks, self.tasks_path(fw, cid), TASKS_SCHEMA, TASKS_WRITE_OPTIONS)):
+                                             (tasks, self.tasks_path(fw, cid), TASKS_SCHEMA, TASKS_WRITE_OPTIONS),
+                                             (samples, self.samples_path(fw, cid), SAMPLES_SCHEMA, SAMPLES_WRITE_OPTIONS)):
             if table is not None and table.num_rows:
                 _atomic_write_table(table.cast(schema), path, options)
             else:
@@ -284,9 +306,16 @@ class RunStore:
 
     def read_tasks(self, columns: list[str] | None = None) -> pa.Table:
         """The tasks table: every stored cell's per-item task rows (small: items x tasks x cells)."""
-        files = sorted(p for p in (self.root / "tasks").glob("framework=*/*.parquet") if is_cell_file(p.name))
+        return self._read_side_table("tasks", TASKS_SCHEMA, columns)
+
+    def read_samples(self, columns: list[str] | None = None) -> pa.Table:
+        """The samples table: every stored cell's seeded samples (prompts x seeds x repeats per cell)."""
+        return self._read_side_table("samples", SAMPLES_SCHEMA, columns)
+
+    def _read_side_table(self, name: str, schema: pa.Schema, columns: list[str] | None) -> pa.Table:
+        files = sorted(p for p in (self.root / name).glob("framework=*/*.parquet") if is_cell_file(p.name))
         stored = set(self.read_cells_table(["cell_id"])["cell_id"].to_pylist()) if files else set()
-        schema = TASKS_SCHEMA if columns is None else pa.schema([TASKS_SCHEMA.field(c) for c in columns])
+        schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
         tables = [pq.read_table(f, columns=columns).cast(schema) for f in files if f.stem in stored]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 

@@ -34,10 +34,28 @@ TASK_VERDICTS = ("no change", "improved", "regressed")
 _ITEM_COLUMNS = ["cell_id", "task", "metric", "item_index", "score"]
 
 
-def _cells(root: Path) -> pd.DataFrame:
+def layer_cells(root: Path) -> pd.DataFrame:
+    """The cells a layer judges (its id, engine, axes, status, missing), as a layer module reads them."""
     t = RunStore(root).read_cells_table(["cell_id", "engine_key", *AXES, "status", "missing"]).to_pandas()
     t["mode"] = t["mode"].fillna("offline")
     return t
+
+
+def with_baselines(cells: pd.DataFrame, has_rows: pd.Series, selector: dict, what: str) -> pd.DataFrame:
+    """`cells` with baseline_cell_id / baseline_match: the selector's cell among the ok ones with rows."""
+    comparable = cells[(cells.status == "ok") & cells.cell_id.isin(has_rows)]
+    cells["baseline_cell_id"], cells["baseline_match"] = _resolve_baselines(cells, comparable, selector)
+    cells["baseline_match"] = cells["baseline_match"].str.replace("with logprobs", f"with {what}")
+    return cells
+
+
+def with_old_partners(new_root: Path, old_root: Path, pairs: pd.DataFrame) -> pd.DataFrame:
+    """NEW's cells with their partners in OLD (cell_id -> baseline_cell_id, as compare_runs pairs them)."""
+    cells = layer_cells(new_root).merge(pairs[["cell_id", "baseline_cell_id"]].drop_duplicates("cell_id"),
+                                        on="cell_id", how="left")
+    cells["baseline_cell_id"] = cells["baseline_cell_id"].astype(object).where(cells["baseline_cell_id"].notna(), None)
+    cells["baseline_match"] = f"no partner in {old_root.name}"
+    return cells
 
 
 def _items(root: Path) -> pd.DataFrame:
@@ -148,10 +166,8 @@ def analyse_tasks(run_dir: str | Path, baseline: dict | None = None, tolerances:
     """Every cell's tasks against the run's baseline config (the selector of analysis.analyse)."""
     root = Path(run_dir)
     selector, tol = _settings(root, baseline, tolerances)
-    cells, items = _cells(root), _items(root)
-    comparable = cells[(cells.status == "ok") & cells.cell_id.isin(items.cell_id)]
-    cells["baseline_cell_id"], cells["baseline_match"] = _resolve_baselines(cells, comparable, selector)
-    cells["baseline_match"] = cells["baseline_match"].str.replace("with logprobs", "with task rows")
+    items = _items(root)
+    cells = with_baselines(layer_cells(root), items.cell_id, selector, "task rows")
     cells["base_key"] = cells.baseline_cell_id.map(cells.set_index("cell_id").engine_key)
     return task_verdicts(cells, items, items, tol.task_alpha, noise=_noise(cells, items))
 
@@ -162,11 +178,8 @@ def compare_task_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.DataFr
     as compare_runs gives them."""
     new_root, old_root = Path(new_dir), Path(old_dir)
     _, tol = _settings(new_root, {}, tolerances)
-    cells = _cells(new_root).merge(pairs[["cell_id", "baseline_cell_id"]].drop_duplicates("cell_id"), on="cell_id",
-                                   how="left")
-    cells["baseline_cell_id"] = cells["baseline_cell_id"].astype(object).where(cells["baseline_cell_id"].notna(), None)
-    cells["baseline_match"] = f"no partner in {old_root.name}"
-    old_cells, old_items = _cells(old_root), _items(old_root)
+    cells = with_old_partners(new_root, old_root, pairs)
+    old_cells, old_items = layer_cells(old_root), _items(old_root)
     cells["base_key"] = cells.baseline_cell_id.map(old_cells.set_index("cell_id").engine_key)
     return task_verdicts(cells, _items(new_root), old_items, tol.task_alpha, base_label=f"{old_root.name}'s",
                          noise=_noise(old_cells, old_items))

@@ -184,6 +184,34 @@ def test_diff_endpoints_f32_vs_q4_0_finds_divergence(servers):
     assert "A vs B" in text and "token" in text
 
 
+def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
+    """At temperature 0.8: two identical llama.cpp servers draw the same samples for the same seeds (and
+    the same distribution); fp32 against q4_0 differs seed by seed. As a distribution, a q4_0 shift of a
+    few hundredths of a nat per token is beyond 64 samples: the verdict is what the test says, with the
+    seeds it would need."""
+    from orchestrator.endpoint_diff import diff_sampled, format_sampled_report
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS[:4]) + "\n")
+    proc = subprocess.run(bench_cmd("diff-endpoints", servers["f32_a"].url, servers["f32_b"].url, "--prompts",
+                                    str(prompts), "--temperature", "0.8", "--top-p", "0.95", "--seeds", "16",
+                                    "--max-tokens", "16", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    same = json.loads(proc.stdout)
+    assert sum(x["differing"] for x in same["per_seed"]) == 0 and same["repeatable"] == {"A": 1.0, "B": 1.0}
+    assert same["seed_by_seed"] == "identical"
+    assert same["distribution"]["verdict"] == "same distribution" and same["distribution"]["n_a"] == 64
+    assert same["distribution"]["p_value"] == 1.0 and "under A" in same["distribution"]["test"]
+    other = diff_sampled(servers["f32_a"].url, servers["q4_0"].url, PROMPTS[:4], seeds=16, max_tokens=16,
+                         temperature=0.8, top_p=0.95)
+    text = format_sampled_report(other)
+    differing = sum(x["differing"] for x in other["per_seed"])
+    assert differing > 32 and other["seed_by_seed"] == f"differ ({differing} of 64)", text
+    d = other["distribution"]
+    assert d["verdict"] == ("different" if d["p_value"] < 0.01 else "same distribution"), text
+    assert d["seeds_to_detect_0.05_nats"] > 0 and "seed by seed: differ" in text
+
+
 def test_read_prompts_text_and_jsonl(tmp_path):
     f = tmp_path / "p.txt"
     f.write_text('hello world\n\n{"prompt": "from json"}\nplain {not json\n')
