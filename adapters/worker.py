@@ -2,10 +2,10 @@
 
 It runs in the framework's own interpreter, so it imports nothing from the orchestrator, only
 this package, numpy, pydantic and psutil; its input is an `adapters.contract.GroupSpec`. It loads
-the engine once, then for each cell runs the warm-up and timed batches, the logprob capture and the
-group's tasks (adapters.task_runner), and writes for each cell `<cell_id>.json` (the measurements, an
-`adapters.contract.CellRecord`), `<cell_id>.npz` (the logprob rows) and `<cell_id>.tasks.json` (the
-task outputs). Progress goes to `events.jsonl`, one typed event per line, so the
+the engine once, then for each cell runs the warm-up and timed batches, the logprob capture, the seeded
+samples (measure.sampling) and the group's tasks (adapters.task_runner), and writes for each cell
+`<cell_id>.json` (the measurements, an `adapters.contract.CellRecord`), `<cell_id>.npz` (the logprob
+rows), `<cell_id>.samples.npz` and `<cell_id>.tasks.json` (the task outputs). Progress goes to `events.jsonl`, one typed event per line, so the
 parent can tell which cell was running when a crash or a hang happened. Serve cells (`adapters.served_cells`) start the engine's server here instead of
 loading the engine.
 """
@@ -24,7 +24,8 @@ import numpy as np
 
 from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
-from adapters.cell_loop import Events, LogprobRows, Measured, chunks, load_or_report, run_cells, timed_repeats
+from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, chunks, load_or_report, run_cells,
+                                timed_repeats)
 from adapters.contract import (SAMPLE_COLUMNS, CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded,
                                SamplingSpec, ScoringSpec, Started, TaskSpec, summarize)
 from adapters.provenance import host_facts, model_fingerprint
@@ -86,6 +87,8 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
     record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width, **spec)
     if spec and record.spec_acceptance is None:
         record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
+    if not spec:
+        record.missing.update(NO_SPECULATION)
     logprobs = {}
     if scoring:
         try:

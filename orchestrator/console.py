@@ -131,10 +131,14 @@ def compare_table(df: pd.DataFrame) -> Table:
 
     serve = "mode" in df and (df["mode"] == "serve").any()
     t = Table(title="Lossless comparison", show_lines=False)
+    # the task and sampling columns only where the run has those layers: a narrow terminal keeps its width
+    layers = [name for name, col in (("tasks", "task_verdict"), ("sampling", "sampling_verdict"))
+              if col in df and df[col].notna().any()]
     for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
-                "noise", "top1", "greedy", "ppl_rel", "tasks", "sampling", "speedup [95% CI] call", "mem saved", "reason"):
+                "noise", "top1", "greedy", "ppl_rel", *layers, "speedup [95% CI] call", "mem saved", "reason"):
         t.add_column(col, justify="right" if col not in ("verdict", "tasks", "sampling", "reason", "framework", "model",
-                                                         "flags", "load") else "left", overflow="fold")
+                                                         "flags", "load") else "left", overflow="fold",
+                     no_wrap=col == "load")   # a load point reads whole ("poisson 8/s, c<=4"), never folded
     for r in df.to_dict("records"):
         load = load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")) if serve else str(r["batch_size"])
         call = r.get("speed_call") if isinstance(r.get("speed_call"), str) else ""   # None or NaN: no interval
@@ -143,8 +147,9 @@ def compare_table(df: pd.DataFrame) -> Table:
         greedy = "" if not _finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
         t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]), load,
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
-                  num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"), _task_cell(r),
-                  _sampling_cell(r), speed, num(r["mem_saving"], ".0%"), str(r["reason"]))
+                  num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"),
+                  *[{"tasks": _task_cell, "sampling": _sampling_cell}[name](r) for name in layers],
+                  speed, num(r["mem_saving"], ".0%"), str(r["reason"]))
     return t
 
 
@@ -222,14 +227,17 @@ def against_table(df: pd.DataFrame, new: str, old: str) -> Table:
         return f"x{v:.2f}{ci} {call if isinstance(call, str) else ''}".rstrip()
 
     t = Table(title=f"{new} against {old}", show_lines=False)
-    for col in ("configuration", "load", "verdict", "tasks", "out tok/s", "TTFT p99", "TPOT p50", "peak mem", "reason"):
+    layers = "task_verdict" in df and df["task_verdict"].notna().any()
+    for col in ("configuration", "load", "verdict", *(["tasks"] if layers else []), "out tok/s", "TTFT p99", "TPOT p50",
+                "peak mem", "reason"):
         t.add_column(col, justify="right" if col in ("out tok/s", "TTFT p99", "TPOT p50", "peak mem") else "left",
                      overflow="fold")
     for r in df.to_dict("records"):
         mem = f"x{r['mem_ratio']:.3f}" if _finite(r.get("mem_ratio")) else ""
         t.add_row(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}",
                   load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")),
-                  f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", _task_cell(r), ratio(r, "tok_s"), ratio(r, "ttft_p99"),
+                  f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", *([_task_cell(r)] if layers else []), ratio(r, "tok_s"),
+                  ratio(r, "ttft_p99"),
                   ratio(r, "tpot_p50"), mem, str(r["reason"]))
     return t
 

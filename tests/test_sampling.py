@@ -75,8 +75,8 @@ def test_every_cell_stores_its_seeded_samples(sampling_run):
     _, cells, samples = sampling_run
     assert set(cells.status) == {"ok"}, cells[["framework", "flags", "status", "reason"]]
     counts = samples.groupby("cell_id").size()
-    spec = _id(cells, "vllm", "ngram")      # vllm-project/vllm#55005: said as a null with the reason
-    assert "55005" in json.loads(cells.set_index("cell_id").missing[spec])["samples"]
+    spec = _id(cells, "vllm", "ngram")      # vllm-project/vllm PR #42638: said as a null with the reason
+    assert "42638" in json.loads(cells.set_index("cell_id").missing[spec])["samples"]
     assert set(counts.index) == set(cells.cell_id) - {spec} and (counts == 4 * 16 * 2).all()   # prompts x seeds x repeats
     assert all(len(t) == 16 and len(lp) == 16 for t, lp in zip(samples.token_ids, samples.logprobs))
     assert (np.concatenate(samples.logprobs.to_list()) <= 0).all()

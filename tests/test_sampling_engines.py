@@ -269,7 +269,7 @@ if __name__ == "__main__":
 VLLM_P = [[3 + (i * 7 + j * 13) % 500 for j in range(140 - 3 * i)] for i in range(4)]
 VLLM_CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-SPEC_BUG = "vllm-project/vllm#55005"
+SPEC_BUG = "vllm-project/vllm PR #42638"
 
 
 @pytest.fixture(scope="module")

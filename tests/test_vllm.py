@@ -22,6 +22,7 @@ import pytest
 
 from adapters.base import Unsupported
 from adapters.contract import LoadSpec, ModelSpec
+from adapters.cell_loop import NO_SPECULATION
 from adapters.vllm import Options, VllmAdapter, classify_load_error, root_cause
 from conftest import ROOT, SMALL_MATRIX
 from orchestrator.runner import run_matrix
@@ -114,7 +115,8 @@ def test_vllm_cells_ok_with_engine_facts(vllm_run):
         assert r.engine_ttft_agrees is not None
         assert r.engine_ttft_agrees == (abs(ours - theirs) <= max(1.0, 0.1 * ours)), (ours, theirs)
         print(f"vllm {r.flags} batch {r.batch_size}: TTFT p50 ours {ours:.2f} ms, vLLM's {theirs:.2f} ms")
-        assert json.loads(r.missing) == {"queue_ms": "no arrival queue: an offline batch, or a closed loop"}
+        assert json.loads(r.missing) == {"queue_ms": "no arrival queue: an offline batch, or a closed loop",
+                                         **NO_SPECULATION}
 
 
 @needs_vllm
