@@ -675,18 +675,26 @@ def _task_table(rows: pd.DataFrame, table_id: str, multi_len: bool) -> str:
               "verdict"),
              ("reason", "why n/a", lambda r: "" if _judged(r) else _text(r.get("task_reason")),
               lambda r: "" if _judged(r) else _text(r.get("task_reason")), "reason")]
+    def tip(r: dict) -> str:
+        base = r.get("baseline_cell_id")
+        return f"cell {r['cell_id']}" + (f" · baseline {base}" if isinstance(base, str) else "")
+
+    return _sortable(table_id, cols, rows.to_dict("records"),
+                     lambda r: TASK_VERDICT_COLOR.get(r.get("task_verdict"), "#333"), tip)
+
+
+def _sortable(table_id: str, cols: list, records: list[dict], verdict_color: Callable, tip: Callable) -> str:
+    """A sortable table: cols are (key, header, sort value, shown text, css class); the verdict cell coloured."""
     head = "".join(f'<th data-key="{table_id}-{k}">{_esc(h)}</th>' for k, h, *_ in cols)
     body = []
-    for r in rows.to_dict("records"):
+    for r in records:
         tds = []
         for key, _, value, text, cls in cols:
             v = value(r)
             v = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
-            style = f' style="color:{TASK_VERDICT_COLOR.get(r.get("task_verdict"), "#333")}"' if key == "verdict" else ""
+            style = f' style="color:{verdict_color(r)}"' if key == "verdict" else ""
             tds.append(f'<td class="{cls}" data-v="{_esc(v)}"{style}>{_esc(text(r))}</td>')
-        base = r.get("baseline_cell_id")
-        tip = f"cell {r['cell_id']}" + (f" · baseline {base}" if isinstance(base, str) else "")
-        body.append(f'<tr title="{_esc(tip)}">' + "".join(tds) + "</tr>")
+        body.append(f'<tr title="{_esc(tip(r))}">' + "".join(tds) + "</tr>")
     return (f'<div class="wrap"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
@@ -728,18 +736,8 @@ def _ppl_table(df: pd.DataFrame) -> str:
              ("noise", "noise |ppl_rel|", lambda r: r.get("noise_ppl_rel"), lambda r: pct(r.get("noise_ppl_rel")),
               "n noise"),
              ("verdict", "logit verdict", lambda r: rank.get(r["verdict"], 9), lambda r: r["verdict"], "verdict")]
-    head = "".join(f'<th data-key="ppl-{k}">{_esc(h)}</th>' for k, h, *_ in cols)
-    body = []
-    for r in d.to_dict("records"):
-        tds = []
-        for key, _, value, text, cls in cols:
-            v = value(r)
-            v = "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
-            style = f' style="color:{VERDICT_COLOR.get(r["verdict"], "#333")}"' if key == "verdict" else ""
-            tds.append(f'<td class="{cls}" data-v="{_esc(v)}"{style}>{_esc(text(r))}</td>')
-        body.append(f'<tr title="cell {_esc(r["cell_id"])}">' + "".join(tds) + "</tr>")
-    return (f'<div class="wrap"><table class="sortable" id="ppl"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+    return _sortable("ppl", cols, d.to_dict("records"), lambda r: VERDICT_COLOR.get(r["verdict"], "#333"),
+                     lambda r: f"cell {r['cell_id']}")
 
 
 def _task_panel(tasks: Any, df: pd.DataFrame, manifest: dict, against: Any = None) -> str:
