@@ -103,7 +103,7 @@ def _tokenizer_source(job: GroupJob) -> str:
     return _resolve_source(entry.tokenizer or entry.source, job.cache_dir)
 
 
-def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer) -> GroupSpec:
+def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_sets.Loaded) -> GroupSpec:
     m, g = job.matrix, job.group
     entry = m.model_entry(g.model)
     source = _resolve_source(entry.source, job.cache_dir)
@@ -124,8 +124,8 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer) -> GroupSpec:
             repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
             request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate))
     scoring = scoring_prompts(m.measure, tok)
-    tasks = task_sets.task_specs(task_sets.resolve(m.tasks), tok, _tokenizer_source(job), entry.trust_remote_code,
-                                 max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
+    task_specs = task_sets.task_specs(tasks, tok, _tokenizer_source(job), entry.trust_remote_code,
+                                      max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
     load = LoadSpec(
         framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
         gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
@@ -141,7 +141,7 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer) -> GroupSpec:
         serve=None if not serve else ServeSpec(
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
             startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)),
-        tasks=tasks, sampling=_sampling_spec(m, scoring))
+        tasks=task_specs, sampling=_sampling_spec(m, scoring))
 
 
 def _sampling_spec(m: Matrix, scoring: list[list[int]]) -> SamplingSpec | None:
@@ -180,6 +180,12 @@ def _strings(values: list[bytes]) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
 
 
+def _fixed_lists(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    """A [rows, k] array as an Arrow list column of k values per row, zero-copy over its buffer."""
+    n, k = values.shape
+    return pa.ListArray.from_arrays(_arrow(np.arange(0, (n + 1) * k, k), pa.int32()), _arrow(values.reshape(-1), type_))
+
+
 def _logprob_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
     """A worker's logprob rows (adapters.contract.LOGPROB_COLUMNS) as the store's table."""
     data = np.load(npz)
@@ -193,9 +199,7 @@ def _logprob_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
         if name == "kind":
             columns[name] = _strings([names[x] for x in data[name].tolist()])
         elif is_list:
-            k = data[name].shape[1]
-            columns[name] = pa.ListArray.from_arrays(_arrow(np.arange(0, (n + 1) * k, k), pa.int32()),
-                                                     _arrow(data[name].reshape(-1), t.value_type))
+            columns[name] = _fixed_lists(data[name], t.value_type)
         else:
             columns[name] = _arrow(data[name], t)
     return pa.table(columns, schema=LOGPROBS_SCHEMA)
@@ -206,15 +210,14 @@ def _sample_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
     if not npz.exists():
         return None
     data = np.load(npz)
-    n, k = data["token_ids"].shape if data["token_ids"].ndim == 2 else (0, 0)
+    n = data["token_ids"].shape[0] if data["token_ids"].ndim == 2 else 0
     if not n:
         return None
-    offsets = _arrow(np.arange(0, (n + 1) * k, k), pa.int32())
     columns = {"run_id": _strings([run_id.encode()] * n), "cell_id": _strings([cell_id.encode()] * n)}
     for name in ("repeat", "prompt_index", "seed"):
         columns[name] = _arrow(data[name], SAMPLES_SCHEMA.field(name).type)
     for name in ("token_ids", "logprobs"):
-        columns[name] = pa.ListArray.from_arrays(offsets, _arrow(data[name].reshape(-1), SAMPLES_SCHEMA.field(name).type.value_type))
+        columns[name] = _fixed_lists(data[name], SAMPLES_SCHEMA.field(name).type.value_type)
     return pa.table(columns, schema=SAMPLES_SCHEMA)
 
 
@@ -297,9 +300,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
     try:
         entry = job.matrix.model_entry(job.group.model)
         tok = Tokenizer(_tokenizer_source(job), entry.trust_remote_code)
-        spec_all = build_spec(job, remaining, tok)
-        tasks = {task_sets.task_name(e): (e, None if isinstance(e, task_sets.LmEvalTask) else task_sets.read_items(e))
-                 for e in task_sets.resolve(job.matrix.tasks)}
+        tasks = task_sets.load_tasks(job.matrix.tasks)
+        spec_all = build_spec(job, remaining, tok, tasks)
     except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
         for c in remaining:
             finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")

@@ -174,11 +174,19 @@ def problems(entries: list) -> list[str]:
     return out
 
 
-def task_specs(entries: list[TaskEntry], tok: Tokenizer, tokenizer_source: str, trust_remote_code: bool,
+Loaded = dict[str, tuple[TaskEntry, Items | None]]   # task name -> its entry and items (lm-eval: None)
+
+
+def load_tasks(entries: list) -> Loaded:
+    """The matrix's tasks, built-in names resolved and item files read once (lm-eval reads its own)."""
+    return {task_name(e): (e, None if isinstance(e, LmEvalTask) else read_items(e)) for e in resolve(entries)}
+
+
+def task_specs(tasks: Loaded, tok: Tokenizer, tokenizer_source: str, trust_remote_code: bool,
                max_length: int) -> list[TaskSpec]:
     """The tasks as the engine process gets them: every text as this model's token ids."""
     specs: list[TaskSpec] = []
-    for e in entries:
+    for e, items in tasks.values():
         if isinstance(e, LmEvalTask):
             include = str(Path(e.include_path).resolve()) if e.include_path else None
             specs.append(LmEvalTaskSpec(name=task_name(e), task=e.task, include_path=include,
@@ -186,7 +194,6 @@ def task_specs(entries: list[TaskEntry], tok: Tokenizer, tokenizer_source: str, 
                                         tokenizer=tokenizer_source, trust_remote_code=trust_remote_code,
                                         max_length=max_length))
             continue
-        items = read_items(e)
         if isinstance(e, GenerationTask):
             specs.append(GenerationTaskSpec(name=e.name, prompts=[tok.encode(p) for p in items.prompts],
                                             max_tokens=e.max_tokens))
