@@ -45,7 +45,10 @@ def start() -> None:
 def watch(session_dir: str) -> None:
     """In the driver, once the cluster is up: the watchdog kills what has files in `session_dir`."""
     if _lifeline:
-        os.write(_lifeline[0], (os.path.abspath(session_dir) + "\n").encode())
+        try:
+            os.write(_lifeline[0], (os.path.abspath(session_dir) + "\n").encode())
+        except OSError:   # the watchdog is gone (killed by hand): the run goes on without it
+            pass
 
 
 def cluster_processes(pattern: re.Pattern) -> list[psutil.Process]:
