@@ -270,9 +270,10 @@ def _compact(store: RunStore) -> dict:
                 t = _read_cells_file(old)
                 parts.append(t.filter(pc.invert(pc.is_in(t["cell_id"], value_set=pa.array(ids, pa.string())))))
                 delete.append(record["cells"][fw])
-            parts.append(_read_cell_rows([str(lay.percell_paths[c]) for c in ids]))
+            parts.append(_read_cell_rows([str(lay.percell_paths[c]) for c in ids]))   # read in cell_id order
             cells = pa.concat_tables(parts)
-            cells = cells.take(pc.sort_indices(cells["cell_id"]))
+            if old is not None:   # (a sorted copy of the table: only when two parts were merged)
+                cells = cells.take(pc.sort_indices(cells["cell_id"]))
             first = _likely_references(cells, fw, baseline)
             # written while the side tables are read (the cells table is not touched again); one
             # framework's at a time, so at most two cells tables are held
