@@ -109,7 +109,7 @@ def test_killed_driver_leaves_no_process_behind_and_resumes_with_every_cell_stor
     driver.wait()
     stored_before_kill = len(_cell_files(run_dir))
     assert 1 <= stored_before_kill < 6, "the kill must land mid-run"
-    assert "raylet" in names and "DashboardAgent" in names and "adapters.worker" in names, names
+    assert "raylet" in names and "adapters.worker" in names, names
 
     _, alive = psutil.wait_procs(procs, timeout=20)   # is_running() checks the start time too: no reused pid
     try:
