@@ -1,9 +1,9 @@
-"""Compaction: a run's per-cell files folded into one cells file and one logprobs file per framework.
+"""Compaction: a run's per-cell files folded into one cells file and one file per side table per framework.
 
-`bench run` stores every cell as two small files (cells/framework=<fw>/<cell_id>.parquet and its
-logprobs), written atomically, so a killed run resumes without duplicates. A reader then pays one
-Parquet footer per file (~1 ms): 100,000 cells are minutes of footers before any maths. So a run
-is compacted when it ends (and with `bench compact RUN`):
+`bench run` stores every cell as small files (cells/framework=<fw>/<cell_id>.parquet and its rows of
+each side table, store.SIDE_TABLES: logprobs, ...), written atomically, so a killed run resumes
+without duplicates. A reader then pays one Parquet footer per file (~1 ms): 100,000 cells are
+minutes of footers before any maths. So a run is compacted when it ends (and with `bench compact RUN`):
 
     cells/framework=<fw>/compacted-<g>.parquet      every cell of <fw>, sorted by cell_id
     logprobs/framework=<fw>/compacted-<g>.parquet   their logprobs, grouped by cell: the cells an
@@ -12,15 +12,17 @@ is compacted when it ends (and with `bench compact RUN`):
                                                     then the rest, each part in cell_id order, in
                                                     row groups of 64k rows (a cell_id range prunes
                                                     them; the references are a few row groups)
+    <side>/framework=<fw>/compacted-<g>.parquet     every other side table the same way as logprobs
     compacted.json                                  the commit record: generation <g>, the live
-                                                    compacted files, and per logprobs file the
+                                                    compacted files, and per side table file the
                                                     cells it holds and their row counts
 
 Compaction <g> (under the run dir's writer lock; the driver is the only writer):
   1. finish or undo what an interrupted compaction left (recover)
-  2. per framework with per-cell files: write the new cells file and logprobs file under hidden
+  2. per framework with per-cell files: write the new cells file and side table files under hidden
      staging names (.compacting-<g>...): the old compacted rows less the cells stored again since,
-     merged with the per-cell files in that order, streamed (memory is about one row group)
+     merged with the per-cell files in that order, streamed (memory is a bounded window of files
+     and a row group; the framework's cells table is held whole, to sort it)
   3. commit: write compacted.json (temp file + rename), naming the new files, the staging names
      they still have, and the files that are no longer live (the folded per-cell files, the
      replaced compacted files)
@@ -31,6 +33,12 @@ writer); a kill after 3 leaves a committed compaction whose per-cell files are s
 hold the same rows and win, so readers see each cell once; the next writer finishes step 4.
 A cell stored again after a compaction is a per-cell file again and wins until the next one.
 Frameworks without per-cell files keep their compacted files as they are.
+
+Speed: 100,000 cells are ~200,000 small files, and reading them is most of the work (a one-row
+cells file is ~80 column chunks: ~1 ms of CPU to decode, whatever it holds). bulk_parquet reads
+them in order, several DuckDB scans at once, a bounded window ahead, and encodes each row group
+in a thread while the next files are read; the cells file is written while the side tables are
+read. Nothing goes through pandas or a Python loop per row or per file.
 """
 
 from __future__ import annotations
@@ -39,25 +47,35 @@ import heapq
 import json
 import os
 import time
-from pathlib import Path
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from orchestrator.store import (CELLS_FILE_SCHEMA, COMMIT_FILE, COMPACTED_PREFIX, LOGPROBS_SCHEMA,
-                                LOGPROBS_WRITE_OPTIONS, STAGING_PREFIX, Layout, RunStore, atomic_write_text,
-                                read_cell_files, read_commit)
+from orchestrator.bulk_parquet import RowGroupWriter, scan_in_order
+from orchestrator.store import (CELLS_FILE_SCHEMA, COMMIT_FILE, COMPACTED_PREFIX, SIDE_TABLES, STAGING_PREFIX, Layout,
+                                RunStore, SideTable, atomic_write_text, read_commit)
 
-ROW_GROUP_ROWS = 65536      # logprobs rows per row group of a compacted file
+ROW_GROUP_ROWS = 65536      # side table rows per row group of a compacted file
 
 
-def _rel(store: RunStore, path: Path) -> str:
-    return str(Path(path).relative_to(store.root))
+class _Writer(RowGroupWriter):
+    """A side table's compacted file: its rows appended cell by cell; the cells and their row
+    counts go to the commit record."""
+
+    def __init__(self, path: str, side: SideTable):
+        super().__init__(path, side.schema, side.write_options, ROW_GROUP_ROWS)
+        self.cells: list[str] = []
+        self.rows: list[int] = []
+
+    def add(self, cell_id: str, table: pa.Table) -> None:
+        self.cells.append(cell_id)
+        self.rows.append(table.num_rows)
+        self.append(table)
 
 
 def _commit(store: RunStore, record: dict) -> None:
@@ -66,12 +84,16 @@ def _commit(store: RunStore, record: dict) -> None:
 
 def _finish(store: RunStore, record: dict) -> None:
     """Step 4 of a committed compaction; idempotent, so recover() can run it again after a kill."""
+    root = str(store.root)
     for final, staging in (record.get("staged") or {}).items():
-        src = store.root / staging
-        if src.exists():
-            os.replace(src, store.root / final)
+        src = os.path.join(root, staging)
+        if os.path.exists(src):
+            os.replace(src, os.path.join(root, final))
     for rel in record.get("delete") or []:
-        (store.root / rel).unlink(missing_ok=True)
+        try:
+            os.unlink(os.path.join(root, rel))
+        except FileNotFoundError:
+            pass
     if record.get("staged") or record.get("delete"):
         _commit(store, {k: v for k, v in record.items() if k not in ("staged", "delete")})
 
@@ -95,10 +117,12 @@ def recover(store: RunStore) -> int:
     if record.get("staged") or record.get("delete"):
         _finish(store, record)
         record = read_commit(store.root)
-    live = set((record.get("cells") or {}).values()) | set(record.get("logprobs") or {})
+    live = set((record.get("cells") or {}).values())
+    for name in SIDE_TABLES:
+        live |= set(record.get(name) or {})
     gen = int(record.get("generation", 0))
     removed = 0
-    for table in ("cells", "logprobs"):
+    for table in ("cells", *SIDE_TABLES):
         base = store.root / table
         if not base.is_dir():
             continue
@@ -108,7 +132,8 @@ def recover(store: RunStore) -> int:
                 # staging files were never committed; a compacted file the record does not name is an
                 # older generation it replaced (only with a record: without one nothing is guessed)
                 stale = name.startswith(STAGING_PREFIX) or (
-                    name.startswith(COMPACTED_PREFIX) and _rel(store, path) not in live and _generation(name) < gen)
+                    name.startswith(COMPACTED_PREFIX) and f"{table}/{part.name}/{name}" not in live
+                    and _generation(name) < gen)
                 if stale:
                     path.unlink(missing_ok=True)
                     removed += 1
@@ -122,45 +147,20 @@ def _generation(name: str) -> int:
         return 1 << 62   # not ours: never removed
 
 
-class _Writer:
-    """Logprob rows appended in cell order to one Parquet file, in row groups of ROW_GROUP_ROWS."""
+# ------------------------------------------------------------------ reading
 
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.writer = pq.ParquetWriter(path, LOGPROBS_SCHEMA, **LOGPROBS_WRITE_OPTIONS)
-        self.buffer: list[pa.Table] = []
-        self.buffered = 0
-        self.cells: list[str] = []
-        self.rows: list[int] = []
-
-    def add(self, cell_id: str, table: pa.Table) -> None:
-        if not table.schema.equals(LOGPROBS_SCHEMA):
-            table = table.cast(LOGPROBS_SCHEMA)
-        self.cells.append(cell_id)
-        self.rows.append(table.num_rows)
-        self.buffer.append(table)
-        self.buffered += table.num_rows
-        if self.buffered >= ROW_GROUP_ROWS:
-            self._flush(final=False)
-
-    def _flush(self, final: bool) -> None:
-        if not self.buffered:
-            return
-        t = pa.concat_tables(self.buffer).combine_chunks()
-        cut = t.num_rows if final else t.num_rows - t.num_rows % ROW_GROUP_ROWS
-        if cut:
-            self.writer.write_table(t.slice(0, cut), row_group_size=ROW_GROUP_ROWS)
-        rest = t.slice(cut)
-        self.buffer, self.buffered = ([rest] if rest.num_rows else []), rest.num_rows
-
-    def close(self) -> None:
-        self._flush(final=True)
-        self.writer.close()
+def _read_cell_rows(paths: list[str]) -> pa.Table:
+    """The per-cell cells files as one table, in the given order."""
+    parts = list(scan_in_order(paths, CELLS_FILE_SCHEMA))
+    return pa.concat_tables(parts) if parts else CELLS_FILE_SCHEMA.empty_table()
 
 
-def _part_cells(path: Path, info: dict, skip: set[str]) -> Iterator[tuple[str, pa.Table]]:
-    """(cell_id, its rows) of a compacted logprobs file, in its (cell_id) order, less `skip`."""
+def _read_cells_file(path) -> pa.Table:
+    return ds.dataset(str(path), format="parquet", schema=CELLS_FILE_SCHEMA).to_table()
+
+
+def _part_cells(path, info: dict, skip: set[str]) -> Iterator[tuple[str, pa.Table]]:
+    """(cell_id, its rows) of a compacted side table file, in its (cell_id) order, less `skip`."""
     counts = iter(zip(info["cells"], info["rows"]))
     pending: list[pa.Table] = []
     have = 0
@@ -182,37 +182,20 @@ def _part_cells(path: Path, info: dict, skip: set[str]) -> Iterator[tuple[str, p
         raise RuntimeError(f"{path}: fewer rows than {COMMIT_FILE} records")
 
 
-def _percell_cells(paths: list[tuple[str, Path]]) -> Iterator[tuple[str, pa.Table]]:
-    """(cell_id, its rows) of per-cell logprobs files, in the given order: one DuckDB scan over all
-    of them (file order is kept), about half the per-file cost of opening each with pyarrow."""
-    if not paths:
-        return
-    import duckdb
-
-    con = duckdb.connect(config={"memory_limit": "1GB"})
-    try:
-        con.execute("SET enable_progress_bar = false")
-        reader = con.sql("SELECT * FROM read_parquet($files, hive_partitioning = false)",
-                         params={"files": [str(p) for _, p in paths]}) \
-            .to_arrow_reader(ROW_GROUP_ROWS)
-        expected = iter(cid for cid, _ in paths)
-        cur, rows = None, []
-        for batch in reader:
-            ids = batch.column(batch.schema.get_field_index("cell_id"))
-            cuts = np.flatnonzero(pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1)).to_numpy(zero_copy_only=False)) + 1
-            for a, b in zip([0, *cuts], [*cuts, len(ids)]):
-                cid = ids[a].as_py()
-                if cid != cur:
-                    if cur is not None:
-                        yield cur, pa.Table.from_batches(rows)
-                    if cid != next(expected, None):
-                        raise RuntimeError(f"per-cell logprobs out of order at {cid}")
-                    cur, rows = cid, []
-                rows.append(batch.slice(a, b - a))
-        if cur is not None:
-            yield cur, pa.Table.from_batches(rows)
-    finally:
-        con.close()
+def _percell_cells(files: list[tuple[str, str]], schema: pa.Schema) -> Iterator[tuple[str, pa.Table]]:
+    """(cell_id, its rows) of per-cell side table files [(cell_id, path)], in the given order."""
+    expected = iter(cid for cid, _ in files)
+    for t in scan_in_order([p for _, p in files], schema):
+        runs = pc.run_end_encode(t["cell_id"].combine_chunks())   # a file's rows are one run of its cell_id
+        start = 0
+        for cid, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist()):
+            want = next(expected, None)
+            while want is not None and want != cid:   # a file without rows has no run
+                want = next(expected, None)
+            if want is None:
+                raise RuntimeError(f"per-cell rows of {cid} out of order (a file holding another cell's rows?)")
+            yield cid, t.slice(start, end - start)
+            start = end
 
 
 def _likely_references(cells: pa.Table, framework: str, baseline: dict) -> set[str]:
@@ -238,9 +221,7 @@ def _likely_references(cells: pa.Table, framework: str, baseline: dict) -> set[s
     return set(d.cell_id[hit]) | set(small)
 
 
-def _read_cells_file(path: Path) -> pa.Table:
-    return ds.dataset(str(path), format="parquet", schema=CELLS_FILE_SCHEMA).to_table()
-
+# ------------------------------------------------------------------ compaction
 
 def compact(store: RunStore) -> dict:
     """Fold the per-cell files into the compacted files (see the module docstring). Returns what it did."""
@@ -255,82 +236,97 @@ def _compact(store: RunStore) -> dict:
         tmp.unlink(missing_ok=True)
     lay = Layout.scan(store.root)
     record = lay.record
-    # interrupted writes: a per-cell logprobs file without its cells row is never read
-    orphans = [p for (fw, cid), p in lay.percell_lp.items() if lay.percell.get(cid) != fw]
+    # interrupted writes: a per-cell side table file without its cells row is never read
+    orphans = [f"{name}/framework={fw}/{cid}.parquet" for name, files in lay.percell_side.items()
+               for fw, cid in files if lay.percell.get(cid) != fw]
     stats = {"generation": lay.generation, "cells_folded": len(lay.percell), "frameworks": [], "seconds": 0.0}
     if not lay.percell:
-        for p in orphans:
-            p.unlink(missing_ok=True)
+        for rel in orphans:
+            (store.root / rel).unlink(missing_ok=True)
         return stats
 
     gen = lay.generation + 1
-    new_cells = dict(record.get("cells") or {})
-    new_lp = dict(record.get("logprobs") or {})
+    new = {"cells": dict(record.get("cells") or {}), **{name: dict(record.get(name) or {}) for name in SIDE_TABLES}}
     staged: dict[str, str] = {}
-    delete: list[str] = [_rel(store, p) for p in orphans]
+    delete: list[str] = orphans
     baseline = (store.read_manifest().get("matrix") or {}).get("baseline") or {}
     by_fw: dict[str, list[str]] = {}
     for cid, fw in lay.percell.items():
         by_fw.setdefault(fw, []).append(cid)
 
-    for fw, ids in sorted(by_fw.items()):
-        ids.sort()
-        newer = set(ids)
-        stats["frameworks"].append(fw)
-        cells_dir, lp_dir = store.root / "cells" / f"framework={fw}", store.root / "logprobs" / f"framework={fw}"
-        final_cells = cells_dir / f"{COMPACTED_PREFIX}{gen}.parquet"
-        stage_cells = cells_dir / f"{STAGING_PREFIX}{gen}.parquet"
+    with ThreadPoolExecutor(1, thread_name_prefix="compact-cells") as cells_writes:
+        written: Future | None = None
+        for fw, ids in sorted(by_fw.items()):
+            ids.sort()
+            stats["frameworks"].append(fw)
+            part = f"framework={fw}"
+            final_cells, stage_cells = (f"cells/{part}/{COMPACTED_PREFIX}{gen}.parquet",
+                                        f"cells/{part}/{STAGING_PREFIX}{gen}.parquet")
 
-        # cells: the compacted rows not stored again, and the per-cell rows, in cell_id order
-        parts = []
-        old = lay.cells_parts.get(fw)
-        if old is not None:
-            t = _read_cells_file(old)
-            parts.append(t.filter(pc.invert(pc.is_in(t["cell_id"], value_set=pa.array(ids, pa.string())))))
-            delete.append(record["cells"][fw])
-        parts.append(read_cell_files([str(lay.percell_paths[c]) for c in ids], CELLS_FILE_SCHEMA.names))
-        cells = pa.concat_tables(parts)
-        cells = cells.take(pc.sort_indices(cells["cell_id"]))
-        first = _likely_references(cells, fw, baseline)
-        order = lambda cid: (cid not in first, cid)  # noqa: E731  (the logprobs' order in the file)
-        pq.write_table(cells, stage_cells, compression="zstd")
-        staged[_rel(store, final_cells)] = _rel(store, stage_cells)
-        new_cells[fw] = _rel(store, final_cells)
-        delete += [_rel(store, p) for p in (lay.percell_paths[c] for c in ids)]
+            # cells: the compacted rows not stored again, and the per-cell rows, in cell_id order
+            parts = []
+            old = lay.cells_parts.get(fw)
+            if old is not None:
+                t = _read_cells_file(old)
+                parts.append(t.filter(pc.invert(pc.is_in(t["cell_id"], value_set=pa.array(ids, pa.string())))))
+                delete.append(record["cells"][fw])
+            parts.append(_read_cell_rows([str(lay.percell_paths[c]) for c in ids]))   # read in cell_id order
+            cells = pa.concat_tables(parts)
+            if old is not None:   # (a sorted copy of the table: only when two parts were merged)
+                cells = cells.take(pc.sort_indices(cells["cell_id"]))
+            first = _likely_references(cells, fw, baseline)
+            # written while the side tables are read (the cells table is not touched again); one
+            # framework's at a time, so at most two cells tables are held
+            if written is not None:
+                written.result()
+            written = cells_writes.submit(pq.write_table, cells, str(store.root / stage_cells), compression="zstd")
+            staged[final_cells] = stage_cells
+            new["cells"][fw] = final_cells
+            delete += [f"cells/{part}/{c}.parquet" for c in ids]
+            for name, side in SIDE_TABLES.items():
+                _compact_side(store, lay, name, side, fw, ids, (lambda cid: (cid not in first, cid)), gen, new[name],
+                              staged, delete)
+        if written is not None:
+            written.result()
 
-        # logprobs: the framework's compacted files' rows (less the cells stored again) merged with
-        # the per-cell files of the cells that have one, in cell_id order, into one new file
-        lp_files = sorted(((c, lay.percell_lp[(fw, c)]) for c in ids if (fw, c) in lay.percell_lp),
-                          key=lambda x: order(x[0]))
-        old_parts = [(rel, info) for rel, info in sorted((record.get("logprobs") or {}).items())
-                     if info.get("framework") == fw]
-        if not lp_files and not any(c in newer for _, info in old_parts for c in info["cells"]):
-            continue   # nothing new, nothing stale: the framework's logprobs file stays as it is
-        sources = []
-        for rel, info in old_parts:
-            path = next(p for p, i in lay.lp_parts.items() if i is info)
-            sources.append(_part_cells(path, info, newer))
-            delete.append(rel)
-            del new_lp[rel]
-        sources.append(_percell_cells(lp_files))
-        delete += [_rel(store, p) for _, p in lp_files]
-        final_lp = lp_dir / f"{COMPACTED_PREFIX}{gen}.parquet"
-        stage_lp = lp_dir / f"{STAGING_PREFIX}{gen}.parquet"
-        writer = _Writer(stage_lp)
-        try:
-            for cid, rows in heapq.merge(*sources, key=lambda x: order(x[0])):
-                writer.add(cid, rows)
-        finally:
-            writer.close()
-        if writer.cells:
-            new_lp[_rel(store, final_lp)] = {"framework": fw, "cells": writer.cells, "rows": writer.rows}
-            staged[_rel(store, final_lp)] = _rel(store, stage_lp)
-        else:
-            stage_lp.unlink(missing_ok=True)
-
-    commit = {"version": 1, "generation": gen, "cells": new_cells, "logprobs": new_lp,
-              "staged": staged, "delete": sorted(set(delete) - set(staged))}
+    commit = {"version": 1, "generation": gen, **new, "staged": staged, "delete": sorted(set(delete) - set(staged))}
     _commit(store, commit)
     _finish(store, commit)
     stats.update(generation=gen, seconds=round(time.monotonic() - started, 3))
     return stats
+
+
+def _compact_side(store: RunStore, lay: Layout, name: str, side: SideTable, fw: str, ids: list[str], order, gen: int,
+                  live: dict, staged: dict, delete: list) -> None:
+    """Side table `name` of framework `fw`: its compacted files' rows (less the cells stored again,
+    `ids`) merged with the per-cell files of the cells that have one, in `order`, into one new file."""
+    newer = set(ids)
+    percell = lay.percell_side[name]
+    part = f"framework={fw}"
+    files = sorted(((c, str(percell[(fw, c)])) for c in ids if (fw, c) in percell), key=lambda x: order(x[0]))
+    old_parts = [(rel, info) for rel, info in sorted((lay.record.get(name) or {}).items()) if info.get("framework") == fw]
+    if not files and not any(c in newer for _, info in old_parts for c in info["cells"]):
+        return   # nothing new, nothing stale: the framework's file stays as it is
+    sources = []
+    for rel, info in old_parts:
+        path = next(p for p, i in lay.side_parts[name].items() if i is info)
+        sources.append(_part_cells(path, info, newer))
+        delete.append(rel)
+        del live[rel]
+    sources.append(_percell_cells(files, side.schema))
+    delete += [f"{name}/{part}/{c}.parquet" for c, _ in files]
+    final, stage = f"{name}/{part}/{COMPACTED_PREFIX}{gen}.parquet", f"{name}/{part}/{STAGING_PREFIX}{gen}.parquet"
+    (store.root / name / part).mkdir(parents=True, exist_ok=True)
+    writer = _Writer(str(store.root / stage), side)
+    done = False
+    try:
+        for cid, rows in heapq.merge(*sources, key=lambda x: order(x[0])):
+            writer.add(cid, rows)
+        done = True
+    finally:
+        writer.close(flush=done)   # after an error the staging file is left for recover() to remove
+    if writer.cells:
+        live[final] = {"framework": fw, "cells": writer.cells, "rows": writer.rows}
+        staged[final] = stage
+    else:
+        (store.root / stage).unlink(missing_ok=True)

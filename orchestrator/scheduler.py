@@ -12,7 +12,7 @@ from typing import Callable
 
 import ray
 
-from orchestrator import placement
+from orchestrator import placement, reaper
 from orchestrator.launcher import CellResult, GroupJob, base_row, run_group
 
 Rows = list[CellResult]
@@ -26,9 +26,12 @@ def init_ray(address: str | None = None) -> None:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     else:
         # address="local": always a fresh local instance; without it ray.init joins any cluster another
-        # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus
-        ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
-                 log_to_driver=False)
+        # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus.
+        # The cluster is this driver's: a watchdog kills what is left of it when the driver ends (reaper.py)
+        reaper.start()
+        ctx = ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
+                       log_to_driver=False)
+        reaper.watch(ctx.address_info["session_dir"])
 
 
 def cluster_device() -> str:

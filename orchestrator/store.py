@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,27 @@ def _parquet_options(schema: pa.Schema) -> dict:
 
 
 LOGPROBS_WRITE_OPTIONS = _parquet_options(LOGPROBS_SCHEMA)
+
+
+@dataclass(frozen=True)
+class SideTable:
+    """A table of per-cell rows beside the cells table, stored like logprobs: while a run goes one
+    file per cell (<name>/framework=<fw>/<cell_id>.parquet, written before the cell's row, removed
+    when the cell is stored again without any), after a compaction folded into one file per
+    framework (<name>/framework=<fw>/compacted-<g>.parquet, named in compacted.json's <name> entry)."""
+
+    schema: pa.Schema
+    write_options: dict
+
+
+# Every side table, by directory name. Compaction, recovery and the Layout go through this dict:
+# a new one is one line here (and its rows handed to write_cell).
+SIDE_TABLES: dict[str, SideTable] = {
+    "logprobs": SideTable(LOGPROBS_SCHEMA, LOGPROBS_WRITE_OPTIONS),
+    "tasks": SideTable(TASKS_SCHEMA, TASKS_WRITE_OPTIONS),
+    "samples": SideTable(SAMPLES_SCHEMA, SAMPLES_WRITE_OPTIONS),
+}
+
 # A one-row cells file is all footer (~80 column chunks): compression, dictionaries and statistics
 # only make it slower to write and to read (~3x and ~2x here); compaction compresses the table.
 CELL_FILE_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False}
@@ -221,24 +243,21 @@ class RunStore:
     def cell_path(self, framework: str, cell_id: str) -> Path:
         return self.root / "cells" / f"framework={framework}" / f"{cell_id}.parquet"
 
+    def side_path(self, name: str, framework: str, cell_id: str) -> Path:
+        """The per-cell file of side table `name` (SIDE_TABLES)."""
+        return self.root / name / f"framework={framework}" / f"{cell_id}.parquet"
+
     def logprobs_path(self, framework: str, cell_id: str) -> Path:
-        return self.root / "logprobs" / f"framework={framework}" / f"{cell_id}.parquet"
-
-    def tasks_path(self, framework: str, cell_id: str) -> Path:
-        return self.root / "tasks" / f"framework={framework}" / f"{cell_id}.parquet"
-
-    def samples_path(self, framework: str, cell_id: str) -> Path:
-        return self.root / "samples" / f"framework={framework}" / f"{cell_id}.parquet"
+        return self.side_path("logprobs", framework, cell_id)
 
     def write_cell(self, row: dict[str, Any], logprobs: pa.Table | None = None, tasks: pa.Table | None = None,
                    samples: pa.Table | None = None) -> None:
         """Logprob, task and sample rows first, then the cell row: a stored cell row means its rows are complete."""
         fw, cid = row["framework"], row["cell_id"]
-        for table, path, schema, options in ((logprobs, self.logprobs_path(fw, cid), LOGPROBS_SCHEMA, LOGPROBS_WRITE_OPTIONS),
-                                             (tasks, self.tasks_path(fw, cid), TASKS_SCHEMA, TASKS_WRITE_OPTIONS),
-                                             (samples, self.samples_path(fw, cid), SAMPLES_SCHEMA, SAMPLES_WRITE_OPTIONS)):
+        for name, table in (("logprobs", logprobs), ("tasks", tasks), ("samples", samples)):
+            path, side = self.side_path(name, fw, cid), SIDE_TABLES[name]
             if table is not None and table.num_rows:
-                _atomic_write_table(table.cast(schema), path, options)
+                _atomic_write_table(table.cast(side.schema), path, side.write_options)
             else:
                 path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
         _atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
@@ -306,18 +325,16 @@ class RunStore:
 
     def read_tasks(self, columns: list[str] | None = None) -> pa.Table:
         """The tasks table: every stored cell's per-item task rows (small: items x tasks x cells)."""
-        return self._read_side_table("tasks", TASKS_SCHEMA, columns)
+        return self._read_side_table("tasks", columns)
 
     def read_samples(self, columns: list[str] | None = None) -> pa.Table:
         """The samples table: every stored cell's seeded samples (prompts x seeds x repeats per cell)."""
-        return self._read_side_table("samples", SAMPLES_SCHEMA, columns)
+        return self._read_side_table("samples", columns)
 
-    def _read_side_table(self, name: str, schema: pa.Schema, columns: list[str] | None) -> pa.Table:
-        files = sorted(p for p in (self.root / name).glob("framework=*/*.parquet") if is_cell_file(p.name))
-        stored = set(self.read_cells_table(["cell_id"])["cell_id"].to_pylist()) if files else set()
+    def _read_side_table(self, name: str, columns: list[str] | None) -> pa.Table:
+        schema = SIDE_TABLES[name].schema
         schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
-        tables = [pq.read_table(f, columns=columns).cast(schema) for f in files if f.stem in stored]
-        return pa.concat_tables(tables) if tables else schema.empty_table()
+        return pa.Table.from_batches(list(self.layout().side_batches(name, columns)), schema=schema)
 
     def write_manifest(self, manifest: dict) -> None:
         atomic_write_text(self.root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
@@ -409,7 +426,7 @@ class Layout:
     interrupted write and is not read.
     """
 
-    def __init__(self, root: Path, record: dict, percell: dict, percell_lp: dict):
+    def __init__(self, root: Path, record: dict, percell: dict, percell_side: dict[str, dict]):
         self.root, self.record = Path(root), record
         staged = record.get("staged") or {}
 
@@ -419,22 +436,26 @@ class Layout:
 
         self.generation = int(record.get("generation", 0))
         self.cells_parts: dict[str, Path] = {fw: resolve(rel) for fw, rel in (record.get("cells") or {}).items()}
-        self.lp_parts: dict[Path, dict] = {resolve(rel): info for rel, info in (record.get("logprobs") or {}).items()}
         self.percell: dict[str, str] = {cid: fw for fw, cid in percell}           # cell_id -> framework
         self.percell_paths: dict[str, Path] = {cid: p for (fw, cid), p in percell.items()}
-        self.percell_lp: dict[tuple[str, str], Path] = percell_lp
+        # per side table (SIDE_TABLES): its compacted files (path -> their record entry) and per-cell files
+        self.side_parts: dict[str, dict[Path, dict]] = {
+            name: {resolve(rel): info for rel, info in (record.get(name) or {}).items()} for name in SIDE_TABLES}
+        self.percell_side: dict[str, dict[tuple[str, str], Path]] = percell_side
+        self.lp_parts, self.percell_lp = self.side_parts["logprobs"], percell_side["logprobs"]
 
     @classmethod
     def scan(cls, root: Path) -> "Layout":
         root = Path(root)
         compacted: list[Path] = []
         record = read_commit(root)
-        percell, percell_lp = _per_cell(root / "cells", compacted), _per_cell(root / "logprobs", compacted)
+        percell = _per_cell(root / "cells", compacted)
+        percell_side = {name: _per_cell(root / name, compacted) for name in SIDE_TABLES}
         if compacted and not record:  # never guess, and never write over them
             raise RuntimeError(f"{root} has compacted files ({compacted[0].relative_to(root)}, ...) but no "
                                f"{COMMIT_FILE}, which says which rows they hold: restore it (it was copied or "
                                f"removed without them?), or move the compacted files away")
-        return cls(root, record, percell, percell_lp)
+        return cls(root, record, percell, percell_side)
 
     @property
     def compacted(self) -> bool:
@@ -464,21 +485,26 @@ class Layout:
         return pa.concat_tables(tables).select(names).cast(out_schema)
 
     def logprob_files(self) -> dict[str, Path]:
+        return self.side_files("logprobs")
+
+    def side_files(self, name: str) -> dict[str, Path]:
+        """cell_id -> the file holding its rows of side table `name`, for every stored cell with some."""
         out: dict[str, Path] = {}
-        for path, info in self.lp_parts.items():
+        for path, info in self.side_parts[name].items():
             out.update(dict.fromkeys(info["cells"], path))
+        percell = self.percell_side[name]
         for cid, fw in self.percell.items():
-            lp = self.percell_lp.get((fw, cid))
-            if lp is None:
-                out.pop(cid, None)   # stored again without logprobs: the compacted rows are stale
+            own = percell.get((fw, cid))
+            if own is None:
+                out.pop(cid, None)   # stored again without rows: the compacted ones are stale
             else:
-                out[cid] = lp
+                out[cid] = own
         return out
 
-    def compacted_rows(self) -> dict[str, tuple[Path, int, int]]:
-        """cell_id -> (compacted logprobs file, first row, rows) of every cell read from one."""
+    def compacted_rows(self, name: str = "logprobs") -> dict[str, tuple[Path, int, int]]:
+        """cell_id -> (compacted file of side table `name`, first row, rows) of every cell read from one."""
         out: dict[str, tuple[Path, int, int]] = {}
-        for path, info in self.lp_parts.items():
+        for path, info in self.side_parts[name].items():
             start = 0
             for cid, n in zip(info["cells"], info["rows"]):
                 if cid not in self.percell:
@@ -487,16 +513,21 @@ class Layout:
         return out
 
     def logprob_batches(self, columns: list[str] | None = None, batch_size: int = 65536):
+        return self.side_batches("logprobs", columns, batch_size)
+
+    def side_batches(self, name: str, columns: list[str] | None = None, batch_size: int = 65536):
+        """Side table `name` as Arrow record batches: every stored cell's rows once (its newest copy)."""
         import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
-        columns = list(columns or LOGPROBS_SCHEMA.names)
-        for path, info in sorted(self.lp_parts.items()):
+        schema = SIDE_TABLES[name].schema
+        columns = list(columns or schema.names)
+        for path, info in sorted(self.side_parts[name].items()):
             stale = [c for c in info["cells"] if c in self.percell]
             where = pc.invert(pc.field("cell_id").isin(pa.array(stale, pa.string()))) if stale else None
-            yield from ds.dataset(str(path), format="parquet", schema=LOGPROBS_SCHEMA).to_batches(
+            yield from ds.dataset(str(path), format="parquet", schema=schema).to_batches(
                 columns=columns, filter=where, batch_size=batch_size)
-        live = [str(p) for (fw, cid), p in sorted(self.percell_lp.items()) if self.percell.get(cid) == fw]
+        live = [str(p) for (fw, cid), p in sorted(self.percell_side[name].items()) if self.percell.get(cid) == fw]
         if live:
-            yield from ds.dataset(live, format="parquet", schema=LOGPROBS_SCHEMA).to_batches(
+            yield from ds.dataset(live, format="parquet", schema=schema).to_batches(
                 columns=columns, batch_size=batch_size)

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -280,3 +281,72 @@ def test_compacted_files_without_their_record_are_never_guessed_at_or_removed(tm
         compact(store)
     store_files_after = parquet_files(store)
     assert store_files_after == files  # nothing removed, nothing written over
+
+
+def test_every_side_table_is_folded_like_logprobs(tmp_path, monkeypatch):
+    """A side table is one entry of store.SIDE_TABLES: compaction, recovery and the readers take it."""
+    from orchestrator import store as store_mod
+
+    schema = pa.schema([("run_id", pa.string()), ("cell_id", pa.string()), ("task", pa.string()), ("score", pa.float64())])
+    monkeypatch.setitem(store_mod.SIDE_TABLES, "tasks", store_mod.SideTable(schema, {"compression": "zstd"}))
+    store = small_store(tmp_path)
+    tasks = {f"c{i}": i + 1 for i in (0, 1, 4)}   # c2, c3, c5: no task rows
+    for cid, n in tasks.items():
+        fw = "hf" if int(cid[1]) % 2 else "vllm"
+        path = store.root / "tasks" / f"framework={fw}" / f"{cid}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"run_id": ["r"] * n, "cell_id": [cid] * n, "task": [f"t{j}" for j in range(n)],
+                                 "score": [float(j) for j in range(n)]}, schema=schema), path)
+    before = exact(store)
+    compact(store)
+    assert exact(store) == before
+    assert [p for p in parquet_files(store) if p.startswith("tasks/")] == [
+        "tasks/framework=hf/compacted-1.parquet", "tasks/framework=vllm/compacted-1.parquet"]
+    record = json.loads((store.root / COMMIT_FILE).read_text())
+    assert {c: n for info in record["tasks"].values() for c, n in zip(info["cells"], info["rows"])} == tasks
+    lay = store.layout()
+    assert sorted(lay.side_files("tasks")) == sorted(tasks)
+    got = pa.Table.from_batches(list(lay.side_batches("tasks"))).to_pandas()
+    assert got.groupby("cell_id").size().to_dict() == tasks
+    # stored again: the new per-cell rows win until the next compaction, which folds them
+    store.write_cell(row("c1", "hf", "ok"), lp("c1", 3))
+    pq.write_table(pa.table({"run_id": ["r"], "cell_id": ["c1"], "task": ["again"], "score": [9.0]}, schema=schema),
+                   store.root / "tasks" / "framework=hf" / "c1.parquet")
+    compact(store)
+    got = pa.Table.from_batches(list(store.layout().side_batches("tasks"))).to_pandas()
+    assert got.groupby("cell_id").size().to_dict() == tasks | {"c1": 1}
+    assert got.set_index("cell_id").loc["c1", "task"] == "again"
+
+
+def test_compaction_reads_in_many_chunks_in_order(tmp_path, monkeypatch):
+    """Several scans at once, a small window: every cell once, in the recorded order, a second time too."""
+    from orchestrator import bulk_parquet
+
+    monkeypatch.setattr(bulk_parquet, "SCAN_FILES", 2)
+    monkeypatch.setattr(bulk_parquet, "READ_AHEAD", 3)
+    store = RunStore(tmp_path / "run")
+    for i in range(40):
+        store.write_cell(row(f"c{i:02d}", "hf", "failed" if i % 7 == 3 else "ok"),
+                         None if i % 7 == 3 else lp(f"c{i:02d}", 1 + i % 5, -float(i)))
+    expected = exact(store)
+    compact(store)
+    for i in range(0, 40, 3):   # stored again, then merged with the compacted rows
+        store.write_cell(row(f"c{i:02d}", "hf", "ok"), lp(f"c{i:02d}", 2, -100.0 - i))
+    expected = exact(store)
+    compact(store)
+    assert exact(store) == expected
+    info = next(iter(json.loads((store.root / COMMIT_FILE).read_text())["logprobs"].values()))
+    t = pq.read_table(store.root / next(iter(json.loads((store.root / COMMIT_FILE).read_text())["logprobs"])))
+    runs = pc.run_end_encode(t["cell_id"].combine_chunks())
+    assert runs.values.to_pylist() == info["cells"] and np.diff([0, *runs.run_ends.to_pylist()]).tolist() == info["rows"]
+
+
+def test_per_cell_files_from_before_the_schema_grew_are_folded_with_nulls(tmp_path):
+    store = small_store(tmp_path)
+    old = store.cell_path("hf", "c1")
+    t = pq.read_table(old)
+    pq.write_table(t.drop_columns(["duration_s", "notes"]), old)   # written by an older version
+    compact(store)
+    cells = store.read_cells().set_index("cell_id")
+    assert len(cells) == 6 and cells.loc["c1", "status"] == "ok"
+    assert pd.isna(cells.loc["c1", "duration_s"]) and pd.isna(cells.loc["c1", "notes"])

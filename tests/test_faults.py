@@ -13,6 +13,7 @@ import sys
 import time
 
 import pandas as pd
+import psutil
 
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
 from orchestrator.runner import run_matrix
@@ -75,7 +76,21 @@ def _cell_files(run_dir):
     return sorted(f for f in (run_dir / "cells").rglob("*.parquet") if not f.name.startswith(".tmp-"))
 
 
-def test_driver_killed_mid_run_resumes_with_every_cell_stored_once(write_matrix, tmp_path):
+def _name(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline()[:3]) or p.name()
+    except psutil.Error:
+        return ""
+
+
+def _engine_running(driver) -> bool:
+    try:
+        return any("adapters.worker" in " ".join(p.cmdline()) for p in driver.children(recursive=True))
+    except psutil.Error:
+        return False
+
+
+def test_killed_driver_leaves_no_process_behind_and_resumes_with_every_cell_stored_once(write_matrix, tmp_path):
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"]["batch_size"] = [1, 2, 3]
     data["axes"]["flags"] = ["default", "eager"]
@@ -83,13 +98,25 @@ def test_driver_killed_mid_run_resumes_with_every_cell_stored_once(write_matrix,
     path, run_dir = write_matrix(data), tmp_path / "run"
     driver = subprocess.Popen(bench_cmd("run", str(path), "--run-dir", str(run_dir)), cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tree = psutil.Process(driver.pid)
     deadline = time.monotonic() + 600
-    while not _cell_files(run_dir) and time.monotonic() < deadline and driver.poll() is None:
+    while not (_cell_files(run_dir) and _engine_running(tree)) and time.monotonic() < deadline and driver.poll() is None:
         time.sleep(0.2)
+    # the run's processes, mid-group: Ray's (gcs_server, raylet, its agents and workers) and the engine's
+    procs = tree.children(recursive=True)
+    names = " ".join(_name(p) for p in procs)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     stored_before_kill = len(_cell_files(run_dir))
     assert 1 <= stored_before_kill < 6, "the kill must land mid-run"
+    assert "raylet" in names and "adapters.worker" in names, names
+
+    _, alive = psutil.wait_procs(procs, timeout=20)   # is_running() checks the start time too: no reused pid
+    try:
+        assert not alive, f"outlived the killed driver: {[(p.pid, _name(p)) for p in alive]}"
+    finally:
+        for p in alive:
+            p.kill()
 
     done = subprocess.run(bench_cmd("run", str(path), "--run-dir", str(run_dir)), cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
