@@ -18,8 +18,8 @@ Nodes fall into types: nodes offering the same resources (GPUs, CPUs, env_<frame
  3. Home. Each part gets the node type it should run on: a part only one type can host goes there;
     the others, largest first, go to the type whose estimated finish (work/units) is then lowest,
     avoiding types whose units already each hold a long part (over T/2: two would not fit in T).
- 4. Order. Long parts (of groups over T/2) first, longest first: they set the makespan if they start
-    late. The rest by seconds x sqrt(units): a wide part waits for a whole node to free up, so it goes
+ 4. Order. Long parts (over T/2) first, longest first: they set the makespan if they start late.
+    The rest by seconds x sqrt(units): a wide part waits for a whole node to free up, so it goes
     before a narrow one of the same length (otherwise narrow parts keep taking the freed GPUs).
  5. Place. The first part in that order that fits a node of its home type with free room goes to the
     one it fills most (best fit: whole nodes stay free for wide parts); a node type with no home work
@@ -52,14 +52,12 @@ class Work:
     load_s: float
     cell_s: tuple[float, ...]
     cells: tuple[int, ...] = ()     # indices into the group's cells (default: all, in order)
-    group_s: float = 0.0            # the whole group's estimate, which its parts keep
     splittable: bool = True
     rank: tuple = field(default=(), compare=False)
 
     def __post_init__(self):
         if not self.cells:
             self.cells = tuple(range(len(self.cell_s)))
-        self.group_s = self.group_s or self.seconds
 
     @property
     def seconds(self) -> float:
@@ -67,7 +65,7 @@ class Work:
 
     def part(self, indices: list[int]) -> "Work":
         return Work(self.key, self.need, self.load_s, tuple(self.cell_s[i] for i in indices),
-                    tuple(self.cells[i] for i in indices), self.group_s, self.splittable)
+                    tuple(self.cells[i] for i in indices), self.splittable)
 
 
 def node_type(resources: dict[str, float]) -> tuple:
@@ -118,8 +116,8 @@ class Dispatcher:
                 break
             self.bound = min(with_cuts, self.bound * 1.1)
         for p in self.parts:
-            long = p.group_s > LONG * self.bound
-            p.rank = (0, -p.group_s) if long else (1, -p.seconds * math.sqrt(max(self.units(p.need), 1e-9)))
+            long = p.seconds > LONG * self.bound
+            p.rank = (0, -p.seconds) if long else (1, -p.seconds * math.sqrt(max(self.units(p.need), 1e-9)))
         self._assign_homes(self.parts)
 
     # -- nodes and types ---------------------------------------------------------------------------
