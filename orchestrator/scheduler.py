@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Callable
 
 import pyarrow as pa
@@ -25,7 +26,7 @@ from orchestrator.estimate import GroupFacts, History, estimate_groups
 from orchestrator.launcher import GroupJob, base_row, run_group
 
 Rows = list[tuple[dict, pa.Table | None]]
-REFRESH_S = 30.0   # with nothing finishing, look this often for nodes that joined
+REFRESH_S = 30.0   # how often to look for nodes that joined the cluster
 
 
 def init_ray(address: str | None = None) -> None:
@@ -131,7 +132,12 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
         while dispatcher.lost:
             give_up(dispatcher.lost.pop(), "lost with its node; no node alive offers what it needs any more")
 
+    looked = time.monotonic()
     while True:
+        if time.monotonic() - looked > REFRESH_S:   # nodes that joined take work (their type may be new)
+            dispatcher.set_nodes(alive_nodes())
+            report_lost()
+            looked = time.monotonic()
         for part, node in dispatcher.step():
             submit(part, node)
         if not pending:
@@ -140,10 +146,6 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
             report_lost()
             return
         done, _ = ray.wait(list(pending), num_returns=1, timeout=REFRESH_S)
-        if not done:
-            dispatcher.set_nodes(alive_nodes())      # nodes that joined take work (their type may be new)
-            report_lost()
-            continue
         for ref in done:
             job, part = pending.pop(ref)
             try:
