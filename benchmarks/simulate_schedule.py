@@ -516,18 +516,40 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def seeds_table(by_seed: dict[int, list[Result]]) -> str:
+    """Per policy: makespan / split-groups bound for each seed, and the worst; whole-groups ratios in brackets."""
+    seeds = list(by_seed)
+    head = f"{'policy':<26} " + " ".join(f"{'seed ' + str(s):>13}" for s in seeds) + f" {'worst':>13}"
+    lines = [head, "-" * len(head)]
+    for i, r0 in enumerate(by_seed[seeds[0]]):
+        rs = [by_seed[s][i] for s in seeds]
+        cells = [f"{r.ratio_split:.3f} ({r.ratio:.2f})" for r in rs]
+        worst = max(rs, key=lambda r: r.ratio_split)
+        lines.append(f"{r0.policy:<26} " + " ".join(f"{c:>13}" for c in cells)
+                     + f" {f'{worst.ratio_split:.3f} ({worst.ratio:.2f})':>13}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=int, default=1000, help="cluster size (the default node mix, scaled)")
     p.add_argument("--cells", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", metavar="A-B", help="several workloads (seeds A..B): each policy's ratios, one column a seed")
     p.add_argument("--history-noise", type=float, default=0.1,
                    help="sigma of the run-to-run LogNormal between the earlier run's measurements and the truth")
     p.add_argument("--from-run", metavar="DIR", help="draw groups and durations from a measured run's cells table")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     cluster = default_cluster(a.gpus)
+    if a.seeds:
+        first, last = (int(x) for x in a.seeds.split("-"))
+        print(f"cluster:  {describe_cluster(cluster)}; {a.cells} cells, seeds {first}-{last}\n")
+        print(seeds_table({seed: compare(synthetic_workload(a.cells, cluster, seed, history_noise=a.history_noise),
+                                         cluster, seed) for seed in range(first, last + 1)}))
+        print(f"\n({time.perf_counter() - t0:.1f} s)")
+        return 0
     if a.from_run:
         groups = measured_workload(a.from_run, a.cells, cluster, a.seed, history_noise=a.history_noise)
         source = f"resampled from {a.from_run}"
