@@ -7,7 +7,7 @@ A model is sized, in this order, from
     computed from the architecture, times the bytes per parameter of the cell's quantization;
   - a local dir without a config: the size of its weight files;
   - a hub id not cached here: the hub's safetensors metadata (parameter counts per dtype), where
-    the hub answers (not with HF_HUB_OFFLINE=1; after the first failure no other call is tried);
+    the hub answers (not with HF_HUB_OFFLINE=1; once it cannot be reached, it is not asked again);
   - otherwise unknown: 1 GB, as before.
 The cache is read without downloading anything: sizing a matrix must not fetch models.
 """
@@ -114,11 +114,18 @@ def _hub_params(repo_id: str, revision: str | None) -> int | None:
     if _hub_failed or os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
         return None
     try:
-        from huggingface_hub import get_safetensors_metadata
-
+        from huggingface_hub import errors, get_safetensors_metadata
+    except ImportError:
+        _hub_failed = True
+        return None
+    answered = (errors.HfHubHTTPError, errors.HFValidationError, errors.NotASafetensorsRepoError,
+                errors.SafetensorsParsingError)
+    try:
         meta = get_safetensors_metadata(repo_id, revision=revision)
         return int(sum(meta.parameter_count.values())) or None
-    except Exception:   # unreachable, gated, no safetensors: one failure is enough to stop asking
+    except answered:    # gated, missing, not safetensors: this model only
+        return None
+    except Exception:   # unreachable: one failure is enough to stop asking for the others
         _hub_failed = True
         return None
 

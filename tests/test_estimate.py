@@ -124,3 +124,33 @@ def test_measured_durations_from_a_results_root_replace_and_calibrate_the_priors
     assert e[3].seconds == pytest.approx(k * prior(other_fw).seconds)
     assert estimate_groups([same_fw], None)[0].basis == "prior"
     assert History.read(tmp_path / "run2").runs == 1   # one run dir is a root too
+
+
+def test_hub_metadata_sizes_an_uncached_model_where_the_hub_answers(hf_cache, monkeypatch):
+    """No network here: the hub's answers are stand-ins; what is checked is how they are used."""
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    class Meta:
+        parameter_count = {"BF16": 7_000_000_000, "F32": 1_000_000}
+
+    asked = []
+
+    def metadata(repo_id, revision=None):
+        asked.append(repo_id)
+        if repo_id == "org/gated":
+            raise errors.HFValidationError("the hub answered: no")
+        if repo_id == "org/down":
+            raise ConnectionError("unreachable")
+        return Meta()
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", metadata)
+    monkeypatch.setattr(model_size, "_hub_failed", False)
+    assert model_size.weight_bytes("org/open", "fp8") == (7_001_000_000, "hub metadata")
+    assert model_size.weight_bytes("org/gated", "bf16")[1] == "unknown"     # this model only
+    assert model_size.weight_bytes("org/other", "bf16")[1] == "hub metadata"
+    assert model_size.weight_bytes("org/down", "bf16")[1] == "unknown"      # unreachable: stop asking
+    assert model_size.weight_bytes("org/later", "bf16")[1] == "unknown"
+    assert asked == ["org/open", "org/gated", "org/other", "org/down"]
+    assert model_size.weight_bytes("meta-llama/Llama-3.1-8B", "bf16")[1] == "config"   # the cache first
