@@ -136,7 +136,7 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
                    cache_dir=str(cache), tries=1)
     import orchestrator.scheduler as sched
 
-    need = job_need(job, alive_nodes())
+    need = job_need(job, list(alive_nodes().values()))
     # the scheduler's own task options: max_calls=1 (a fresh Ray worker per group) where that checkout's
     # task for this group has it
     real = getattr(sched, "_gpu_group_task", sched._group_task) if need.gpus else sched._group_task

@@ -1,15 +1,17 @@
 """How long would a large matrix take on a large cluster? A scheduling simulation with the real policy.
 
-Every placement decision goes through the code the scheduler itself runs (orchestrator/placement.py):
-`group_need` says what each engine group asks of a node (its GPUs, CPU, env_<framework> marker),
-`fits` says whether a node's free resources can take it, `estimate_seconds` and `longest_first` give
-the order the groups are submitted in. Around that, an event-driven list schedule stands in for Ray:
-whenever a node has free resources it takes the first group in submission order that fits on it
-(Ray keeps no reservations: a small group behind a big one starts when it fits), and a group holds
-its resources until it ends.
+The scheduler's own code decides everything: orchestrator/placement.py says what each engine group
+asks of a node (`group_need`: its GPUs, CPU, env_<framework> marker) and where it fits (`fits`);
+orchestrator/estimate.py estimates each group from what `bench run` would know of it (framework,
+weight bytes, tensor-parallel size; with history, what an earlier run measured); and
+orchestrator/dispatch.py cuts the groups that would bind the makespan into parts, homes each part on
+a node type, and says which part starts on which node whenever one frees up, as `bench run` does on
+Ray (it pins each part to its node). Around that, an event loop stands in for the cluster: a part
+holds its resources for its true duration, which the dispatcher never sees.
 
     python benchmarks/simulate_schedule.py                    # 1,000 GPUs, 10,000 cells
-    python benchmarks/simulate_schedule.py --gpus 64 --cells 500
+    python benchmarks/simulate_schedule.py --cells 50000
+    python benchmarks/simulate_schedule.py --gpus 64 --cells 2000 --seed 3
     python benchmarks/simulate_schedule.py --from-run results/smoke   # durations measured by a real run
 
 Default workload (seeded, `--seed`): engine groups of 6-16 cells are drawn for five frameworks and
@@ -22,38 +24,52 @@ sometimes twice that. Durations, per group:
                                                                    GGUF conversion) seconds
   cell_s  = (6 s + 0.8 s * GB / tp) * speed[fw] * LogNormal(0, 0.6), per cell
             speed: trtllm 0.8, vllm 1.0, lmdeploy 1.0, hf 2.5, llamacpp 2.0 (on L4)
-  group   = load_s + sum(cell_s)
-(GB: weight gigabytes; a duration does not depend on the node it lands on.) The scheduler only
-sees `estimate_seconds(weight bytes, number of cells)`, never these draws, so its order is as wrong
-as the real estimate is.
+  group   = load_s + sum(cell_s); a part of a split group pays the same load_s again
+(GB: weight gigabytes; a duration does not depend on the node it lands on.) The estimate's priors are
+these medians: what the simulation measures is how much the unseen spread (and, for hub ids, the
+unknown size) costs. An earlier run of the same configurations (the `history` policy, as `bench run
+--history ROOT` reads one) measured every load and cell at its true duration x LogNormal(0,
+--history-noise), run-to-run variation.
 
 With `--from-run DIR` the groups are instead resampled (with replacement) from the engine groups of
 a measured run: its frameworks, models, GPU counts (tensor_parallel_size in the cells' engine
 options), `load_s` and per-cell `duration_s` come from DIR's cells table, the weight sizes the
-estimate sees from `placement.model_bytes` of the run's model sources (as `bench run` computes them).
+estimate sees from `model_size.weight_bytes` of the run's model sources (as `bench run` computes them).
 
-Lower bound on any schedule's makespan: the largest of total GPU-seconds / GPUs, the longest group,
-and, for every set of node types, the GPU-seconds of the groups that can only run on those types
-divided by their GPUs (llama.cpp groups, for instance, fit only the L4 nodes).
+Two lower bounds on the makespan, from the true durations:
+  whole groups  the largest of total GPU-seconds / GPUs, the longest group, and, for every set of node
+                types, the GPU-seconds of the groups that can only run on those types over their GPUs
+                (llama.cpp groups, for instance, fit only the L4 nodes): no schedule that runs each group
+                in one piece beats it.
+  split groups  the same with each group's longest single cell plus its load in place of the longest
+                group: no schedule beats it even cutting groups anywhere (every cell needs its group's
+                engine loaded; each group loads at least once, which the GPU-seconds count).
+The `today` policies (the scheduler before groups could be split: one Ray task per group, submitted
+longest first by `size x cells`, Ray starting whichever fits) run whole groups; the `split` ones run
+the dispatcher. Each row shows its makespan against both bounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import itertools
+import json
+import os
 import random
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-try:
-    from orchestrator import placement
-except ImportError:  # run from a checkout that is not installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from orchestrator import placement
-from orchestrator.matrix import Run
+# this checkout's scheduler, not whichever lossless-bench is installed
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from orchestrator import model_size, placement  # noqa: E402
+from orchestrator.dispatch import Dispatcher, Work  # noqa: E402
+from orchestrator.estimate import GroupFacts, History, estimate_groups  # noqa: E402
+from orchestrator.matrix import Run  # noqa: E402
 
 GB = 1e9
 
@@ -72,17 +88,21 @@ class NodeType:
         return {"CPU": self.cpus, "GPU": self.gpus, **{placement.env_resource(f): 1000 for f in self.frameworks}}
 
 
-@dataclass
+@dataclass(eq=False)
 class Group:
     gid: int
     framework: str
     model: str
-    weight_bytes: int          # what the estimate sees
+    weight_bytes: int          # what the estimate sees for a local checkpoint
     tp: int
     load_s: float
     cell_s: list[float]
     need: placement.Need = None
     eligible: frozenset = frozenset()   # node types it fits on at all
+    hub_id: str | None = None           # the model as a hub id (the `hub ids` policies)
+    quantization: str | None = None
+    history_load_s: float | None = None                  # what an earlier run measured
+    history_cell_s: list[float] = field(default_factory=list)
 
     @property
     def n_cells(self) -> int:
@@ -92,21 +112,33 @@ class Group:
     def duration(self) -> float:
         return self.load_s + sum(self.cell_s)
 
+    @property
+    def engine_key(self) -> str:
+        return f"g{self.gid}"
+
+    def cell_ids(self) -> tuple[str, ...]:
+        return tuple(f"g{self.gid}-{i}" for i in range(self.n_cells))
+
 
 @dataclass
 class Result:
     policy: str
     gpus: int
     groups: int
+    parts: int
     cells: int
     makespan: float
-    bound: float
-    bound_by: str
+    bound: float               # whole groups
+    bound_split: float         # groups split anywhere
     busy: float = 0.0          # GPU-seconds used / (GPUs * makespan)
 
     @property
     def ratio(self) -> float:
         return self.makespan / self.bound
+
+    @property
+    def ratio_split(self) -> float:
+        return self.makespan / self.bound_split
 
 
 # -- cluster -----------------------------------------------------------------------------------
@@ -139,10 +171,22 @@ def describe_cluster(cluster: list[NodeType]) -> str:
     return ", ".join(parts) + f" = {total_gpus(cluster)} GPUs"
 
 
+def cluster_nodes(cluster: list[NodeType]) -> dict[str, dict[str, float]]:
+    return {f"{t.name}-{i}": t.resources() for t in cluster for i in range(t.count)}
+
+
 # -- workload ----------------------------------------------------------------------------------
 
 MODELS = {"llama-1b": 1.24e9, "llama-3b": 3.21e9, "llama-8b": 8.03e9, "qwen-14b": 14.8e9,
           "qwen-32b": 32.8e9, "llama-70b": 70.6e9}
+# The same models as hub ids, with the architecture their config.json gives (the `hub ids` policies
+# size them from these files, through model_size, as `bench run` does from the Hugging Face cache).
+HUB = {"llama-1b": ("meta-llama/Llama-3.2-1B", "llama", 2048, 16, 8192, 32, 128256, True),
+       "llama-3b": ("meta-llama/Llama-3.2-3B", "llama", 3072, 28, 8192, 24, 128256, True),
+       "llama-8b": ("meta-llama/Llama-3.1-8B", "llama", 4096, 32, 14336, 32, 128256, False),
+       "qwen-14b": ("Qwen/Qwen2.5-14B", "qwen2", 5120, 48, 13824, 40, 152064, False),
+       "qwen-32b": ("Qwen/Qwen2.5-32B", "qwen2", 5120, 64, 27648, 40, 152064, False),
+       "llama-70b": ("meta-llama/Llama-3.1-70B", "llama", 8192, 80, 28672, 64, 128256, False)}
 BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "awq": 0.56, "q8_0": 1.06, "q4_k_m": 0.6}
 QUANTS = {"hf": ("bf16",), "vllm": ("bf16", "fp8", "awq"), "trtllm": ("bf16", "fp8"),
           "lmdeploy": ("bf16", "awq"), "llamacpp": ("q8_0", "q4_k_m")}
@@ -164,7 +208,17 @@ def _min_tp(weight_gb: float, mem_gb: float) -> int | None:
     return None
 
 
-def synthetic_workload(n_cells: int, cluster: list[NodeType], seed: int = 0, run: Run | None = None) -> list[Group]:
+def _measure_history(groups: list[Group], seed: int, noise: float) -> None:
+    """An earlier run of the same configurations: each load and cell as it really takes, x run-to-run noise.
+    Its own random stream, so the workload's draws are the same with or without it."""
+    rng = random.Random(seed + 1_000_003)
+    for g in groups:
+        g.history_load_s = g.load_s * rng.lognormvariate(0, noise)
+        g.history_cell_s = [c * rng.lognormvariate(0, noise) for c in g.cell_s]
+
+
+def synthetic_workload(n_cells: int, cluster: list[NodeType], seed: int = 0, run: Run | None = None,
+                       history_noise: float = 0.1) -> list[Group]:
     """Engine groups totalling exactly n_cells, with durations from the model documented above."""
     run = run or Run(env_resources=True)
     rng = random.Random(seed)
@@ -191,18 +245,17 @@ def synthetic_workload(n_cells: int, cluster: list[NodeType], seed: int = 0, run
             * rng.lognormvariate(0, 0.3)
         base = (6 + 0.8 * per_gpu_gb) * CELL_SPEED[fw]
         g = Group(len(groups), fw, f"{model}-{quant}", int(weight_gb * GB), tp, load,
-                  [base * rng.lognormvariate(0, 0.6) for _ in range(n)])
+                  [base * rng.lognormvariate(0, 0.6) for _ in range(n)], hub_id=HUB[model][0], quantization=quant)
         _route(g, run, cluster)
         groups.append(g)
         cells += n
+    _measure_history(groups, seed, history_noise)
     return groups
 
 
 def measured_workload(run_dir: str | Path, n_cells: int, cluster: list[NodeType], seed: int = 0,
-                      run: Run | None = None) -> list[Group]:
+                      run: Run | None = None, history_noise: float = 0.1) -> list[Group]:
     """Engine groups resampled from a measured run's cells table (load_s, duration_s per cell)."""
-    import json
-
     from orchestrator.store import RunStore
 
     store = RunStore(run_dir)
@@ -218,15 +271,16 @@ def measured_workload(run_dir: str | Path, n_cells: int, cluster: list[NodeType]
     for _, cells in df.groupby("engine_key"):
         first = cells.iloc[0]
         options = json.loads(first["flags_json"] or "{}")
-        measured.append((first["framework"], first["model"], int(options.get("tensor_parallel_size", 1)),
+        measured.append((first["framework"], first["model"], placement.engine_gpus(options),
                          float(first["load_s"]) if first["load_s"] == first["load_s"] else 0.0,
-                         [float(d) for d in cells["duration_s"]]))
-    return groups_from_measurements(measured, n_cells, cluster, seed, run, sources)
+                         [float(d) for d in cells["duration_s"]], first.get("quantization")))
+    return groups_from_measurements(measured, n_cells, cluster, seed, run, sources, history_noise)
 
 
 def groups_from_measurements(measured: list[tuple], n_cells: int, cluster: list[NodeType], seed: int = 0,
-                             run: Run | None = None, sources: dict | None = None) -> list[Group]:
-    """measured: (framework, model, tp, load_s, [duration_s per cell]) per engine group."""
+                             run: Run | None = None, sources: dict | None = None,
+                             history_noise: float = 0.1) -> list[Group]:
+    """measured: (framework, model, tp, load_s, [duration_s per cell][, quantization]) per engine group."""
     run = run or Run(env_resources=True)
     rng = random.Random(seed)
     routable = [m for m in measured if any(m[0] in t.frameworks for t in cluster)]
@@ -234,40 +288,62 @@ def groups_from_measurements(measured: list[tuple], n_cells: int, cluster: list[
         raise SystemExit("none of the measured frameworks has an environment in the simulated cluster")
     groups, cells = [], 0
     while cells < n_cells:
-        fw, model, tp, load_s, durations = rng.choice(routable)
+        fw, model, tp, load_s, durations, *quant = rng.choice(routable)
         n = min(len(durations), n_cells - cells)
-        weight = placement.model_bytes((sources or {}).get(model, model))
-        g = Group(len(groups), fw, model, weight, tp, load_s, list(durations[:n]))
+        source = (sources or {}).get(model, model)
+        quant = quant[0] if quant else None
+        weight = model_size.weight_bytes(source, quant)[0]
+        g = Group(len(groups), fw, model, weight, tp, load_s, list(durations[:n]), hub_id=source, quantization=quant)
         _route(g, run, cluster)
         groups.append(g)
         cells += n
+    _measure_history(groups, seed, history_noise)
     return groups
 
 
-# -- the schedule ------------------------------------------------------------------------------
+# -- bounds --------------------------------------------------------------------------------------
 
-def lower_bound(groups: list[Group], cluster: list[NodeType]) -> tuple[float, str]:
-    """The largest of: GPU-seconds / GPUs, the longest group, and every node-type pool's own bound."""
+def _pool_bound(groups: list[Group], cluster: list[NodeType], seconds) -> tuple[float, str]:
     gpus = {t.name: t.count * t.gpus for t in cluster}
-    work = sum(g.duration * g.need.gpus for g in groups)
-    best = (work / sum(gpus.values()), "GPU-s / GPUs")
-    longest = max(groups, key=lambda g: g.duration)
-    if longest.duration > best[0]:
-        best = (longest.duration, "longest group")
+    best = (sum(seconds(g) * g.need.gpus for g in groups) / sum(gpus.values()), "GPU-s / GPUs")
     names = [t.name for t in cluster]
     for k in range(1, len(names)):
         for pool in itertools.combinations(names, k):
-            pool_work = sum(g.duration * g.need.gpus for g in groups if g.eligible and g.eligible <= set(pool))
+            pool_work = sum(seconds(g) * g.need.gpus for g in groups if g.eligible and g.eligible <= set(pool))
             b = pool_work / sum(gpus[p] for p in pool)
             if b > best[0]:
                 best = (b, f"{'+'.join(pool)} GPU-s")
     return best
 
 
-def simulate(order: list[Group], cluster: list[NodeType]) -> tuple[float, float]:
-    """Greedy list schedule in submission order; returns (makespan, GPU-seconds used).
+def lower_bound(groups: list[Group], cluster: list[NodeType]) -> tuple[float, str]:
+    """Whole groups: the largest of GPU-seconds / GPUs, the longest group, and every node-type pool's own bound."""
+    best = _pool_bound(groups, cluster, lambda g: g.duration)
+    longest = max(g.duration for g in groups)
+    return (longest, "longest group") if longest > best[0] else best
 
-    Groups that no node type can ever host are left out, as `bench run` reports them before starting.
+
+def split_lower_bound(groups: list[Group], cluster: list[NodeType]) -> tuple[float, str]:
+    """Groups cut anywhere: as lower_bound, with one cell plus its group's load in place of the longest group."""
+    best = _pool_bound(groups, cluster, lambda g: g.duration)
+    single = max(g.load_s + max(g.cell_s) for g in groups)
+    return (single, "one cell + its load") if single > best[0] else best
+
+
+# -- today's scheduler: whole groups, longest first by size x cells, Ray's greedy placement -------------------
+
+def today_estimate(weight_bytes: int, n_cells: int) -> float:
+    """The estimate before orchestrator/estimate.py: loading and each cell grow with the weights, nothing else."""
+    gb = weight_bytes / GB
+    return 5.0 + 10.0 * gb + n_cells * (5.0 + 5.0 * gb)
+
+
+def simulate(order: list[Group], cluster: list[NodeType]) -> tuple[float, float]:
+    """Ray's greedy list schedule in submission order, whole groups; returns (makespan, GPU-seconds used).
+
+    Whenever a node has free resources it takes the first group in submission order that fits on it
+    (Ray keeps no reservations). Groups that no node type can ever host are left out, as `bench run`
+    reports them before starting.
     """
     nodes = []      # (type index, free resources)
     for ti, t in enumerate(cluster):
@@ -315,43 +391,142 @@ def simulate(order: list[Group], cluster: list[NodeType]) -> tuple[float, float]
     return makespan, used
 
 
-def policies(groups: list[Group], seed: int = 0) -> dict[str, list[Group]]:
-    """Submission orders: the scheduler's, the same estimate blind to model sizes, two naive ones, an oracle."""
-    hub_bytes = placement.model_bytes("org/hub-model-id")   # what bench run sees for a hub id: unknown
+# -- the scheduler now: estimates, split parts, dispatch -------------------------------------------
+
+@contextlib.contextmanager
+def hub_cache(groups: list[Group]):
+    """A Hugging Face cache holding only the config.json of each hub model (no weights), for model_size."""
+    with tempfile.TemporaryDirectory(prefix="sim-hf-cache-") as root:
+        for repo, arch, hidden, layers, inner, heads, vocab, tied in HUB.values():
+            snap = Path(root) / ("models--" + repo.replace("/", "--")) / "snapshots" / "0"
+            snap.mkdir(parents=True)
+            (snap / "config.json").write_text(json.dumps({
+                "model_type": arch, "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": inner,
+                "num_attention_heads": heads, "num_key_value_heads": 8, "vocab_size": vocab,
+                "tie_word_embeddings": tied, "hidden_act": "silu", "torch_dtype": "bfloat16"}))
+        old = os.environ.get("HF_HUB_CACHE")
+        os.environ["HF_HUB_CACHE"] = root
+        model_size.weight_bytes.cache_clear()
+        try:
+            yield
+        finally:
+            model_size.weight_bytes.cache_clear()
+            if old is None:
+                os.environ.pop("HF_HUB_CACHE")
+            else:
+                os.environ["HF_HUB_CACHE"] = old
+
+
+def estimates(groups: list[Group], sizing: str = "local", history: bool = False) -> list:
+    """What the scheduler estimates per group. sizing: local (checkpoint sizes), config (hub ids, sized from
+    their config.json), unknown (hub ids the estimate cannot size). history: an earlier run's measurements."""
+    def size(g: Group) -> int | None:
+        if sizing == "local":
+            return g.weight_bytes
+        if sizing == "config" and g.hub_id:
+            return model_size.weight_bytes(g.hub_id, g.quantization)[0]
+        return None
+
+    facts = [GroupFacts(g.framework, g.engine_key, g.cell_ids(), size(g), g.tp) for g in groups]
+    measured = None
+    if history:
+        measured = History({g.engine_key: g.history_load_s for g in groups},
+                           {c: d for g in groups for c, d in zip(g.cell_ids(), g.history_cell_s)}, 1)
+    return estimate_groups(facts, measured)
+
+
+def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells: list[tuple[float, list[float]]],
+                      split: bool = True) -> tuple[float, float, int]:
+    """The dispatcher with these per-group estimates (load, cells) against the true durations;
+    returns (makespan, GPU-seconds used, parts run)."""
+    works = [Work(g, g.need, load, tuple(cells)) for g, (load, cells) in zip(groups, loads_cells)]
+    d = Dispatcher(cluster_nodes(cluster), works, split_groups=split)
+    events, seq, used, makespan, parts = [], itertools.count(), 0.0, 0.0, 0
+
+    def start(now: float) -> None:
+        nonlocal used, parts
+        for part, _ in d.step():
+            g = part.key
+            took = g.load_s + sum(g.cell_s[i] for i in part.cells)   # the truth, hidden from d
+            used += took * part.need.gpus
+            parts += 1
+            heapq.heappush(events, (now + took, next(seq), part))
+
+    start(0.0)
+    while events:
+        makespan, _, part = heapq.heappop(events)
+        d.finished(part)
+        start(makespan)
+    return makespan, used, parts
+
+
+def policies(groups: list[Group], seed: int = 0) -> dict:
+    """name -> ('today', submission order) or ('split', per-group (load, cells) estimates)."""
     shuffled = list(groups)
     random.Random(seed + 1).shuffle(shuffled)
+    hub_1gb = model_size.UNKNOWN_BYTES   # what today's estimate took for a hub id
+    with hub_cache(groups):
+        from_config = estimates(groups, "config")
+
+    def pairs(es):
+        return [(e.load_s, e.cell_s) for e in es]
+
     return {
-        "longest_first": placement.longest_first(
-            groups, lambda g: placement.estimate_seconds(g.weight_bytes, g.n_cells)),
-        "longest_first, hub ids": placement.longest_first(
-            groups, lambda g: placement.estimate_seconds(hub_bytes, g.n_cells)),
-        "submission (matrix) order": sorted(groups, key=lambda g: (g.framework, g.model, g.gid)),
-        "random order": shuffled,
-        # not a policy: the same longest-first order with the true durations, to separate what the
-        # estimate costs from what greedy list scheduling and the lower bound's slack cost
-        "(oracle) true durations": sorted(groups, key=lambda g: g.duration, reverse=True),
+        "today: longest_first": ("today", sorted(groups, key=lambda g: today_estimate(g.weight_bytes, g.n_cells),
+                                                 reverse=True)),
+        "today: longest, hub ids": ("today", sorted(groups, key=lambda g: today_estimate(hub_1gb, g.n_cells),
+                                                    reverse=True)),
+        "today: submission order": ("today", sorted(groups, key=lambda g: (g.framework, g.model, g.gid))),
+        "today: random order": ("today", shuffled),
+        "split: priors": ("split", pairs(estimates(groups))),
+        "split: hub ids, config": ("split", pairs(from_config)),
+        "split: hub ids, unsized": ("split", pairs(estimates(groups, "unknown"))),
+        "split: history": ("split", pairs(estimates(groups, history=True))),
+        # not a policy: the dispatcher given the true durations, to separate what the estimate costs
+        # from what the dispatcher's own rules and the lower bound's slack cost
+        "(oracle) split: true": ("split", [(g.load_s, list(g.cell_s)) for g in groups]),
     }
 
 
-def compare(groups: list[Group], cluster: list[NodeType], seed: int = 0) -> list[Result]:
+def compare(groups: list[Group], cluster: list[NodeType], seed: int = 0, only: list[str] | None = None) -> list[Result]:
     placed = [g for g in groups if g.eligible]
-    bound, bound_by = lower_bound(placed, cluster)
+    bound, _ = lower_bound(placed, cluster)
+    bound_split, _ = split_lower_bound(placed, cluster)
     gpus = total_gpus(cluster)
     out = []
-    for name, order in policies(placed, seed).items():
-        makespan, used = simulate(order, cluster)
-        out.append(Result(name, gpus, len(placed), sum(g.n_cells for g in placed), makespan, bound, bound_by,
-                          busy=used / (gpus * makespan)))
+    for name, (kind, plan) in policies(placed, seed).items():
+        if only and name not in only:
+            continue
+        if kind == "today":
+            (makespan, used), parts = simulate(plan, cluster), len(placed)
+        else:
+            makespan, used, parts = simulate_dispatch(placed, cluster, plan)
+        out.append(Result(name, gpus, len(placed), parts, sum(g.n_cells for g in placed), makespan, bound,
+                          bound_split, busy=used / (gpus * makespan)))
     return out
 
 
 def table(results: list[Result]) -> str:
-    head = (f"{'policy':<26} {'GPUs':>6} {'groups':>7} {'cells':>7} {'makespan s':>11} {'lower bound s':>14} "
-            f"{'ratio':>6} {'GPU busy':>9}  bound by")
+    head = (f"{'policy':<26} {'GPUs':>5} {'groups':>6} {'parts':>6} {'makespan s':>10} "
+            f"{'/whole bound':>12} {'/split bound':>12} {'GPU busy':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append(f"{r.policy:<26} {r.gpus:>6} {r.groups:>7} {r.cells:>7} {r.makespan:>11.0f} {r.bound:>14.0f} "
-                     f"{r.ratio:>6.3f} {r.busy:>8.1%}  {r.bound_by}")
+        lines.append(f"{r.policy:<26} {r.gpus:>5} {r.groups:>6} {r.parts:>6} {r.makespan:>10.0f} "
+                     f"{r.ratio:>12.3f} {r.ratio_split:>12.3f} {r.busy:>8.1%}")
+    return "\n".join(lines)
+
+
+def seeds_table(by_seed: dict[int, list[Result]]) -> str:
+    """Per policy: makespan / split-groups bound for each seed, and the worst; whole-groups ratios in brackets."""
+    seeds = list(by_seed)
+    head = f"{'policy':<26} " + " ".join(f"{'seed ' + str(s):>13}" for s in seeds) + f" {'worst':>13}"
+    lines = [head, "-" * len(head)]
+    for i, r0 in enumerate(by_seed[seeds[0]]):
+        rs = [by_seed[s][i] for s in seeds]
+        cells = [f"{r.ratio_split:.3f} ({r.ratio:.2f})" for r in rs]
+        worst = max(rs, key=lambda r: r.ratio_split)
+        lines.append(f"{r0.policy:<26} " + " ".join(f"{c:>13}" for c in cells)
+                     + f" {f'{worst.ratio_split:.3f} ({worst.ratio:.2f})':>13}")
     return "\n".join(lines)
 
 
@@ -361,25 +536,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=1000, help="cluster size (the default node mix, scaled)")
     p.add_argument("--cells", type=int, default=10_000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", metavar="A-B", help="several workloads (seeds A..B): each policy's ratios, one column a seed")
+    p.add_argument("--history-noise", type=float, default=0.1,
+                   help="sigma of the run-to-run LogNormal between the earlier run's measurements and the truth")
     p.add_argument("--from-run", metavar="DIR", help="draw groups and durations from a measured run's cells table")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     cluster = default_cluster(a.gpus)
+    if a.seeds:
+        first, last = (int(x) for x in a.seeds.split("-"))
+        print(f"cluster:  {describe_cluster(cluster)}; {a.cells} cells, seeds {first}-{last}\n")
+        print(seeds_table({seed: compare(synthetic_workload(a.cells, cluster, seed, history_noise=a.history_noise),
+                                         cluster, seed) for seed in range(first, last + 1)}))
+        print(f"\n({time.perf_counter() - t0:.1f} s)")
+        return 0
     if a.from_run:
-        groups = measured_workload(a.from_run, a.cells, cluster, a.seed)
+        groups = measured_workload(a.from_run, a.cells, cluster, a.seed, history_noise=a.history_noise)
         source = f"resampled from {a.from_run}"
     else:
-        groups = synthetic_workload(a.cells, cluster, a.seed)
+        groups = synthetic_workload(a.cells, cluster, a.seed, history_noise=a.history_noise)
         source = "synthetic, model-size durations"
     unplaced = [g for g in groups if not g.eligible]
+    placed = [g for g in groups if g.eligible]
     print(f"cluster:  {describe_cluster(cluster)}")
     print(f"workload: {sum(g.n_cells for g in groups)} cells in {len(groups)} engine groups "
           f"({source}; seed {a.seed}); GPU-seconds {sum(g.duration * g.need.gpus for g in groups):.3g}")
     if unplaced:
         print(f"          {len(unplaced)} groups fit no node (reported unsupported, not simulated)")
+    (b, by), (bs, bys) = lower_bound(placed, cluster), split_lower_bound(placed, cluster)
+    print(f"bounds:   whole groups {b:.0f} s ({by}); split groups {bs:.0f} s ({bys})")
     print()
-    results = compare(groups, cluster, a.seed)
-    print(table(results))
+    print(table(compare(groups, cluster, a.seed)))
     print(f"\n({time.perf_counter() - t0:.1f} s)")
     return 0
 

@@ -52,12 +52,15 @@ def schema() -> None:
 def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
         run_dir: Optional[Path] = typer.Option(None, help="Default: results/<matrix name>"),
         address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)"),
-        rerun_failed: bool = typer.Option(False, help="Run again the stored cells that are not ok")) -> None:
+        rerun_failed: bool = typer.Option(False, help="Run again the stored cells that are not ok"),
+        history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                               help="A results root (or run): the scheduler estimates each group from "
+                                                    "the durations its runs measured")) -> None:
     """Run a matrix; resumes into an existing run dir, skipping cells already stored."""
     from orchestrator.runner import run_matrix
 
     try:
-        store = run_matrix(matrix, run_dir, address, rerun_failed, console=err)
+        store = run_matrix(matrix, run_dir, address, rerun_failed, console=err, history=history)
     except MatrixError as e:
         _fail(str(e))
     print_table(summary_table(store.read_cells(), title=f"{store.root}"))
@@ -81,13 +84,14 @@ def submit(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
            address: str = typer.Option(..., help="Ray dashboard address, e.g. http://HEAD:8265"),
            run_dir: str = typer.Option(..., help="Results path on the head node (a shared file system)"),
            rerun_failed: bool = typer.Option(False),
+           history: Optional[str] = typer.Option(None, help="A results root on the head: `bench run --history`"),
            follow: bool = typer.Option(False, help="Print the job's output until it ends")) -> None:
     """Run a matrix on a remote Ray cluster through the Ray Jobs API; prints the job id."""
     from orchestrator import jobs
 
     with _cluster_auth(address):
         try:
-            job_id = jobs.submit(matrix, address, run_dir, rerun_failed)
+            job_id = jobs.submit(matrix, address, run_dir, rerun_failed, history)
         except MatrixError as e:
             _fail(str(e))
         print(job_id)

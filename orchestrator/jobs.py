@@ -43,12 +43,14 @@ def _client(address: str):
     return JobSubmissionClient(address)
 
 
-def submit(matrix_path: str | Path, address: str, run_dir: str, rerun_failed: bool = False) -> str:
+def submit(matrix_path: str | Path, address: str, run_dir: str, rerun_failed: bool = False,
+           history: str | None = None) -> str:
     m, _ = load_matrix(matrix_path)   # mistakes are caught here, not on the cluster
     expand(m)
     upload = Path(tempfile.mkdtemp(prefix="bench-submit-"))
     shutil.copy(matrix_path, upload / "matrix.yaml")
-    entrypoint = f"bench run matrix.yaml --run-dir {shlex.quote(run_dir)}" + (" --rerun-failed" if rerun_failed else "")
+    entrypoint = f"bench run matrix.yaml --run-dir {shlex.quote(run_dir)}" + (" --rerun-failed" if rerun_failed else "") \
+        + (f" --history {shlex.quote(history)}" if history else "")
     try:
         client = _client(address)
         deadline = time.monotonic() + AGENT_WAIT_S

@@ -178,6 +178,8 @@ class Run(_Strict):
                                 "environment as a Ray custom resource env_<framework> (ray start --resources)")
     accelerator_type: str | None = Field(None, description="Ray accelerator type every group needs, e.g. H100")
     node_retries: int = Field(2, ge=0, description="Times a group is run again elsewhere when its node dies")
+    split_groups: bool = Field(True, description="Cut an engine group estimated to outlast the rest of the run into "
+                               "parts on several nodes (each part loads the engine once)")
 
 
 class Matrix(_Strict):

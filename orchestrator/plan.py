@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from orchestrator.placement import engine_gpus
 from orchestrator.store import RunStore
 
 COLUMNS = ["config", "engine_key", "framework", "model", "quantization", "flags", "device", "unit",
@@ -77,21 +78,11 @@ def _json(text: Any) -> dict:
 
 
 def gpus_per_replica(row: dict) -> tuple[int, str]:
-    """(devices per replica, unit): tensor x pipeline parallel size on GPU, 1 node on CPU."""
+    """(devices per replica, unit): tensor x pipeline parallel size on GPU (placement.engine_gpus, as the
+    scheduler reserves them), 1 node on CPU."""
     if str(row.get("device") or "cpu") == "cpu":
         return 1, "node"
-    opts = {**_json(row.get("engine_args")), **_json(row.get("flags_json"))}
-
-    def size(*names: str) -> int:
-        for n in names:
-            try:
-                if opts.get(n) is not None:
-                    return max(1, int(opts[n]))
-            except (TypeError, ValueError):
-                pass
-        return 1
-
-    return size("tensor_parallel_size", "tp") * size("pipeline_parallel_size", "pp"), "GPU"
+    return engine_gpus({**_json(row.get("engine_args")), **_json(row.get("flags_json"))}), "GPU"
 
 
 def _config_label(r: dict) -> str:

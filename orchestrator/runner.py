@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from orchestrator import compaction, manifest
 from orchestrator.cells import Cell, expand, group
+from orchestrator.estimate import History
 from orchestrator.launcher import PROJECT_ROOT, GroupJob
 from orchestrator.matrix import Matrix, load_matrix
 from orchestrator.store import RunStore
@@ -35,18 +36,19 @@ def cells_to_run(cells: list[Cell], store: RunStore, rerun_failed: bool) -> list
 
 
 def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, address: str | None = None,
-               rerun_failed: bool = False, console: Console | None = None) -> RunStore:
+               rerun_failed: bool = False, console: Console | None = None,
+               history: str | Path | None = None) -> RunStore:
     console = console or Console(stderr=True)
     m, text = load_matrix(matrix_path)            # every matrix mistake is raised here, before Ray
     cells = expand(m)
     store = RunStore(run_dir or Path("results") / m.name)
     with store.writing():                         # the driver is the only writer of its run dir
-        _run(m, text, cells, store, address, rerun_failed, console)
+        _run(m, text, cells, store, address, rerun_failed, console, history)
     return store
 
 
 def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str | None, rerun_failed: bool,
-         console: Console) -> None:
+         console: Console, history: str | Path | None = None) -> None:
     compaction.remove_partial_writes(store)
     todo = cells_to_run(cells, store, rerun_failed)
     skipped = len(cells) - len(todo)
@@ -58,6 +60,11 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
     started = datetime.now(timezone.utc).isoformat()
     manifest.write(store, m, text, cells, started=started)
     if todo:
+        measured = None
+        if history:   # durations earlier runs measured: the scheduler's estimates (orchestrator/estimate.py)
+            measured = History.read(history)
+            console.print(f"estimates from {measured.runs} run{'' if measured.runs == 1 else 's'} under {history}: {len(measured.cell_s)} cells and "
+                          f"{len(measured.load_s)} engine loads measured")
         init_ray(address)
         device = cluster_device() if m.run.device == "auto" else m.run.device
         jobs = [GroupJob(run_id=store.run_id, group=g, matrix=m, device=device,
@@ -78,7 +85,7 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
                     counts["ok" if row["status"] == "ok" else "not ok"] += 1
                 progress.update(task, advance=len(rows), ok=counts["ok"], bad=counts["not ok"])
 
-            schedule(jobs, on_done)
+            schedule(jobs, on_done, measured)
     try:  # a few large files instead of two per cell (orchestrator/compaction.py); crash-safe
         compaction.compact(store)
     except Exception as e:  # the per-cell files are intact and readable; `bench compact` tries again

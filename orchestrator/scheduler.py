@@ -1,21 +1,31 @@
-"""Engine groups -> Ray tasks. One task per group, asking for the group's GPUs or CPUs.
+"""Engine groups -> Ray tasks. One task per group, or per part of a group the dispatcher split, asking
+for the group's GPUs or CPUs on the node orchestrator/dispatch.py chose (Ray's node affinity).
 
+The driver decides which part runs where and when, from estimates (orchestrator/estimate.py): Ray
+would start any task on any node with room, with no reservations and no idea how long a task takes.
 The driver is the only writer of results: tasks hand their rows back and the driver stores each
-group as soon as its task finishes. A task lost with its node is submitted again (bounded); a
+part as soon as its task finishes. A task lost with its node is submitted again (bounded); a
 group no node can satisfy is reported before anything starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from typing import Callable
 
 import ray
 
-from orchestrator import placement, reaper
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator import model_size, placement, reaper
+from orchestrator.dispatch import Dispatcher, Work
+from orchestrator.estimate import GroupFacts, History, estimate_groups
 from orchestrator.launcher import CellResult, GroupJob, base_row, run_group
 
 Rows = list[CellResult]
+REFRESH_S = 30.0   # how often to look for nodes that joined the cluster
 
 
 def init_ray(address: str | None = None) -> None:
@@ -38,8 +48,8 @@ def cluster_device() -> str:
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
 
 
-def alive_nodes() -> list[dict[str, float]]:
-    return [n["Resources"] for n in ray.nodes() if n["Alive"]]
+def alive_nodes() -> dict[str, dict[str, float]]:
+    return {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
 
 
 def job_need(job: GroupJob, nodes: list[dict[str, float]]) -> placement.Need:
@@ -74,41 +84,88 @@ def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
     return [CellResult(base_row(job, c) | {"status": status, "reason": reason}) for c in job.group.cells]
 
 
-def estimate(job: GroupJob) -> float:
-    source = job.matrix.model_entry(job.group.model).source
-    return placement.estimate_seconds(placement.model_bytes(source), len(job.group.cells))
+def facts(job: GroupJob) -> GroupFacts:
+    g, entry = job.group, job.matrix.model_entry(job.group.model)
+    size, how = model_size.weight_bytes(entry.source, g.quantization, entry.revision)
+    return GroupFacts(g.framework, g.engine_key, tuple(c.cell_id for c in g.cells), None if how == "unknown" else size,
+                      placement.engine_gpus(g.options), job.device, entry.source.endswith(".gguf"))
 
 
-def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None]) -> None:
-    """Run every job on the cluster; call on_done(job, rows) in the driver as each finishes."""
+def part_job(job: GroupJob, part: Work) -> GroupJob:
+    """The job of one part: the group with only the part's cells (the whole job when nothing was cut)."""
+    if len(part.cells) == len(job.group.cells):
+        return job
+    return dataclasses.replace(job, group=dataclasses.replace(job.group, cells=[job.group.cells[i] for i in part.cells]),
+                               tries=0)
+
+
+def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], history: History | None = None) -> None:
+    """Run every job on the cluster; call on_done(job, rows) in the driver as each job or part finishes."""
     nodes = alive_nodes()
     runnable = []
     for job in jobs:
-        reason = placement.infeasible_reason(job_need(job, nodes), nodes)
+        reason = placement.infeasible_reason(job_need(job, list(nodes.values())), list(nodes.values()))
         if reason:
             on_done(job, status_rows(job, "unsupported", reason))
         else:
             runnable.append(job)
+    if not runnable:
+        return
+    estimates = estimate_groups([facts(j) for j in runnable], history)
+    works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s), splittable=not _shared_server(j))
+             for j, e in zip(runnable, estimates)]
+    dispatcher = Dispatcher(nodes, works, split_groups=runnable[0].matrix.run.split_groups)
+    parts: dict[Work, GroupJob] = {}
     pending: dict = {}
 
-    def submit(job: GroupJob, nodes: list[dict[str, float]]) -> None:
+    def submit(part: Work, node: str) -> None:
+        job = parts.setdefault(part, part_job(part.key, part))
         job.tries += 1
-        need = job_need(job, nodes)
+        need = part.need
         task = _gpu_group_task if need.gpus else _group_task
-        pending[task.options(**need.ray_options()).remote(job)] = job
+        affinity = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        pending[task.options(**need.ray_options(), scheduling_strategy=affinity).remote(job)] = (job, part)
 
-    for job in placement.longest_first(runnable, estimate):
-        submit(job, nodes)
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
+    def give_up(part: Work, why: str) -> None:
+        job = parts.setdefault(part, part_job(part.key, part))
+        on_done(job, status_rows(job, "failed", why))
+
+    def report_lost() -> None:
+        while dispatcher.lost:
+            give_up(dispatcher.lost.pop(), "lost with its node; no node alive offers what it needs any more")
+
+    looked = time.monotonic()
+    while True:
+        if time.monotonic() - looked > REFRESH_S:   # nodes that joined take work (their type may be new)
+            dispatcher.set_nodes(alive_nodes())
+            report_lost()
+            looked = time.monotonic()
+        for part, node in dispatcher.step():
+            submit(part, node)
+        if not pending:
+            # nothing runs and nothing more could start: what still waits has no node left to run on
+            dispatcher.lost += [e[2] for h in dispatcher.pending.values() for e in h]
+            report_lost()
+            return
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=REFRESH_S)
         for ref in done:
-            job = pending.pop(ref)
+            job, part = pending.pop(ref)
             try:
                 rows = ray.get(ref)
             except Exception as err:  # the task's worker or node died; run_group itself never raises
                 if job.tries <= job.matrix.run.node_retries:
-                    submit(job, alive_nodes())  # sized on the nodes left after the loss
+                    dispatcher.set_nodes(alive_nodes())   # placed again on the nodes left after the loss
+                    dispatcher.requeue(part)
+                    report_lost()
                     continue
+                dispatcher.finished(part)
                 rows = status_rows(job, "failed", f"lost {job.tries} times (node or worker died): "
                                                   f"{type(err).__name__}: {str(err)[-1500:]}")
+            else:
+                dispatcher.finished(part)
             on_done(job, rows)
+
+
+def _shared_server(job: GroupJob) -> bool:
+    """Serve cells against someone else's server: parts running at once would load the same server."""
+    return job.group.mode == "serve" and bool(job.matrix.model_entry(job.group.model).endpoint)

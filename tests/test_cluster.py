@@ -1,4 +1,5 @@
-"""Several Ray nodes on this machine (ray.cluster_utils.Cluster): routing, infeasible groups, node loss.
+"""Several Ray nodes on this machine (ray.cluster_utils.Cluster): routing, infeasible groups, node loss,
+a group split across nodes.
 
 The nodes are real raylets with logical GPU counts and environment resources; the engine is the
 real transformers adapter on the tiny model.
@@ -14,8 +15,11 @@ import ray
 from ray.cluster_utils import Cluster
 
 from conftest import SMALL_MATRIX
+from orchestrator.cells import expand
+from orchestrator.matrix import load_matrix
 from orchestrator.placement import env_resource
 from orchestrator.runner import run_matrix
+from orchestrator.store import RunStore
 
 
 @pytest.fixture
@@ -80,3 +84,32 @@ def test_groups_land_on_nodes_that_offer_what_they_ask_and_survive_node_loss(clu
     vllm = cells[cells.framework == "vllm"]
     assert set(vllm.status) == {"unsupported"}
     assert all("no node in the cluster offers" in r and "env_vllm" in r for r in vllm.reason)
+
+
+def test_a_group_that_would_bind_the_makespan_is_split_across_nodes_and_each_cell_is_stored_once(
+        cluster, write_matrix, tmp_path):
+    nodes = [cluster.add_node(num_cpus=1, resources={env_resource("hf"): 10}) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"] |= {"batch_size": [1, 2, 3]}                   # one hf engine group of three cells
+    data["run"] |= {"device": "cpu", "env_resources": True, "cpus_per_group": 1}
+    path = write_matrix(data)
+    cells = expand(load_matrix(path)[0])
+    assert len({c.engine_key for c in cells}) == 1
+    # An earlier run under a results root measured each of these cells at 100 s and the engine load at
+    # 1 s (`bench run --history ROOT`): 301 s in one piece, while any schedule on 2 CPUs needs only
+    # max(301 / 2, 1 + 100) = 150.5 s. So the dispatcher cuts the group into parts of one cell each.
+    earlier = RunStore(tmp_path / "results" / "earlier")
+    for c in cells:
+        earlier.write_cell({"run_id": "earlier", "cell_id": c.cell_id, "engine_key": c.engine_key, "framework": "hf",
+                            "status": "ok", "load_s": 1.0, "duration_s": 100.0})
+
+    store = run_matrix(path, tmp_path / "run", history=tmp_path / "results")
+    df = store.read_cells()
+    print(df[["batch_size", "status", "node_id", "load_s", "group_tries"]].to_string())
+    assert len(df) == 3 and df.cell_id.is_unique and set(df.cell_id) == {c.cell_id for c in cells}
+    assert set(df.status) == {"ok"} and set(df.group_tries) == {1}
+    assert set(df.node_id) == {n.node_id for n in nodes}        # the parts ran on both nodes
+    assert df.load_s.nunique() == 3                              # each part loaded the engine itself
+    assert set(store.read_logprobs(["cell_id"]).column("cell_id").to_pylist()) == set(df.cell_id)

@@ -1,0 +1,259 @@
+"""Which engine group, or part of one, runs on which node next: the driver's own list scheduler.
+
+Pure (no Ray): the scheduler (orchestrator/scheduler.py) pins each part it gets from here to its node,
+and benchmarks/simulate_schedule.py runs the same object against simulated durations. It sees only
+estimates (orchestrator/estimate.py), never how long anything really takes.
+
+Nodes fall into types: nodes offering the same resources (GPUs, CPUs, env_<framework> markers...).
+`units` are what a part takes of its node: GPUs, or CPUs in a run without GPUs.
+
+ 1. Bound. T = the estimated lower bound on the makespan if groups could be cut anywhere: the
+    largest of, for every set of node types, the estimated unit-seconds of the groups that can only
+    run there over their units, and of one cell plus its group's load.
+ 2. Split. A group estimated longer than T would alone end after every other group could: it is cut
+    into the fewest parts each estimated within T (cells dealt longest first to the emptiest part,
+    each part in the group's cell order). Each part pays one more engine load, so nothing else is
+    cut, and T is raised (by at most 10% a round) until the bound of the parts, extra loads counted,
+    is within it: the smallest T the cuts themselves do not push up.
+ 3. Home. Each part gets the node type it should run on: a part only one type can host goes there;
+    the others, largest first, go to the type whose estimated finish (work/units) is then lowest,
+    avoiding types whose units already each hold a long part (over T/2: two would not fit in T).
+ 4. Order. Long parts (over T/2) first, longest first: they set the makespan if they start late.
+    The rest by seconds x sqrt(units): a wide part waits for a whole node to free up, so it goes
+    before a narrow one of the same length (otherwise narrow parts keep taking the freed GPUs).
+ 5. Place. The first part in that order that fits a node of its home type with free room goes to the
+    one it fills most (best fit: whole nodes stay free for wide parts); a node type with no home work
+    left takes other types' parts it can run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.placement import Need, fits
+
+# Resources that differ between nodes of one type (per-node ids, memory sizes) are not part of its type.
+NOT_A_TYPE = ("memory", "object_store_memory")
+LONG = 0.5          # a part over LONG x T is long
+MAX_POOLS = 4096    # node-type sets the bound looks at (all unions of the sets groups can use, up to this)
+MAX_ROUNDS = 20     # of raising T until the parts cut at T, with their extra loads, fit within it
+
+
+@dataclass(eq=False)
+class Work:
+    """An engine group or a part of one: which of its cells, their estimates and what it asks of a node."""
+
+    key: Any                        # the caller's handle (a GroupJob; the simulation's group)
+    need: Need
+    load_s: float
+    cell_s: tuple[float, ...]
+    cells: tuple[int, ...] = ()     # indices into the group's cells (default: all, in order)
+    splittable: bool = True
+    rank: tuple = field(default=(), compare=False)
+
+    def __post_init__(self):
+        if not self.cells:
+            self.cells = tuple(range(len(self.cell_s)))
+
+    @property
+    def seconds(self) -> float:
+        return self.load_s + sum(self.cell_s)
+
+    def part(self, indices: list[int]) -> "Work":
+        return Work(self.key, self.need, self.load_s, tuple(self.cell_s[i] for i in indices),
+                    tuple(self.cells[i] for i in indices), self.splittable)
+
+
+def node_type(resources: dict[str, float]) -> tuple:
+    return tuple(sorted((k, round(v, 3)) for k, v in resources.items()
+                        if k not in NOT_A_TYPE and not k.startswith("node:") and v))
+
+
+def split(work: Work, limit: float) -> list[Work]:
+    """The fewest parts each estimated within `limit`; the work itself when it is within or has one cell."""
+    n = len(work.cell_s)
+    if work.seconds <= limit or n < 2 or not work.splittable:
+        return [work]
+    room = max(limit - work.load_s, 1e-9)
+    k = min(n, max(2, math.ceil(sum(work.cell_s) / room)))
+    while True:
+        bins, totals = [[] for _ in range(k)], [0.0] * k
+        for i in sorted(range(n), key=lambda i: -work.cell_s[i]):
+            b = min(range(k), key=totals.__getitem__)
+            bins[b].append(i)
+            totals[b] += work.cell_s[i]
+        if max(totals) <= room or k >= n:
+            return [work.part(sorted(b)) for b in bins if b]
+        k += 1
+
+
+class Dispatcher:
+    def __init__(self, nodes: dict[str, dict[str, float]], works: list[Work], split_groups: bool = True):
+        self.unit = "GPU" if any(w.need.gpus for w in works) else "CPU"
+        self.total: dict[str, dict[str, float]] = {}
+        self.free: dict[str, dict[str, float]] = {}
+        self.type_of: dict[str, tuple] = {}
+        self.open: set[str] = set()          # nodes with free units
+        self.running: dict[Work, str] = {}
+        self.pending: dict[tuple, list] = {}  # (home type, need) -> heap of (rank, seq, work)
+        self.home: dict[Work, tuple] = {}
+        self.waiting: dict[tuple, int] = {}   # home type -> parts not started
+        self.capacity: dict[tuple, float] = {}
+        self.lost: list[Work] = []            # parts no node alive can take any more (the caller reports them)
+        self._seq = itertools.count()
+        self.set_nodes(nodes)
+        placeable = [w for w in works if self.types_for(w.need)]
+        self.bound = self.estimated_bound(placeable)
+        self.parts = placeable
+        for _ in range(MAX_ROUNDS if split_groups else 0):
+            self.parts = [p for w in placeable for p in split(w, self.bound)]
+            with_cuts = self.estimated_bound(self.parts)      # the loads the cuts add count too
+            if with_cuts <= self.bound * 1.001:
+                break
+            self.bound = min(with_cuts, self.bound * 1.1)
+        for p in self.parts:
+            long = p.seconds > LONG * self.bound
+            p.rank = (0, -p.seconds) if long else (1, -p.seconds * math.sqrt(max(self.units(p.need), 1e-9)))
+        self._assign_homes(self.parts)
+
+    # -- nodes and types ---------------------------------------------------------------------------
+
+    def set_nodes(self, nodes: dict[str, dict[str, float]]) -> None:
+        """The nodes alive now: new ones join, gone ones leave (what ran there comes back via requeue)."""
+        for n in set(self.total) - set(nodes):
+            del self.total[n], self.free[n], self.type_of[n]
+            self.open.discard(n)
+        for n, r in nodes.items():
+            if n not in self.total:
+                self.total[n], self.free[n], self.type_of[n] = dict(r), dict(r), node_type(r)
+                self.open.add(n)
+        self.capacity: dict[tuple, float] = {}
+        for n, t in self.type_of.items():
+            self.capacity[t] = self.capacity.get(t, 0.0) + self.total[n].get(self.unit, 0.0)
+        self._types_for: dict[Need, list[tuple]] = {}
+        for (home, need) in [k for k, h in self.pending.items() if h and k[0] not in self.capacity]:
+            for _, _, p in self.pending.pop((home, need)):   # their node type is gone: rehome them
+                self.waiting[home] -= 1
+                self.requeue(p)
+
+    def units(self, need: Need) -> float:
+        return need.as_resources().get(self.unit, 0.0)
+
+    def types_for(self, need: Need) -> list[tuple]:
+        if need not in self._types_for:
+            self._types_for[need] = [t for t in self.capacity if fits(need, dict(t))]
+        return self._types_for[need]
+
+    # -- planning ----------------------------------------------------------------------------------
+
+    def estimated_bound(self, works: list[Work]) -> float:
+        by_set: dict[frozenset, float] = {}
+        for w in works:
+            key = frozenset(self.types_for(w.need))
+            by_set[key] = by_set.get(key, 0.0) + w.seconds * self.units(w.need)
+        pools = set(by_set)
+        for s in list(by_set):
+            for t in list(pools):
+                if len(pools) < MAX_POOLS:
+                    pools.add(s | t)
+        best = max((w.load_s + max(w.cell_s, default=0.0) for w in works), default=0.0)
+        for pool in pools:
+            units = sum(self.capacity[t] for t in pool)
+            if units > 0:
+                best = max(best, sum(v for s, v in by_set.items() if s <= pool) / units)
+        return best
+
+    def _assign_homes(self, parts: list[Work]) -> None:
+        level = {t: 0.0 for t in self.capacity}       # estimated busy time per unit of each type
+        long_units = {t: 0.0 for t in self.capacity}
+        flexible = []
+        for p in parts:
+            types = self.types_for(p.need)
+            if len(types) > 1:
+                flexible.append(p)
+                continue
+            self._note(p, types[0], level, long_units)
+        for p in sorted(flexible, key=lambda p: -p.seconds * self.units(p.need)):
+            long, u = p.seconds > LONG * self.bound, self.units(p.need)
+            area = p.seconds * u
+
+            def cost(t):
+                crowded = long and long_units[t] + u > self.capacity[t]
+                return crowded, level[t] + area / max(self.capacity[t], 1e-9)
+
+            self._note(p, min(self.types_for(p.need), key=cost), level, long_units)
+
+    def _note(self, p: Work, t: tuple, level: dict, long_units: dict) -> None:
+        level[t] += p.seconds * self.units(p.need) / max(self.capacity[t], 1e-9)
+        if p.seconds > LONG * self.bound:
+            long_units[t] += self.units(p.need)
+        self._push(p, t)
+
+    def _push(self, p: Work, home: tuple) -> None:
+        self.home[p] = home
+        heapq.heappush(self.pending.setdefault((home, p.need), []), (p.rank, next(self._seq), p))
+        self.waiting[home] = self.waiting.get(home, 0) + 1
+
+    # -- running -----------------------------------------------------------------------------------
+
+    def step(self) -> list[tuple[Work, str]]:
+        """Parts to start now, each with its node (their resources are taken)."""
+        out = []
+        while self.open:
+            tops = sorted((h[0], home, need) for (home, need), h in self.pending.items() if h)
+            for _, home, need in tops:
+                node = self._best_fit(need, [home])
+                if node is None:
+                    idle = [t for t in self.types_for(need) if t != home and not self.waiting.get(t)]
+                    node = self._best_fit(need, idle) if idle else None
+                if node is not None:
+                    p = heapq.heappop(self.pending[(home, need)])[2]
+                    self.waiting[home] -= 1
+                    out.append((p, self._take(p, node)))
+                    break
+            else:
+                break
+        return out
+
+    def _best_fit(self, need: Need, types: list[tuple]) -> str | None:
+        u, best = self.units(need), None
+        for n in (self.open if u > 0 else self.total):
+            if self.type_of[n] in types and fits(need, self.free[n]):
+                left = self.free[n].get(self.unit, 0.0) - u
+                if best is None or (left, n) < best:
+                    best = (left, n)
+        return best[1] if best else None
+
+    def _take(self, p: Work, node: str) -> str:
+        for k, v in p.need.as_resources().items():
+            self.free[node][k] = self.free[node].get(k, 0.0) - v
+        if self.free[node].get(self.unit, 0.0) <= 1e-9:
+            self.open.discard(node)
+        self.running[p] = node
+        return node
+
+    def finished(self, p: Work) -> None:
+        node = self.running.pop(p)
+        if node in self.free:
+            for k, v in p.need.as_resources().items():
+                self.free[node][k] += v
+            self.open.add(node)
+
+    def requeue(self, p: Work) -> bool:
+        """A part lost with its node (or its worker): back to waiting, homed on a type that is still
+        there. False (and in `lost`) when no node alive can take it."""
+        if p in self.running:
+            self.finished(p)
+        types = self.types_for(p.need)
+        if not types:
+            self.lost.append(p)
+            return False
+        self._push(p, self.home.get(p) if self.home.get(p) in types else max(types, key=self.capacity.get))
+        return True
+
+    def idle(self) -> bool:
+        return not self.running and not any(self.pending.values())

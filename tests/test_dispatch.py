@@ -1,0 +1,122 @@
+"""The driver's dispatcher (orchestrator/dispatch.py) without Ray: which groups are cut, that every cell
+runs exactly once, that parts land only where they fit and never over-commit a node, and node loss."""
+
+import heapq
+import itertools
+
+import pytest
+
+from orchestrator.dispatch import Dispatcher, Work, node_type, split
+from orchestrator.placement import Need
+
+GPU1, GPU8 = Need(cpus=1, gpus=1), Need(cpus=1, gpus=8)
+LLAMA = Need(cpus=1, gpus=1, custom=(("env_llamacpp", 0.001),))
+
+
+def node(gpus=8, cpus=32, **custom):
+    return {"CPU": cpus, "GPU": gpus, "memory": 1e11, **custom}
+
+
+def run_to_end(d: Dispatcher, truth=lambda p: p.seconds):
+    """Event loop: every part runs for truth(p); checks resources never go negative. -> (makespan, log)."""
+    events, seq, log, now = [], itertools.count(), [], 0.0
+
+    def start():
+        for p, n in d.step():
+            assert all(v >= -1e-9 for v in d.free[n].values()), (n, d.free[n])
+            log.append((now, n, p))
+            heapq.heappush(events, (now + truth(p), next(seq), p))
+
+    start()
+    while events:
+        now, _, p = heapq.heappop(events)
+        d.finished(p)
+        start()
+    assert d.idle()
+    return now, log
+
+
+def test_split_makes_the_fewest_parts_within_the_limit_and_keeps_each_cell_once():
+    w = Work("g", GPU1, 10.0, (5.0, 50.0, 5.0, 30.0, 20.0, 10.0))
+    parts = split(w, 70.0)
+    assert len(parts) == 2
+    assert sorted(c for p in parts for c in p.cells) == list(range(6))
+    assert all(p.seconds <= 70.0 and list(p.cells) == sorted(p.cells) for p in parts)
+    assert all(p.load_s == 10.0 for p in parts)      # each part loads the engine
+    assert split(w, 1000.0) == [w]
+    assert split(Work("g", GPU1, 10.0, (500.0,)), 100.0)[0].cells == (0,)    # one cell cannot be cut
+    assert len(split(Work("g", GPU1, 10.0, (50.0, 50.0), splittable=False), 60.0)) == 1
+    assert len(split(w, 1.0)) == 6                                            # at worst one cell per part
+
+
+def test_a_group_that_would_bind_the_makespan_is_cut_and_every_cell_runs_once():
+    nodes = {f"n{i}": node() for i in range(4)}     # 32 GPUs
+    long = Work("long", GPU1, 20.0, tuple([10.0] * 40))              # 420 s alone
+    short = [Work(f"s{i}", GPU1, 5.0, (10.0, 10.0)) for i in range(30)]
+    d = Dispatcher(nodes, [long] + short)
+    # T starts at the bound of the whole groups, max(work / 32 GPUs, one cell + its load) = 1170 / 32 = 36.6:
+    # 40 parts of one cell; their 40 loads raise the bound to 1950 / 32 = 60.9, so T goes up by 10% a round
+    # until parts of 2 cells (40 s) fit: (20 * 40 + 750) / 32 = 48.4 <= T
+    parts = [p for p in d.parts if p.key == "long"]
+    assert len(parts) == 20 and all(len(p.cells) == 2 for p in parts)
+    assert 48.4 <= d.bound < 48.5 * 1.1
+    makespan, log = run_to_end(d)
+    ran = sorted((p.key, c) for _, _, p in log for c in p.cells)
+    assert ran == sorted([("long", c) for c in range(40)] + [(f"s{i}", c) for i in range(30) for c in range(2)])
+    assert makespan < 420 / 4                       # whole, the long group alone would take 420 s
+    assert len({n for _, n, p in log if p.key == "long"}) > 1
+    # without splitting it stays whole and binds the makespan
+    whole = Dispatcher(nodes, [long] + short, split_groups=False)
+    assert len(whole.parts) == 31 and run_to_end(whole)[0] == pytest.approx(420)
+
+
+def test_parts_go_only_where_they_fit_and_constrained_ones_keep_their_node_type():
+    nodes = {"big0": node(8), "big1": node(8), "l4": node(4, cpus=8, env_llamacpp=1000)}
+    works = ([Work(f"w{i}", GPU8, 10.0, (30.0,) * 4) for i in range(3)]
+             + [Work(f"l{i}", LLAMA, 5.0, (20.0,) * 3) for i in range(8)]
+             + [Work(f"h{i}", GPU1, 5.0, (20.0,) * 3) for i in range(12)])
+    d = Dispatcher(nodes, works)
+    l4 = node_type(nodes["l4"])
+    assert all(d.home[p] == l4 for p in d.parts if p.key.startswith("l"))
+    assert not any(d.home[p] == l4 for p in d.parts if p.key.startswith("w"))   # 8 GPUs do not fit a 4-GPU node
+    _, log = run_to_end(d)
+    for _, n, p in log:
+        assert all(nodes[n].get(k, 0) >= v for k, v in p.need.as_resources().items())
+    assert {n for _, n, p in log if p.key.startswith("l")} == {"l4"}
+    assert sorted(c for _, _, p in log for c in p.cells if p.key == "w0") == [0, 1, 2, 3]
+
+
+def test_wide_parts_go_first_and_narrow_ones_fill_the_fullest_node():
+    nodes = {"a": node(8), "b": node(8)}
+    narrow = [Work(f"n{i}", GPU1, 0.0, (10.0,)) for i in range(40)]
+    wide = Work("wide", GPU8, 0.0, (10.0,))
+    d = Dispatcher(nodes, narrow + [wide], split_groups=False)
+    first = d.step()
+    assert first[0][0].key == "wide"                 # ranks before narrow parts of the same length
+    one = Dispatcher(nodes, [Work("n", GPU1, 0.0, (10.0,))])
+    one.free["b"]["GPU"] = 3                         # b is partly taken: the narrow part fills it further
+    assert one.step()[0][1] == "b"
+
+
+def test_parts_lost_with_their_node_run_again_elsewhere_or_are_reported():
+    nodes = {"a": node(8), "b": node(8)}
+    d = Dispatcher(nodes, [Work(f"g{i}", GPU8, 1.0, (10.0,)) for i in range(2)])
+    started = d.step()
+    assert {n for _, n in started} == {"a", "b"}
+    lost = next(p for p, n in started if n == "a")
+    d.set_nodes({"b": nodes["b"]})                   # node a died
+    assert d.requeue(lost) and d.step() == []        # waits for b
+    d.finished(next(p for p, n in started if n == "b"))
+    assert d.step() == [(lost, "b")]
+    # a part only a vanished node type could run cannot be placed again: reported, not waited for
+    d2 = Dispatcher({"a": node(8), "l4": node(4, env_llamacpp=1000)}, [Work("l", LLAMA, 1.0, (1.0,))])
+    (p, n), = d2.step()
+    d2.set_nodes({"a": node(8)})
+    assert not d2.requeue(p) and d2.lost == [p]
+
+
+def test_nodes_that_join_take_waiting_work():
+    d = Dispatcher({"a": node(8)}, [Work(f"g{i}", GPU8, 1.0, (10.0,)) for i in range(2)], split_groups=False)
+    assert len(d.step()) == 1
+    d.set_nodes({"a": node(8), "new": {**node(8), "memory": 5e10}})   # another node of the same type
+    assert [n for _, n in d.step()] == ["new"]
