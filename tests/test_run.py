@@ -168,7 +168,7 @@ def test_repeats_auto_stops_at_the_target_interval_or_its_cap(ray_local, tmp_pat
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"]["batch_size"] = [1]
     data["axes"]["input_len"] = [16, 17]        # two cells: one target each
-    data["measure"] |= {"repeats": "auto", "auto_repeats": {"min_repeats": 3, "max_repeats": 6, "max_s": 60,
+    data["measure"] |= {"repeats": "auto", "auto_repeats": {"min_repeats": 3, "max_repeats": 6, "max_s": 600,
                                                             "half_width": 5.0}}
     wide = run_matrix(write_matrix(data, "wide.yaml"), tmp_path / "wide").read_cells()
     data["measure"]["auto_repeats"]["half_width"] = 1e-9
