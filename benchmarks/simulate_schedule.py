@@ -41,9 +41,10 @@ Two lower bounds on the makespan, from the true durations:
                 types, the GPU-seconds of the groups that can only run on those types over their GPUs
                 (llama.cpp groups, for instance, fit only the L4 nodes): no schedule that runs each group
                 in one piece beats it.
-  split groups  the same with each group's longest single cell plus its load in place of the longest
-                group: no schedule beats it even cutting groups anywhere (every cell needs its group's
-                engine loaded; each group loads at least once, which the GPU-seconds count).
+  split groups  no schedule beats it even cutting groups anywhere: the smallest T no shorter than any
+                one cell plus its group's load such that every pool's GPU-seconds fit in T, each group
+                counted with the loads of the fewest parts that finish by T (every part loads the
+                engine: ceil(cells' seconds / (T - load)) parts at least).
 The `today` policies (the scheduler before groups could be split: one Ray task per group, submitted
 longest first by `size x cells`, Ray starting whichever fits) run whole groups; the `split` ones run
 the dispatcher. Each row shows its makespan against both bounds.
@@ -56,6 +57,7 @@ import contextlib
 import heapq
 import itertools
 import json
+import math
 import os
 import random
 import sys
@@ -324,10 +326,24 @@ def lower_bound(groups: list[Group], cluster: list[NodeType]) -> tuple[float, st
 
 
 def split_lower_bound(groups: list[Group], cluster: list[NodeType]) -> tuple[float, str]:
-    """Groups cut anywhere: as lower_bound, with one cell plus its group's load in place of the longest group."""
-    best = _pool_bound(groups, cluster, lambda g: g.duration)
+    """Groups cut anywhere: the smallest T that every pool's GPU-seconds fit in, each group counted with
+    the loads its cuts need to finish by T (every part pays a load, so ceil(cells' seconds / (T - load))
+    parts at least), and no shorter than one cell plus its group's load."""
     single = max(g.load_s + max(g.cell_s) for g in groups)
-    return (single, "one cell + its load") if single > best[0] else best
+
+    def pools_at(t: float) -> tuple[float, str]:
+        return _pool_bound(groups, cluster, lambda g: g.load_s * math.ceil(sum(g.cell_s) / (t - g.load_s) - 1e-9)
+                           + sum(g.cell_s) if t > g.load_s else math.inf)
+
+    if pools_at(single)[0] <= single:
+        return single, "one cell + its load"
+    lo, hi = single, max(single, pools_at(single * 2)[0], 1.0) * 2
+    while pools_at(hi)[0] > hi:
+        hi *= 2
+    for _ in range(60):   # the pools' work only falls as T grows: bisect to the fixed point
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if pools_at(mid)[0] <= mid else (mid, hi)
+    return hi, f"{pools_at(hi)[1]}, cuts' loads counted"
 
 
 # -- today's scheduler: whole groups, longest first by size x cells, Ray's greedy placement -------------------
