@@ -152,6 +152,8 @@ SAMPLES_SCHEMA = pa.schema([
     ("seed", pa.int64()),
     ("token_ids", pa.list_(pa.int32())),     # the sampled ids (EOS ignored)
     ("logprobs", pa.list_(pa.float32())),    # each sampled token's raw logprob (before temperature and filters)
+    ("next_topk_ids", pa.list_(pa.int32())),         # the prompt's next-token candidates (measure.sampling.next_top_k)
+    ("next_topk_logprobs", pa.list_(pa.float32())),  # their raw logprobs
 ])
 SAMPLES_WRITE_OPTIONS = {"compression": "zstd"}
 
@@ -316,7 +318,8 @@ class RunStore:
         files = sorted(p for p in (self.root / name).glob("framework=*/*.parquet") if is_cell_file(p.name))
         stored = set(self.read_cells_table(["cell_id"])["cell_id"].to_pylist()) if files else set()
         schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
-        tables = [pq.read_table(f, columns=columns).cast(schema) for f in files if f.stem in stored]
+        tables = [_with_columns(pq.read_table(f, columns=[c for c in schema.names if c in pq.read_schema(f).names]),
+                                schema).cast(schema) for f in files if f.stem in stored]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def write_manifest(self, manifest: dict) -> None:
@@ -326,6 +329,14 @@ class RunStore:
         path = self.root / "manifest.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
+
+
+def _with_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with the schema's columns it lacks as nulls (a file written before they existed)."""
+    for f in schema:
+        if f.name not in table.column_names:
+            table = table.append_column(f, pa.nulls(len(table), f.type))
+    return table.select(schema.names)
 
 
 # ------------------------------------------------------------------ layout: per-cell and compacted files
