@@ -214,7 +214,9 @@ def diff_sampled(url_a: str, url_b: str, prompts: Sequence[Prompt], seeds: int, 
         need = seeds_to_detect(sa, ia, da, 0.05, alpha)
         ps = [t.p_value] + ([first["p_value"]] if "p_value" in first else [])
         level = alpha / len(ps)      # Bonferroni over the tests run: the verdict's false-alarm rate stays alpha
-        report["distribution"] = {"seeds_to_detect_0.05_nats": need, "test": t.test.replace("raw logprob", "logprob under A" if under_a
+        report["distribution"] = {"seeds_to_detect_0.05_nats": need,
+                                  "seeds_for_observed_shift": seeds_to_detect(sa, ia, da, abs(t.shift), alpha / len(ps))
+                                  if t.shift else None, "test": t.test.replace("raw logprob", "logprob under A" if under_a
                                                          else "logprob under its own endpoint"),
                                   "p_value": t.p_value, "shift": t.shift, "n_a": t.n_base, "n_b": t.n_cell,
                                   "alpha": alpha, "level_each": level,
@@ -242,6 +244,10 @@ def format_sampled_report(report: dict[str, Any]) -> str:
         lines.append(f"  distribution: {d['verdict']} (p={d['p_value']:.3g} at alpha {d['alpha']:g}; shift "
                      f"{d['shift']:+.4f} nats/token; {d['n_a']} vs {d['n_b']} samples; {d['test']}); seeds per prompt "
                      f"to find a 0.05-nat shift: {d['seeds_to_detect_0.05_nats']}")
+        if d["verdict"] == "same distribution":
+            lines.append(f"    no difference detected at n={d['n_b']} ({report['seeds']} seeds a prompt)"
+                         + (f"; ~{d['seeds_for_observed_shift']} seeds a prompt needed to detect a shift of this size"
+                            if d.get("seeds_for_observed_shift") else ""))
         if d["level_each"] < d["alpha"]:
             lines.append(f"    each test at {d['level_each']:.3g} (Bonferroni over two tests)")
     f = report.get("first_token") or {}

@@ -25,10 +25,13 @@ class SamplingLayer:
     shift: float = 0.05
 
 
-def load_sampling(root: str | Path, manifest: dict) -> SamplingLayer:
-    """The layer, or why not (a failure leaves the rest of the report standing)."""
+def load_sampling(root: str | Path, manifest: dict) -> SamplingLayer | None:
+    """The layer, or why not (a failure leaves the rest of the report standing); None for a run whose
+    matrix drew no samples (the report then has no sampling section)."""
     from orchestrator.sampling_verdicts import analyse_sampling
 
+    if not ((manifest.get("matrix") or {}).get("measure") or {}).get("sampling"):
+        return None
     tol = (manifest.get("matrix") or {}).get("tolerances") or {}
     alpha, shift = tol.get("sampling_alpha", 0.01), tol.get("sampling_shift", 0.05)
     try:
@@ -65,6 +68,13 @@ def _first(r: dict) -> str:
     return f"p={r['first_p']:.3g}, n {int(r['first_n'])} draws, {int(r['first_prompts'])} prompts{out}"
 
 
+def _need(r: dict) -> str:
+    out = _num(r.get("seeds_needed"), ".0f")
+    if r.get("dist_verdict") == "same distribution" and _finite(r.get("seeds_for_shift")):
+        out += f" (this shift: ~{int(r['seeds_for_shift'])})"
+    return out
+
+
 def columns() -> list[tuple[str, str, Callable[[dict], Any], Callable[[dict], str], str]]:
     rank = {v: i for i, v in enumerate(SAMPLING_VERDICT_ORDER)}
     return [
@@ -78,7 +88,7 @@ def columns() -> list[tuple[str, str, Callable[[dict], Any], Callable[[dict], st
         ("first", "first-token test", lambda r: r.get("first_p"), _first, ""),
         ("verdict", "verdict", lambda r: rank.get(r.get("sampling_verdict"), 9), lambda r: r.get("sampling_verdict") or "n/a",
          "verdict"),
-        ("need", "seeds to detect", lambda r: r.get("seeds_needed"), lambda r: _num(r.get("seeds_needed"), ".0f"), "n"),
+        ("need", "seeds to detect", lambda r: r.get("seeds_needed"), _need, "n"),
     ]
 
 
@@ -92,7 +102,8 @@ def explanation(layer: SamplingLayer) -> str:
             f"G-tests with simulated nulls, Bonferroni over prompts); the verdict is different where either p is "
             f"below {layer.alpha:g} / (tests run) (sampling_alpha, Bonferroni over the tests), else same distribution "
             f"(identical where every seed matched). Seeds to detect: seeds each side for the two-sample test to find "
-            f"a shift of {layer.shift:g} nats/token (sampling_shift) with 80% power.")
+            f"a shift of {layer.shift:g} nats/token (sampling_shift) with 80% power, and where no difference was "
+            f"detected, ~how many would find a shift of the size observed.")
 
 
 def rows(layer: SamplingLayer, cells: pd.DataFrame) -> list[dict]:

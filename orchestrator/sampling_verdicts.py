@@ -116,7 +116,14 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
         ps = [x for x in (test.p_value, row.get("first_p")) if x is not None and np.isfinite(x)]
         level = tol.sampling_alpha / max(len(ps), 1)
         row["dist_verdict"] = "different" if ps and min(ps) < level else "same distribution"
-        dist = (f"{row['dist_verdict']} (each test at {level:.3g}: two-sample p={test.p_value:.3g}, shift "
+        # a shift too small for these seeds: how many would find one of this size (not a verdict, a size)
+        row["seeds_for_shift"] = seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(),
+                                                 first.seed.to_numpy(), abs(test.shift), level) \
+            if np.isfinite(test.shift) and test.shift else None
+        undetected = (f"no difference detected at n={test.n_cell} ({test.seeds_cell} seeds)"
+                      + (f", ~{row['seeds_for_shift']} seeds needed to detect a shift of this size"
+                         if row["seeds_for_shift"] else "") + "; ") if row["dist_verdict"] == "same distribution" else ""
+        dist = (f"{undetected}{row['dist_verdict']} (each test at {level:.3g}: two-sample p={test.p_value:.3g}, shift "
                 f"{test.shift:+.4f} nats/token, {test.n_cell} vs {test.n_base} samples, {test.seeds_cell} vs "
                 f"{test.seeds_base} seeds, {test.test}; ")
         if "first_p" in row:
