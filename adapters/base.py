@@ -48,6 +48,9 @@ class Adapter:
     install_hint: ClassVar[str] = ""
     # Modules whose absence means "environment not installed" rather than a crash.
     requires_modules: ClassVar[tuple[str, ...]] = ()
+    # The order in which the engine's own sampler applies temperature and its filters (the steps of
+    # orchestrator.sampling_stats.SAMPLER_STEPS); None where not checked (the first-token test then says so).
+    sampler_order: ClassVar[tuple[str, ...] | None] = None
 
     def check(self, spec: LoadSpec) -> str | None:
         """Return why this group cannot run here (an `unsupported` reason), before anything loads."""

@@ -19,6 +19,7 @@ Where each figure is taken, per adapter and mode, is written in results/README.m
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -113,9 +114,20 @@ class SamplerSettings(_Model):
     min_p: float = Field(0.0, ge=0, lt=1)
 
 
+def engine_seed(seed: int, prompt_index: int) -> int:
+    """The seed an engine gets for sample `seed` of prompt `prompt_index`: a hash of both, below 2^31 (every
+    engine takes it). The same seed for every prompt would drive all prompts' samples through one random
+    stream (common random numbers: llama.cpp's first uniform picks the same rank everywhere), making the
+    samples of one seed dependent across prompts; a stream per (prompt, seed) makes them independent,
+    and the same (prompt, seed) still gets the same stream in every cell."""
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
 class SamplingSpec(_Model):
-    """Seeded samples of each prompt: seeds seed_offset .. seed_offset + seeds - 1, `tokens` each (EOS
-    ignored), `repeats` times with the same seeds (is a seed repeatable within one engine?)."""
+    """Seeded samples of each prompt: seeds seed_offset .. seed_offset + seeds - 1 (the engine gets
+    `engine_seed(seed, prompt)`), `tokens` each (EOS ignored), `repeats` times with the same seeds (is a
+    seed repeatable within one engine?)."""
 
     prompts: list[list[int]]
     settings: SamplerSettings
@@ -123,6 +135,7 @@ class SamplingSpec(_Model):
     seed_offset: int = 0
     tokens: int
     repeats: int = 2
+    next_top_k: int = 128          # candidates stored for each prompt's next token (the first-token test)
 
 
 class GenerationTaskSpec(_Model):
@@ -265,6 +278,10 @@ SAMPLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("seed", "int64"),
     ("token_ids", "int32"),      # [rows, tokens]
     ("logprobs", "float32"),     # [rows, tokens]
+    # the prompt's next-token top-k (raw logprobs, the one top-k rule), repeated on each of its rows: the
+    # distribution the first sampled token is tested against; width 0 where the engine could not give it
+    ("next_topk_ids", "int32"),          # [rows, next_top_k]
+    ("next_topk_logprobs", "float32"),   # [rows, next_top_k]
 )
 
 

@@ -27,6 +27,7 @@ class HfAdapter(Adapter):
     quantizations = tuple(DTYPES)
     install_hint = "pip install -e '.[hf]'"
     requires_modules = ("torch", "transformers")
+    sampler_order = ("temperature", "top_k", "top_p", "min_p")     # its warpers' order (_seeded_sampler)
     no_server_reason = ("`transformers serve` has /v1/completions, but it ignores logprobs and token-id prompts, "
                         "so its outputs cannot be compared; the reference runs offline")
 

@@ -135,6 +135,7 @@ class LlamacppAdapter(Adapter):
     install_hint = ("pip install -e '.[llamacpp]'  (llama-cpp-python==0.3.36 builds from source, about 5 minutes "
                     "on 2 cores; add CMAKE_ARGS=-DGGML_CUDA=on for a GPU build)")
     requires_modules = ("llama_cpp", "gguf")
+    sampler_order = ("top_k", "top_p", "min_p", "temperature")     # its chain (_sampler_chain; llama_cpp.server's too)
 
     def __init__(self) -> None:
         self._L = None

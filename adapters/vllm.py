@@ -276,6 +276,8 @@ class VllmAdapter(Adapter):
     quantizations = ("fp32", "fp16", "bf16", "fp8", "awq", "gptq", "bnb_4bit", "gguf")
     install_hint = "make env-vllm"
     requires_modules = ("vllm",)
+    # v1 Sampler.sample: temperature, then min_p (an argmax-invariant logits processor), then top-k/top-p
+    sampler_order = ("temperature", "min_p", "top_k", "top_p")
 
     def __init__(self) -> None:
         self.llm = None

@@ -27,7 +27,7 @@ from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, chunks, load_or_report, run_cells,
                                 timed_repeats)
 from adapters.contract import (SAMPLE_COLUMNS, CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded,
-                               SamplingSpec, ScoringSpec, Started, TaskSpec, summarize)
+                               SamplingSpec, ScoringSpec, Started, TaskSpec, engine_seed, summarize)
 from adapters.provenance import host_facts, model_fingerprint
 from adapters.served_cells import serve_group
 from adapters.task_runner import run_tasks
@@ -51,13 +51,22 @@ def capture_samples(adapter: Adapter, sampling: SamplingSpec, batch_size: int) -
     """Seeded samples of every (prompt, seed), `repeats` times, batch_size pairs per engine call."""
     pairs = [(i, sampling.seed_offset + s) for i in range(len(sampling.prompts)) for s in range(sampling.seeds)]
     cols: dict[str, list] = {name: [] for name, _ in SAMPLE_COLUMNS}
+    k = sampling.next_top_k
+    try:   # the next token's candidates: one greedy step, the first row's top-k
+        nxt = [g for chunk in chunks(sampling.prompts, batch_size) for g in adapter.greedy(chunk, 1, k)] if k else []
+        nxt = [(g.topk_ids[0], g.topk_logprobs[0]) for g in nxt]
+    except Unsupported:    # e.g. vLLM's max_logprobs below next_top_k: the first-token test says it has none
+        nxt = []
+    if not nxt:
+        nxt = [(np.zeros(0, np.int32), np.zeros(0, np.float32))] * len(sampling.prompts)
     for repeat in range(sampling.repeats):
         for batch in chunks(pairs, batch_size):
-            got = adapter.sample([sampling.prompts[i] for i, _ in batch], [s for _, s in batch], sampling.settings,
-                                 sampling.tokens)
+            got = adapter.sample([sampling.prompts[i] for i, _ in batch], [engine_seed(s, i) for i, s in batch],
+                                 sampling.settings, sampling.tokens)
             for (i, seed), scores in zip(batch, got):
                 for name, value in (("repeat", repeat), ("prompt_index", i), ("seed", seed),
-                                    ("token_ids", scores.token_ids), ("logprobs", scores.logprobs)):
+                                    ("token_ids", scores.token_ids), ("logprobs", scores.logprobs),
+                                    ("next_topk_ids", nxt[i][0]), ("next_topk_logprobs", nxt[i][1])):
                     cols[name].append(value)
     return {name: np.asarray(cols[name], dtype=dtype) for name, dtype in SAMPLE_COLUMNS}
 

@@ -235,6 +235,12 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
                        top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
                        top_k: int = typer.Option(0, "--top-k", min=0, help="0: off"),
                        seeds: int = typer.Option(16, "--seeds", min=2, help="With --temperature: seeds per prompt"),
+                       sampler_order: str = typer.Option("", "--sampler-order",
+                                                         help="With --temperature: the framework whose sampler B runs "
+                                                         "(hf, llamacpp, vllm): the order of its filters, for the "
+                                                         "first-token test against A's next-token logprobs"),
+                       next_top_k: int = typer.Option(100, "--next-top-k", min=1,
+                                                      help="With --temperature: next-token candidates asked of A"),
                        timeout_s: float = typer.Option(120.0, "--timeout", help="Per-request timeout (s)"),
                        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Send each prompt to two /v1/completions endpoints N times at temperature 0 and report differing outputs;
@@ -246,10 +252,17 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
     items = read_prompts(prompts)
     if not items:
         _fail(f"no prompts in {prompts}")
+    from adapters import ADAPTERS
+
+    order = getattr(ADAPTERS.get(sampler_order), "sampler_order", None) if sampler_order else None
+    if sampler_order and order is None:
+        known = ", ".join(k for k, a in ADAPTERS.items() if a.sampler_order)
+        _fail(f"--sampler-order: unknown or unchecked framework '{sampler_order}' (known: {known})", code=2)
     try:
         if temperature > 0:
             report = diff_sampled(url_a, url_b, items, seeds=seeds, max_tokens=max_tokens, temperature=temperature,
-                                  top_p=top_p, top_k=top_k, timeout_s=timeout_s)
+                                  top_p=top_p, top_k=top_k, timeout_s=timeout_s, sampler_order=order,
+                                  next_top_k=next_top_k)
         else:
             report = diff_endpoints(url_a, url_b, items, repeats=repeats, max_tokens=max_tokens, seed=seed,
                                     timeout_s=timeout_s)
@@ -350,17 +363,23 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
 
             from orchestrator.task_verdicts import compare_task_runs
 
+            from orchestrator.sampling_verdicts import compare_sampling_runs
+
             df = compare_runs(run_dir, against, _axes(match), noise_run=noise_run)
             tasks = compare_task_runs(run_dir, against, df) if any(r.task for r in rules.rules) else None
+            sampling = compare_sampling_runs(run_dir, against, df) if any(r.sampling for r in rules.rules) else None
         else:
             from orchestrator.analysis import analyse
             from orchestrator.task_verdicts import analyse_tasks
 
             if match or noise_run:
                 _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
+            from orchestrator.sampling_verdicts import analyse_sampling
+
             df = analyse(run_dir)
             tasks = analyse_tasks(run_dir) if any(r.task for r in rules.rules) else None
-        checks = evaluate(df, rules, against=against is not None, tasks=tasks)
+            sampling = analyse_sampling(run_dir) if any(r.sampling for r in rules.rules) else None
+        checks = evaluate(df, rules, against=against is not None, tasks=tasks, sampling=sampling)
     except (PolicyError, ValueError) as e:
         _fail(str(e))
     failed = [c for c in checks if not c.passed]

@@ -195,10 +195,10 @@ def sampling_table(sv: pd.DataFrame) -> Table:
     from orchestrator.analysis import _finite
 
     t = Table(title="Sampling layer (seeded samples against the baseline)", show_lines=False)
-    for col in ("configuration", "batch", "samples", "repeatable", "seed by seed", "shift nats/tok", "p", "verdict",
-                "seeds to detect", "why"):
+    for col in ("configuration", "batch", "samples", "repeatable", "seed by seed", "shift nats/tok", "p",
+                "first-token p", "verdict", "seeds to detect", "why"):
         t.add_column(col, justify="right" if col in ("batch", "samples", "repeatable", "shift nats/tok", "p",
-                                                     "seeds to detect") else "left", overflow="fold")
+                                                     "first-token p", "seeds to detect") else "left", overflow="fold")
     for r in sv.to_dict("records"):
         seed = r.get("seed_verdict") or "n/a"
         if seed != "n/a" and _finite(r.get("seed_identical")):
@@ -208,6 +208,7 @@ def sampling_table(sv: pd.DataFrame) -> Table:
                   f"{r['repeatable']:.0%}" if _finite(r.get("repeatable")) else "",
                   seed, format(r["dist_shift"], "+.4f") if _finite(r.get("dist_shift")) else "",
                   format(r["dist_p"], ".3g") if _finite(r.get("dist_p")) else "",
+                  f"{r['first_p']:.3g} (n {int(r['first_n'])})" if _finite(r.get("first_p")) else "n/a",
                   f"[{_SAMPLING_STYLE[v]}]{v}[/]",
                   str(int(r["seeds_needed"])) if _finite(r.get("seeds_needed")) else "",
                   "" if v != "n/a" else str(r.get("sampling_reason") or ""))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from adapters.contract import engine_seed
 from adapters.server_process import Prompt, ServerApi, completion_body
 
 # any OpenAI-compatible server: text prompts, token strings back, the neutral sampler fields llama.cpp needs
@@ -88,14 +89,15 @@ def fetch_outputs(url: str, prompts: Sequence[Prompt], repeats: int, max_tokens:
 
 def fetch_samples(url: str, prompts: Sequence[Prompt], seeds: int, max_tokens: int, sampler: dict[str, float],
                   timeout_s: float = 120.0, model: str | None = None) -> list[list[Output]]:
-    """outputs[prompt][seed]: one seeded sample per (prompt, seed 0..seeds-1) at the given sampler fields."""
+    """outputs[prompt][seed]: one seeded sample per (prompt, seed 0..seeds-1) at the given sampler fields (the
+    request's seed: engine_seed(seed, prompt), a random stream of its own per prompt)."""
     import httpx
 
     out: list[list[Output]] = [[] for _ in prompts]
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
         for i, p in enumerate(prompts):
             for seed in range(seeds):
-                body = completion_body(GENERIC_API, p, max_tokens, seed, False, model, logprobs=1) | sampler
+                body = completion_body(GENERIC_API, p, max_tokens, engine_seed(seed, i), False, model, logprobs=1) | sampler
                 r = client.post(url.rstrip("/") + "/v1/completions", json=body)
                 r.raise_for_status()
                 out[i].append(_output(r.json()))
@@ -121,8 +123,55 @@ def score_under(url: str, prompt: str, texts: Sequence[str], timeout_s: float = 
     return out
 
 
+def next_token_candidates(url: str, prompts: Sequence[Prompt], k: int, timeout_s: float = 120.0,
+                          model: str | None = None) -> list[dict[str, float] | None]:
+    """Per prompt, the server's top-k next-token logprobs (token string -> logprob), from one greedy
+    token with logprobs=k; None where the server returned none."""
+    import httpx
+
+    out: list[dict[str, float] | None] = []
+    with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        for p in prompts:
+            r = client.post(url.rstrip("/") + "/v1/completions",
+                            json=completion_body(GENERIC_API, p, 1, 0, False, model, logprobs=k))
+            lp = (r.json()["choices"][0].get("logprobs") or {}) if r.status_code == 200 else {}
+            top = (lp.get("top_logprobs") or [None])[0]
+            out.append(dict(top) if top else None)
+    return out
+
+
+def first_token_against(candidates: list[dict[str, float] | None], outs: list[list[Output]], sampler: dict,
+                        order: tuple[str, ...] | None) -> dict[str, Any]:
+    """The first-token test (orchestrator/sampling_stats.py) of B's samples against A's next-token
+    logprobs after the sampler, matched by token string."""
+    import numpy as np
+
+    from orchestrator.sampling_stats import first_token_test, sampler_probs
+
+    if order is None and (sampler.get("top_p", 1.0) < 1.0 or sampler.get("top_k") or sampler.get("min_p")):
+        return {"verdict": "n/a", "why": "the order of the sampler's filters is the engine's own: pass --sampler-order"}
+    vocab: dict[str, int] = {}
+    dists, draws = {}, {}
+    for i, (cand, po) in enumerate(zip(candidates, outs)):
+        if not cand:
+            dists[i] = "A returned no next-token logprobs"
+        else:
+            ids = np.array([vocab.setdefault(t, len(vocab)) for t in cand])
+            kept, q, why = sampler_probs(ids, np.array(list(cand.values())), order=order or (), **sampler)
+            dists[i] = why if why else (kept, q)
+        if all(o.tokens for o in po):
+            draws[i] = np.array([vocab.setdefault(o.tokens[0], len(vocab)) for o in po])
+    t = first_token_test(dists, draws)
+    if t is None:
+        return {"verdict": "n/a", "why": "; ".join(sorted({str(d) for d in dists.values() if isinstance(d, str)}))
+                or "B returned no token strings"}
+    return {"p_value": t.p_value, "n": t.n, "prompts": t.prompts, "outside": t.outside, "test": t.test,
+            "skipped": {str(k): v for k, v in t.skipped.items()}}
+
+
 def diff_sampled(url_a: str, url_b: str, prompts: Sequence[Prompt], seeds: int, max_tokens: int, temperature: float,
-                 top_p: float = 1.0, top_k: int = 0, alpha: float = 0.01, timeout_s: float = 120.0) -> dict[str, Any]:
+                 top_p: float = 1.0, top_k: int = 0, alpha: float = 0.01, timeout_s: float = 120.0,
+                 sampler_order: tuple[str, ...] | None = None, next_top_k: int = 100) -> dict[str, Any]:
     """Seeded samples from both endpoints: per seed, the share of prompts whose outputs differ (the
     classic diff/total; equal seeds promise equal samples only on the same engine and build), A's and
     B's first seed sent again (does a seed repeat?), and the distribution test of the sampling layer
@@ -153,17 +202,25 @@ def diff_sampled(url_a: str, url_b: str, prompts: Sequence[Prompt], seeds: int, 
     scored = {e: [score_under(url_a, p, [o.text for o in outs[e][i]], timeout_s) if isinstance(p, str) else [None] * seeds
                   for i, p in enumerate(prompts)] for e in outs}
     under_a = all(v is not None for e in scored for po in scored[e] for v in po)
-    stats = {e: [(i, v if under_a else float(np.mean(o.token_logprobs)))
-                 for i, po in enumerate(outs[e]) for o, v in zip(po, scored[e][i]) if under_a or o.token_logprobs]
+    stats = {e: [(i, s, v if under_a else float(np.mean(o.token_logprobs)))
+                 for i, po in enumerate(outs[e]) for s, (o, v) in enumerate(zip(po, scored[e][i]))
+                 if under_a or o.token_logprobs]
              for e in outs}
+    first = report["first_token"] = first_token_against(next_token_candidates(url_a, prompts, next_top_k, timeout_s),
+                                                        outs["B"], sampler, sampler_order)
     if stats["A"] and stats["B"]:
-        (ia, sa), (ib, sb) = (tuple(np.array(x) for x in zip(*stats[e])) for e in ("A", "B"))
-        t = permutation_test(sa, ia, sb, ib)
-        need = seeds_to_detect(sa, ia, 0.05, alpha)
-        report["distribution"] = {"seeds_to_detect_0.05_nats": need, "test": t.test.replace("raw logprob", "logprob under A" if under_a
+        (ia, da, sa), (ib, db, sb) = (tuple(np.array(x) for x in zip(*stats[e])) for e in ("A", "B"))
+        t = permutation_test(sa, ia, da, sb, ib, db)
+        need = seeds_to_detect(sa, ia, da, 0.05, alpha)
+        ps = [t.p_value] + ([first["p_value"]] if "p_value" in first else [])
+        level = alpha / len(ps)      # Bonferroni over the tests run: the verdict's false-alarm rate stays alpha
+        report["distribution"] = {"seeds_to_detect_0.05_nats": need,
+                                  "seeds_for_observed_shift": seeds_to_detect(sa, ia, da, abs(t.shift), alpha / len(ps))
+                                  if t.shift else None, "test": t.test.replace("raw logprob", "logprob under A" if under_a
                                                          else "logprob under its own endpoint"),
                                   "p_value": t.p_value, "shift": t.shift, "n_a": t.n_base, "n_b": t.n_cell,
-                                  "alpha": alpha, "verdict": "same distribution" if t.p_value >= alpha else "different"}
+                                  "alpha": alpha, "level_each": level,
+                                  "verdict": "different" if min(ps) < level else "same distribution"}
     else:
         report["distribution"] = {"verdict": "n/a", "why": "a server returned no token logprobs"}
     return report
@@ -187,6 +244,19 @@ def format_sampled_report(report: dict[str, Any]) -> str:
         lines.append(f"  distribution: {d['verdict']} (p={d['p_value']:.3g} at alpha {d['alpha']:g}; shift "
                      f"{d['shift']:+.4f} nats/token; {d['n_a']} vs {d['n_b']} samples; {d['test']}); seeds per prompt "
                      f"to find a 0.05-nat shift: {d['seeds_to_detect_0.05_nats']}")
+        if d["verdict"] == "same distribution":
+            lines.append(f"    no difference detected at n={d['n_b']} ({report['seeds']} seeds a prompt)"
+                         + (f"; ~{d['seeds_for_observed_shift']} seeds a prompt needed to detect a shift of this size"
+                            if d.get("seeds_for_observed_shift") else ""))
+        if d["level_each"] < d["alpha"]:
+            lines.append(f"    each test at {d['level_each']:.3g} (Bonferroni over two tests)")
+    f = report.get("first_token") or {}
+    if "p_value" in f:
+        lines.append(f"  first token of B against A's next-token logprobs: p={f['p_value']:.3g}, {f['n']} draws over "
+                     f"{f['prompts']} prompt(s)" + (f", {f['outside']} outside A's kept tokens" if f["outside"] else "")
+                     + f"; {f['test']}" + (f"; not tested: {f['skipped']}" if f["skipped"] else ""))
+    elif f:
+        lines.append(f"  first token: n/a ({f['why']})")
     return "\n".join(lines)
 
 

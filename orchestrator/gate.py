@@ -14,6 +14,7 @@ orchestrator/cross_run.py (`--against OLD`: each cell against the same config in
             max_ttft_p99_increase: 0.10   # --against: TTFT p99 may not rise by more than 10%
             max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
             task: {name: tiny-ending, min_ratio: 0.99, no_regression: true}   # the task layer
+            sampling: {same_distribution: true}   # the sampling layer (or identical: true)
     With --noise-run OLD_REPEAT (OLD's matrix run again) the intervals also hold the run-to-run drift
     the repeats inside one run cannot see; without it they hold the repeats only.
     A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
@@ -24,6 +25,10 @@ orchestrator/cross_run.py (`--against OLD`: each cell against the same config in
     (orchestrator/task_verdicts.py): min_ratio fails when the 95% interval of the metric's ratio to the
     baseline's (OLD's with --against) lies wholly below it, no_regression when the paired test finds a
     regression; a cell without the task's rows, or a baseline without them, fails as "cannot judge".
+    A sampling rule reads the sampling layer (orchestrator/sampling_verdicts.py): identical fails unless
+    every seeded sample equals the baseline's with the same seed (where both sides promise it),
+    same_distribution when the distribution tests find a difference; a cell without samples, or with a
+    verdict of n/a, fails as "cannot judge".
 """
 
 from __future__ import annotations
@@ -71,6 +76,24 @@ class TaskRule(BaseModel):
         return self
 
 
+class SamplingRule(BaseModel):
+    """The sampling layer: the cell's seeded samples against its baseline's (or OLD's cell's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    identical: bool = Field(False, description="Every sample identical to the baseline's with the same seed")
+    same_distribution: bool = Field(False, description="Fail when a distribution test finds a difference "
+                                    "(p < sampling_alpha over the tests run)")
+
+    @model_validator(mode="after")
+    def _something(self) -> "SamplingRule":
+        if not (self.identical or self.same_distribution):
+            raise ValueError("a sampling rule needs identical: true or same_distribution: true")
+        return self
+
+    def label(self) -> str:
+        return "sampling " + " ".join(k for k in ("identical", "same_distribution") if getattr(self, k))
+
+
 class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     match: dict[str, Any] = Field(default_factory=dict, description="Axis values (a list: any of them, each required)")
@@ -79,12 +102,13 @@ class Rule(BaseModel):
     max_ttft_p99_increase: float | None = Field(None, ge=0, description="--against: most TTFT p99 may rise")
     max_memory_increase: float | None = Field(None, ge=0, description="--against: most peak memory may rise")
     task: TaskRule | None = None
+    sampling: SamplingRule | None = None
 
     @model_validator(mode="after")
     def _something(self) -> "Rule":
-        if self.must_be is None and not self.speed_bounds() and self.task is None:
+        if self.must_be is None and not self.speed_bounds() and self.task is None and self.sampling is None:
             raise ValueError("a rule needs must_be, a bound (max_slowdown, max_ttft_p99_increase, "
-                             "max_memory_increase) or a task rule")
+                             "max_memory_increase), a task rule or a sampling rule")
         return self
 
     def speed_bounds(self) -> dict[str, float]:
@@ -193,9 +217,27 @@ def _task_check(tv: pd.DataFrame | None, cell_id: str, rule: TaskRule) -> tuple[
     return not fails, f"task {rule.name}: {bound}{r['task_verdict']}: {r['task_reason']}"
 
 
-def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFrame | None = None) -> list[Check]:
+def _sampling_check(sv: pd.DataFrame | None, cell_id: str, rule: SamplingRule) -> tuple[bool, str]:
+    hit = None if sv is None or sv.empty else sv[sv.cell_id == cell_id]
+    if hit is None or hit.empty:
+        return False, "cannot judge sampling: the cell has no samples"
+    r = hit.iloc[0].to_dict()
+    if r.get("sampling_verdict", "n/a") == "n/a" or (rule.same_distribution and r.get("dist_verdict") == "n/a"):
+        return False, f"cannot judge sampling: {r.get('sampling_reason')}"
+    fails = []
+    if rule.identical and r.get("seed_verdict") != "identical":
+        fails.append("not identical seed by seed" if r.get("seed_verdict") == "differs" else
+                     "identity not promised against this baseline")
+    if rule.same_distribution and r.get("dist_verdict") == "different":
+        fails.append("a different distribution")
+    return not fails, ("; ".join(fails) + ": " if fails else "") + f"{r['sampling_verdict']}: {r['sampling_reason']}"
+
+
+def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFrame | None = None,
+             sampling: pd.DataFrame | None = None) -> list[Check]:
     """Every (rule, cell) check. Speed bounds need `against` (a cross-run frame); task rules read `tasks`
-    (orchestrator/task_verdicts.py, of the same comparison)."""
+    (orchestrator/task_verdicts.py), sampling rules `sampling` (orchestrator/sampling_verdicts.py), both of
+    the same comparison."""
     checks: list[Check] = []
     rank = {v: i for i, v in enumerate(VERDICTS)}
     for i, rule in enumerate(policy.rules):
@@ -211,7 +253,7 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
                                                      else "") + (" no_regression" if rule.task.no_regression else "")
         names = ([f"must_be {rule.must_be}"] if rule.must_be else []) + [f"{k} {v:g}" for k, v in
                                                                         rule.speed_bounds().items()] + \
-            ([task_name] if task_name else [])
+            ([task_name] if task_name else []) + ([rule.sampling.label()] if rule.sampling else [])
         present = {row for row, h in zip(have, hit) if h}
         for combo in itertools.product(*wants.values()):  # every value a rule lists must have been run
             if combo not in present:
@@ -232,6 +274,10 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
             if rule.task:
                 ok, msg = (False, r["reason"]) if r.get("only_in") else _task_check(tasks, r["cell_id"], rule.task)
                 checks.append(Check(i, task_name, cell, r["cell_id"], ok, msg))
+            if rule.sampling:
+                ok, msg = (False, r["reason"]) if r.get("only_in") else _sampling_check(sampling, r["cell_id"],
+                                                                                         rule.sampling)
+                checks.append(Check(i, rule.sampling.label(), cell, r["cell_id"], ok, msg))
     return checks
 
 

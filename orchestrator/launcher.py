@@ -149,7 +149,7 @@ def _sampling_spec(m: Matrix, scoring: list[list[int]]) -> SamplingSpec | None:
     if s is None:
         return None
     return SamplingSpec(prompts=scoring[: s.prompts or len(scoring)], seeds=s.seeds, seed_offset=s.seed_offset,
-                        tokens=s.tokens, repeats=s.repeats,
+                        tokens=s.tokens, repeats=s.repeats, next_top_k=s.next_top_k,
                         settings=SamplerSettings(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p))
 
 
@@ -216,8 +216,9 @@ def _sample_table(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
     columns = {"run_id": _strings([run_id.encode()] * n), "cell_id": _strings([cell_id.encode()] * n)}
     for name in ("repeat", "prompt_index", "seed"):
         columns[name] = _arrow(data[name], SAMPLES_SCHEMA.field(name).type)
-    for name in ("token_ids", "logprobs"):
-        columns[name] = _fixed_lists(data[name], SAMPLES_SCHEMA.field(name).type.value_type)
+    for name in ("token_ids", "logprobs", "next_topk_ids", "next_topk_logprobs"):
+        values = data[name] if name in data else np.zeros((n, 0))   # a worker of before next_top_k
+        columns[name] = _fixed_lists(values, SAMPLES_SCHEMA.field(name).type.value_type)
     return pa.table(columns, schema=SAMPLES_SCHEMA)
 
 

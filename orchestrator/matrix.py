@@ -97,6 +97,9 @@ class Sampling(_Strict):
     tokens: int = Field(16, ge=1, description="Tokens per sample (EOS ignored)")
     prompts: int | None = Field(None, ge=1, description="How many scoring prompts to sample (default: all)")
     repeats: int = Field(2, ge=1, description="The same seeds again: is a seed repeatable within one engine?")
+    next_top_k: int = Field(128, ge=0, description="Candidates stored for each prompt's next token, which the "
+                            "first sampled token is tested against (vLLM caps it at its max_logprobs option, 128); "
+                            "0: no first-token test")
 
 
 class Measure(_Strict):

@@ -3,7 +3,8 @@
 
 Numbers come from `orchestrator.analysis.analyse` (verdicts, KL, noise floors, speedups, perplexity),
 `orchestrator.task_verdicts` (the task layer: each task's score and its paired change against the
-baseline) and the stored cells table (versions). When the analysis cannot run, the report still renders the speed
+baseline), `orchestrator.sampling_verdicts` (the sampling layer, orchestrator/report_sampling.py) and the
+stored cells table (versions). When the analysis cannot run, the report still renders the speed
 numbers and says why the quality columns are empty. With --against, OLD is analysed too and paired
 with this run (orchestrator/report_data.py: load_against); without it the report is what it was.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from orchestrator.report_data import load
 from orchestrator.report_html import render_html
 from orchestrator.report_md import render_markdown
+from orchestrator.report_sampling import load_sampling
 
 
 def _check_run(root: Path) -> None:
@@ -38,6 +40,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
     html_path = Path(output) if output else root / "report.html"
     md_path = html_path.with_suffix(".md")
     df, manifest, err, tasks = load(root)
+    sampling = load_sampling(root, manifest)
     name = str(manifest.get("run_id") or root.name)
     vs = None
     if against is not None:
@@ -46,8 +49,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
         vs = load_against(df, root, Path(against), match)
     from orchestrator.store import atomic_write_text
 
-    atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs, tasks=tasks))
-    atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs, tasks=tasks))
+    atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling))
+    atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling))
     for p in (html_path, md_path):  # a temporary file is private; a report is for sharing
         p.chmod(0o644)
     return html_path, md_path

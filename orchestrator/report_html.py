@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from orchestrator import report_data
+from orchestrator import report_data, report_sampling
 from orchestrator.report_data import (TASK_VERDICT_ORDER, TEST_NAMES, VERDICT_ORDER, _against_counts, _call, _ci,
                                       _finite, _judged, _moved, _moved_items, _num, _p, _ratio, _sci, _speed,
                                       _status_counts, _task_verdict_counts, _text, _ttft, _verdict_counts, _why,
@@ -776,6 +776,25 @@ def _task_panel(tasks: Any, df: pd.DataFrame, manifest: dict, against: Any = Non
     return "\n".join(parts)
 
 
+def _sampling_panel(layer: Any, df: pd.DataFrame, manifest: dict) -> str:
+    """The sampling layer: per cell with samples, seed by seed and both distribution tests
+    (orchestrator/report_sampling.py defines the columns, shared with report.md)."""
+    parts = ['<h2 id="sampling">Sampling layer</h2>']
+    recs = report_sampling.rows(layer, df)
+    if layer.error:
+        parts.append(f'<div class="banner">The sampling analysis could not run: {_esc(layer.error)}</div>')
+    elif not recs:
+        parts.append(f"<p class='muted' id='no-sampling'>{_esc(report_sampling.no_sampling_text(manifest))}</p>")
+    else:
+        counts = pd.Series([r.get("sampling_verdict") or "n/a" for r in recs]).value_counts().to_dict()
+        parts.append(f"<div>cells {_chips(counts, report_sampling.SAMPLING_VERDICT_COLOR)}</div>")
+        parts.append(f"<p class='muted'>{_esc(report_sampling.explanation(layer))}</p>")
+        parts.append(_sortable("sampling-table", report_sampling.columns(), recs,
+                               lambda r: report_sampling.SAMPLING_VERDICT_COLOR.get(r.get("sampling_verdict"), "#333"),
+                               report_sampling.why))
+    return "\n".join(parts)
+
+
 def _kv(rows: list[tuple[str, Any]]) -> str:
     return '<table class="kv">' + "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in rows) + "</table>"
 
@@ -816,7 +835,7 @@ def _duration(s: dict) -> str:
 
 
 def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
-                against: Any = None, tasks: Any = None) -> str:
+                against: Any = None, tasks: Any = None, sampling: Any = None) -> str:
     """The page; against (a report_data.Against) adds the moves from OLD to the quality plot and the
     section with this run against OLD; tasks (a report_data.TaskLayer) the task quality axes and panel."""
     import plotly
@@ -893,6 +912,8 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     if against is not None:
         parts.append(_against_section(against, fig))
     parts.append(_task_panel(tasks, df, manifest, against))
+    if sampling is not None:
+        parts.append(_sampling_panel(sampling, df, manifest))
 
     # throughput and latency
     parts.append("<h2>Throughput and latency vs batch size</h2>")

@@ -1,6 +1,6 @@
 """report.md: status and verdict counts, the verdict/speedup table and the cells that are not ok,
 for a pull request or an issue; the task layer (one compact table, every task's cells against the
-baseline); with --against OLD, the table of this run against OLD as well, and its tasks against OLD."""
+baseline); the sampling layer (a row per cell with samples); with --against OLD, the table of this run against OLD as well, and its tasks against OLD."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator import report_data
+from orchestrator import report_data, report_sampling
 from orchestrator.report_data import (TEST_NAMES, _against_counts, _call, _ci, _judged, _moved,
                                       _moved_items, _num, _p, _ratio, _sci, _speed, _status_counts, _task_verdict_counts,
                                       _text, _ttft, _ttft_disagrees, _verdict_counts, _why, against_rows, first_line,
@@ -20,7 +20,7 @@ def _md(v: Any) -> str:
 
 
 def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
-                    against: Any = None, tasks: Any = None) -> str:
+                    against: Any = None, tasks: Any = None, sampling: Any = None) -> str:
     matrix = manifest.get("matrix") or {}
     baseline = matrix.get("baseline") or {}
     sc = ", ".join(f"{n} {s}" for s, n in _status_counts(df).items() if n)
@@ -70,6 +70,8 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
         out += [no_tasks_text(manifest)]
     else:
         out += _tasks(tasks, "the baseline")
+    if sampling is not None:
+        out += ["", "### Sampling", "", *_sampling(sampling, df, manifest)]
     if against is not None:
         out += ["", *_against(against)]
         vs = against.tasks
@@ -77,6 +79,23 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
             out += ["", f"### Tasks against {_md(against.name)}", ""]
             out += [f"> No task comparison: {_md(vs.error)}"] if vs.error else _tasks(vs, f"the partner in {against.name}")
     return "\n".join(out) + "\n"
+
+
+def _sampling(layer: Any, df: pd.DataFrame, manifest: dict) -> list[str]:
+    """The sampling layer: a row per cell with samples (orchestrator/report_sampling.py's columns)."""
+    if layer.error:
+        return [f"> The sampling analysis could not run: {_md(layer.error)}"]
+    recs = report_sampling.rows(layer, df)
+    if not recs:
+        return [report_sampling.no_sampling_text(manifest)]
+    cols = report_sampling.columns()
+    out = [report_sampling.explanation(layer), "", "| " + " | ".join(h for _, h, *_ in cols) + " |",
+           "|" + "|".join("---" for _ in cols) + "|"]
+    for r in recs:
+        cells = [text(r) for _, _, _, text, _ in cols]
+        cells[-2] = f"**{cells[-2]}**" if cells[-2] == "different" else cells[-2]
+        out.append("| " + " | ".join(_md(x) for x in cells) + " |")
+    return out
 
 
 def _task_word(v: Any) -> str:

@@ -1,63 +1,213 @@
-"""The sampling layer's statistics: a two-sample test on seeded samples, and the seeds it needs.
+"""The sampling layer's statistics: two tests on seeded samples, the sampler transform, and the seeds a
+test needs.
 
-The per-sample statistic is the mean raw logprob of the sample's tokens (each engine's log-softmax of
-its raw logits at the token it drew): a sampler that keeps more of the tail (a higher temperature, a
-larger top-p) draws tokens of lower logprob, one that keeps less draws higher ones, and an engine whose
-logits moved moves it too. Samples of one prompt are exchangeable between two cells that draw from the
-same distribution, so the test permutes the cell labels within each prompt (a stratified permutation
-test): its false-alarm rate is its level by construction, whatever the statistic's distribution.
+The unit is the seed, not the sample. One seed drives every prompt's sample through the same random
+stream (common random numbers: llama.cpp's dist sampler draws one uniform per token and walks the
+candidates sorted by probability, so a low first uniform gives every prompt a likely first token), so
+the samples of one seed are dependent across prompts. A test that treats each sample as its own unit
+then under-states the noise and raises false alarms (benchmarks/README.md: 2 of 20 at p < 0.01 on
+llama.cpp with contiguous seed blocks).
+
+two-sample      each sample's mean raw logprob (each engine's log-softmax of its raw logits at the token
+                it drew): a sampler that keeps more of the tail draws tokens of lower logprob, an engine
+                whose logits moved moves it too. Centred per prompt and averaged per seed, the seeds of the
+                two sides are exchangeable under the null, so a permutation of seed labels (the same
+                relabelling for every prompt) holds its level by construction.
+first token     the first sampled token of each prompt against the distribution the baseline's next-token
+                logprobs imply after the cell's own sampler (temperature, top-k, top-p, min-p in the
+                engine's order: `sampler_probs`, the one definition of that transform): per prompt a
+                likelihood-ratio G-test whose null distribution is simulated (exact up to Monte Carlo
+                error: 16 draws over tens of tokens leave expected counts far below chi-square's
+                asymptotics), combined over prompts by Bonferroni (valid under any dependence; Fisher's
+                method would need independent prompts, which common random numbers rule out).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 N_PERM = 5000
 SEED = 0
+SAMPLER_STEPS = ("temperature", "top_k", "top_p", "min_p")
+_TAIL_EPS = 1e-6     # raw probability mass below this outside the stored candidates is none (float32 rounding)
 
 
 @dataclass
 class DistributionTest:
-    n_base: int
+    n_base: int                   # samples
     n_cell: int
-    shift: float                  # mean over prompts of (cell's mean statistic - baseline's), nats per token
+    shift: float                  # mean over seeds of the prompt-centred statistic, cell minus baseline, nats/token
     p_value: float
-    test: str = "stratified permutation (per-sample mean raw logprob, within prompts)"
+    seeds_base: int = 0           # the test's units
+    seeds_cell: int = 0
+    test: str = "seed-level permutation (per-sample mean raw logprob, centred per prompt)"
 
 
-def permutation_test(base: np.ndarray, base_prompt: np.ndarray, cell: np.ndarray, cell_prompt: np.ndarray,
-                     n_perm: int = N_PERM, seed: int = SEED) -> DistributionTest:
-    """Two-sided: how often do relabelled samples (within each prompt) shift as far as the observed?"""
-    rng = np.random.default_rng(seed)
+def _seed_units(values: np.ndarray, prompts: np.ndarray, seeds: np.ndarray, centre: dict) -> np.ndarray:
+    """Per seed: the mean over its prompts of (value - that prompt's centre)."""
+    y = values - np.array([centre[p] for p in prompts])
+    order = np.unique(seeds)
+    return np.array([y[seeds == s].mean() for s in order])
+
+
+def permutation_test(base: np.ndarray, base_prompt: np.ndarray, base_seed: np.ndarray, cell: np.ndarray,
+                     cell_prompt: np.ndarray, cell_seed: np.ndarray, n_perm: int = N_PERM,
+                     seed: int = SEED) -> DistributionTest:
+    """Two-sided: how often does a relabelling of seeds shift as far as the observed?"""
     prompts = np.intersect1d(np.unique(base_prompt), np.unique(cell_prompt))
-    observed, null = 0.0, np.zeros(n_perm)
-    for p in prompts:
-        a, b = base[base_prompt == p], cell[cell_prompt == p]
-        pooled = np.concatenate([a, b])
-        observed += b.mean() - a.mean()
-        # each row a random relabelling: the first len(b) of a permutation are "cell"
-        order = np.argsort(rng.random((n_perm, len(pooled))), axis=1)
-        perm = pooled[order]
-        null += perm[:, :len(b)].mean(axis=1) - perm[:, len(b):].mean(axis=1)
-    k = max(len(prompts), 1)
-    observed, null = observed / k, null / k
+    kb, kc = np.isin(base_prompt, prompts), np.isin(cell_prompt, prompts)
+    centre = {p: float(np.concatenate([base[kb & (base_prompt == p)], cell[kc & (cell_prompt == p)]]).mean())
+              for p in prompts}
+    a = _seed_units(base[kb], base_prompt[kb], base_seed[kb], centre)
+    b = _seed_units(cell[kc], cell_prompt[kc], cell_seed[kc], centre)
+    if not len(a) or not len(b):
+        return DistributionTest(int(kb.sum()), int(kc.sum()), math.nan, math.nan, len(a), len(b))
+    rng = np.random.default_rng(seed)
+    pooled = np.concatenate([a, b])
+    perm = pooled[np.argsort(rng.random((n_perm, len(pooled))), axis=1)]
+    null = perm[:, :len(b)].mean(axis=1) - perm[:, len(b):].mean(axis=1)
+    observed = b.mean() - a.mean()
     p = (np.sum(np.abs(null) >= abs(observed) - 1e-12) + 1) / (n_perm + 1)
-    return DistributionTest(n_base=int(np.isin(base_prompt, prompts).sum()), n_cell=int(np.isin(cell_prompt, prompts).sum()),
-                            shift=float(observed), p_value=float(p))
+    return DistributionTest(n_base=int(kb.sum()), n_cell=int(kc.sum()), shift=float(observed), p_value=float(p),
+                            seeds_base=len(a), seeds_cell=len(b))
 
 
-def seeds_to_detect(values: np.ndarray, prompts: np.ndarray, shift: float, alpha: float, power: float = 0.8) -> int | None:
-    """Seeds per prompt (each side) for the test to find a `shift` of the mean statistic with `power`
-    at level `alpha` (normal approximation, the pooled within-prompt variance of `values`)."""
+def seeds_to_detect(values: np.ndarray, prompts: np.ndarray, seeds: np.ndarray, shift: float, alpha: float,
+                    power: float = 0.8) -> int | None:
+    """Seeds (each side, every prompt sampled with each) for the two-sample test to find a `shift` of the
+    mean statistic with `power` at level `alpha`: normal approximation with the variance of the
+    per-seed means of `values` (centred per prompt), which carries the dependence across prompts."""
     from scipy.stats import norm
 
-    groups = [values[prompts == p] for p in np.unique(prompts)]
-    dof = sum(len(g) - 1 for g in groups)
-    if dof <= 0 or shift <= 0:
+    centre = {p: float(values[prompts == p].mean()) for p in np.unique(prompts)}
+    units = _seed_units(values, prompts, seeds, centre)
+    if len(units) < 2 or shift <= 0:
         return None
-    var = sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / dof
     z = norm.ppf(1 - alpha / 2) + norm.ppf(power)
-    return max(2, math.ceil(2 * var * z * z / (len(groups) * shift * shift)))
+    return max(2, math.ceil(2 * float(units.var(ddof=1)) * z * z / (shift * shift)))
+
+
+# ------------------------------------------------------------------ the sampler transform
+
+
+def kept_prefix(logprobs: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                order: tuple[str, ...] = SAMPLER_STEPS) -> tuple[int | None, str | None]:
+    """How many of the most likely tokens a sampler keeps, from the raw logprobs of the K most likely
+    (sorted descending; the rest of the vocabulary, mass 1 - sum, ranks below them). Every filter keeps
+    a prefix of the tokens ranked by probability and temperature keeps the ranking, so the prefix length
+    is the whole transform. (None, why) where the tokens beyond the K decide it."""
+    p = np.exp(logprobs.astype(np.float64))
+    k = len(p)
+    tail = max(0.0, 1.0 - float(p.sum()))
+    alive, partial = tail > _TAIL_EPS, False      # can a token beyond the K survive; only some of the tail left
+    inv, tempered, m = 1.0 / temperature, False, k
+    for step in order:
+        if step == "temperature":
+            tempered = True
+            continue
+        w = p[:m] ** inv if tempered else p[:m]
+        if step == "top_k" and top_k:
+            if top_k <= m:
+                m, alive = top_k, False
+            elif alive:
+                partial = True
+        elif step == "top_p" and top_p < 1.0:
+            if alive:
+                if not tempered:
+                    hi = tail
+                elif inv >= 1.0:         # each tail token <= p[k-1]: sum p^inv <= tail * p[k-1]^(inv-1)
+                    hi = tail * p[k - 1] ** (inv - 1.0)
+                else:
+                    return None, (f"temperature {temperature:g} > 1 before top-p: the tail's weight is unbounded "
+                                  f"without the whole vocabulary")
+                lo = 0.0 if (partial or tempered) else tail
+                cs = np.cumsum(w)
+                cut = [int(np.searchsorted(cs, top_p * (cs[-1] + z), side="left")) + 1 for z in (lo, hi)]
+                if cut[1] > m:
+                    return None, f"top-p {top_p:g} reaches beyond the {k} stored candidates"
+                if cut[0] != cut[1]:
+                    return None, f"top-p {top_p:g}'s cut depends on the mass beyond the {k} stored candidates"
+                m, alive = cut[0], False
+            else:
+                cs = np.cumsum(w)
+                m = min(m, int(np.searchsorted(cs, top_p * cs[-1], side="left")) + 1)
+        elif step == "min_p" and min_p:
+            thr = min_p * w[0]
+            m = max(1, int(np.sum(w >= thr)))
+            if alive:
+                if (p[k - 1] ** inv if tempered else p[k - 1]) >= thr:
+                    return None, f"min-p {min_p:g} keeps tokens beyond the {k} stored candidates"
+                alive = False
+    if alive:
+        return None, f"the sampler keeps tokens beyond the {k} stored candidates (no filter cuts inside them)"
+    return m, None
+
+
+def sampler_probs(ids: np.ndarray, logprobs: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                  min_p: float = 0.0, order: tuple[str, ...] = SAMPLER_STEPS
+                  ) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+    """The next-token distribution a sampler draws from, given raw logprobs of candidate ids (any order;
+    -inf / id -1 padding dropped): (kept ids, their probabilities, None) or (None, None, why)."""
+    keep = (ids >= 0) & np.isfinite(logprobs)
+    ids, logprobs = ids[keep], logprobs[keep].astype(np.float64)
+    order_ = np.lexsort((ids, -logprobs))       # the one top-k rule: by logprob, ties by the lower id
+    ids, logprobs = ids[order_], logprobs[order_]
+    if not len(ids):
+        return None, None, "no next-token candidates stored"
+    m, why = kept_prefix(logprobs, temperature, top_k, top_p, min_p, order)
+    if m is None:
+        return None, None, why
+    z = logprobs[:m] / temperature
+    q = np.exp(z - z.max())
+    return ids[:m], q / q.sum(), None
+
+
+@dataclass
+class FirstTokenTest:
+    n: int                                  # draws tested (prompts tested x seeds)
+    prompts: int                            # prompts tested
+    p_value: float
+    outside: int = 0                        # draws of tokens the baseline's sampler never keeps
+    skipped: dict[int, str] = field(default_factory=dict)   # prompt -> why its distribution is not known
+    test: str = "first token: G-test per prompt (simulated null), Bonferroni over prompts"
+
+
+def _g(counts: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return 2.0 * np.where(counts > 0, counts * np.log(counts / expected), 0.0).sum(axis=-1)
+
+
+def first_token_test(dists: dict[int, tuple[np.ndarray, np.ndarray] | str], draws: dict[int, np.ndarray],
+                     n_sim: int = N_PERM, seed: int = SEED) -> FirstTokenTest | None:
+    """`dists`: prompt -> (kept ids, probabilities) from `sampler_probs`, or why not known; `draws`:
+    prompt -> the first sampled token of each seed. None where no prompt can be tested."""
+    rng = np.random.default_rng(seed)
+    ps, n, outside, skipped = [], 0, 0, {}
+    for prompt, x in sorted(draws.items()):
+        d = dists.get(prompt, "the baseline has no samples of this prompt")
+        if isinstance(d, str):
+            skipped[prompt] = d
+            continue
+        ids, q = d
+        index = {int(t): j for j, t in enumerate(ids)}
+        counts = np.zeros(len(ids))
+        out = 0
+        for t in x:
+            j = index.get(int(t))
+            if j is None:
+                out += 1
+            else:
+                counts[j] += 1
+        n, outside = n + len(x), outside + out
+        if out:            # impossible under the null: exactly p = 0
+            ps.append(0.0)
+            continue
+        expected = len(x) * q
+        sims = rng.multinomial(len(x), q, size=n_sim)
+        ps.append(float((np.sum(_g(sims, expected) >= _g(counts, expected) - 1e-9) + 1) / (n_sim + 1)))
+    if not ps:
+        return None
+    return FirstTokenTest(n=n, prompts=len(ps), p_value=min(1.0, len(ps) * min(ps)), outside=outside, skipped=skipped)

@@ -153,6 +153,8 @@ SAMPLES_SCHEMA = pa.schema([
     ("seed", pa.int64()),
     ("token_ids", pa.list_(pa.int32())),     # the sampled ids (EOS ignored)
     ("logprobs", pa.list_(pa.float32())),    # each sampled token's raw logprob (before temperature and filters)
+    ("next_topk_ids", pa.list_(pa.int32())),         # the prompt's next-token candidates (measure.sampling.next_top_k)
+    ("next_topk_logprobs", pa.list_(pa.float32())),  # their raw logprobs
 ])
 SAMPLES_WRITE_OPTIONS = {"compression": "zstd"}
 

@@ -15,7 +15,7 @@ import yaml
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
 from orchestrator.analysis import analyse
 from orchestrator.runner import run_matrix
-from orchestrator.sampling_stats import permutation_test, seeds_to_detect
+from orchestrator.sampling_stats import first_token_test, permutation_test, sampler_probs, seeds_to_detect
 from orchestrator.sampling_verdicts import analyse_sampling
 from orchestrator.store import RunStore
 
@@ -25,16 +25,106 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seeds": 16, "tokens": 16}
 
 
 def test_permutation_test_level_and_power():
+    """Seeds are the units: a seed effect shared by every prompt (common random numbers) would make a test
+    that permutes sample by sample cry wolf; the seed-level permutation holds its level with it."""
     rng = np.random.default_rng(0)
-    strata = np.repeat(np.arange(4), 16)
-    alarms = sum(permutation_test(rng.normal(size=64), strata, rng.normal(size=64), strata, n_perm=500,
-                                  seed=i).p_value < 0.05 for i in range(200))
-    assert alarms <= 200 * 0.05 + 3 * (200 * 0.05 * 0.95) ** 0.5     # the level holds
-    shifted = permutation_test(rng.normal(size=64), strata, rng.normal(size=64) + 1.0, strata)
+    strata, seeds = np.repeat(np.arange(4), 16), np.tile(np.arange(16), 4)
+
+    prompt_effect = np.repeat(rng.normal(size=4) * 2, 16)
+
+    def side():   # the prompts' own levels, a strong seed effect shared across prompts, and noise
+        return prompt_effect + np.tile(rng.normal(size=16), 4) + 0.5 * rng.normal(size=64)
+
+    ps = np.array([permutation_test(side(), strata, seeds, side(), strata, seeds + 100, n_perm=200, seed=i).p_value
+                   for i in range(150)])
+    assert (ps < 0.05).sum() <= 150 * 0.05 + 3 * (150 * 0.05 * 0.95) ** 0.5     # the level holds
+    shifted = permutation_test(rng.normal(size=64), strata, seeds, rng.normal(size=64) + 1.0, strata, seeds)
     assert shifted.p_value < 0.001 and shifted.shift == pytest.approx(1.0, abs=0.4)
-    # seeds to find a shift of 1 at 1%, 80% power, 4 prompts of 16 values +-1 (variance 16/15):
-    # 2 * 16/15 * (2.576 + 0.842)^2 / 4 = 6.23 -> 7
-    assert seeds_to_detect(np.tile([-1.0, 1.0], 32), strata, 1.0, 0.01) == 7
+    assert (shifted.n_base, shifted.n_cell, shifted.seeds_base, shifted.seeds_cell) == (64, 64, 16, 16)
+    # per-seed means of +-1 values alternating by seed: variance 16/15 across 16 seeds; a shift of 1 at 1%,
+    # 80% power: 2 * 16/15 * (2.576 + 0.842)^2 = 24.9 -> 25 seeds
+    assert seeds_to_detect(np.tile([-1.0, 1.0], 32), strata, seeds, 1.0, 0.01) == 25
+
+
+def _reference_sampler(lp: np.ndarray, t: float, top_k: int, top_p: float, min_p: float, order) -> np.ndarray:
+    """Each filter on the whole vocabulary in the given order: the plain definition, for checking."""
+    w, tempered = np.exp(lp), False
+    keep = np.ones(len(lp), bool)
+    for step in order:
+        cur = np.where(keep, np.exp(lp / t) if tempered else np.exp(lp), 0.0)
+        cur /= cur.sum()
+        if step == "temperature":
+            tempered = True
+        elif step == "top_k" and top_k:
+            keep &= cur >= np.sort(cur)[::-1][top_k - 1]
+        elif step == "top_p" and top_p < 1:
+            s = np.sort(cur)[::-1]
+            keep &= cur >= s[np.searchsorted(np.cumsum(s), top_p) if np.cumsum(s)[-1] >= top_p else len(s) - 1]
+        elif step == "min_p" and min_p:
+            keep &= cur >= min_p * cur.max()
+    w = np.where(keep, np.exp(lp / t), 0.0)
+    return w / w.sum()
+
+
+def test_sampler_transform_matches_the_engines_filters():
+    """sampler_probs against transformers' own warpers (temperature -> top_k -> top_p -> min_p) and, for
+    every engine order, against the plain definition; truncated to 40 candidates it either gives the same
+    distribution or says why the tail decides it."""
+    import torch
+    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    from adapters import ADAPTERS
+
+    rng = np.random.default_rng(1)
+    orders = {fw: ADAPTERS[fw].sampler_order for fw in ("hf", "llamacpp", "vllm")}
+    told = 0
+    for trial in range(30):
+        logits = rng.normal(size=300) * rng.uniform(0.5, 4)
+        lp = logits - np.log(np.exp(logits).sum())
+        t, k = float(rng.choice([0.5, 0.8, 1.0, 1.3])), int(rng.choice([0, 5, 50]))
+        p, m = float(rng.choice([1.0, 0.9, 0.5])), float(rng.choice([0.0, 0.05, 0.2]))
+        s = torch.tensor(lp, dtype=torch.float64)[None]
+        for w in [TemperatureLogitsWarper(t)] + ([TopKLogitsWarper(k)] if k else []) + \
+                ([TopPLogitsWarper(p)] if p < 1 else []) + ([MinPLogitsWarper(m)] if m else []):
+            s = w(None, s)
+        want = {"hf": torch.softmax(s, -1)[0].numpy()}
+        want |= {fw: _reference_sampler(lp, t, k, p, m, orders[fw]) for fw in ("llamacpp", "vllm")}
+        assert np.abs(want["hf"] - _reference_sampler(lp, t, k, p, m, orders["hf"])).max() < 1e-9
+        top = np.argsort(-lp)[:40]
+        for fw, ref in want.items():
+            ids, q, why = sampler_probs(np.arange(300), lp, t, k, p, m, orders[fw])
+            assert why is None
+            got = np.zeros(300)
+            got[ids] = q
+            assert np.abs(got - ref).max() < 1e-9, (fw, t, k, p, m)
+            ids, q, why = sampler_probs(top, lp[top], t, k, p, m, orders[fw])
+            if why is None:
+                got = np.zeros(300)
+                got[ids] = q
+                assert np.abs(got - ref).max() < 1e-9, ("truncated", fw, t, k, p, m)
+            else:
+                told += 1
+                assert "stored candidates" in why or "unbounded" in why
+    assert told > 0       # the truncated case was exercised
+
+
+def test_first_token_test_level_and_power():
+    rng = np.random.default_rng(7)
+    ids, q = np.arange(5), np.array([0.5, 0.3, 0.1, 0.05, 0.05])
+    dists = {i: (ids, q) for i in range(4)}
+    ps = np.array([first_token_test(dists, {i: rng.choice(5, size=16, p=q) for i in range(4)}, n_sim=200,
+                                    seed=r).p_value for r in range(200)])
+    assert (ps < 0.05).sum() <= 200 * 0.05 + 3 * (200 * 0.05 * 0.95) ** 0.5     # Bonferroni over prompts: conservative
+    wrong = first_token_test(dists, {i: rng.choice(5, size=64, p=[0.2, 0.2, 0.2, 0.2, 0.2]) for i in range(4)})
+    assert wrong.p_value < 0.01 and wrong.n == 256 and wrong.prompts == 4
+    # a token the baseline's sampler never keeps: impossible under the null, p = 0 exactly
+    out = first_token_test(dists, {0: np.array([0, 1, 9])})
+    assert out.p_value == 0.0 and out.outside == 1
+    # a prompt whose distribution is not known is said, not tested
+    t = first_token_test({0: (ids, q), 1: "top-p 0.95 reaches beyond the 8 stored candidates"},
+                         {0: np.zeros(4, int), 1: np.zeros(4, int)})
+    assert t.prompts == 1 and "beyond" in t.skipped[1]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +163,11 @@ def _id(cells, framework, flags="default", batch=1):
 
 def test_every_cell_stores_its_seeded_samples(sampling_run):
     _, cells, samples = sampling_run
+    # each prompt's next-token candidates (next_top_k, default 128), the same on every row of the prompt
+    assert {len(x) for x in samples.next_topk_ids} == {128}
+    assert samples.groupby(["cell_id", "prompt_index"]).next_topk_ids.apply(lambda x: len({tuple(t) for t in x})).max() == 1
+    lp = np.stack(samples.next_topk_logprobs.to_list())
+    assert (np.diff(lp, axis=1) <= 0).all() and np.exp(lp).sum(axis=1).max() <= 1 + 1e-4
     assert set(cells.status) == {"ok"}, cells[["framework", "flags", "status", "reason"]]
     counts = samples.groupby("cell_id").size()
     spec = _id(cells, "vllm", "ngram")      # vllm-project/vllm PR #42638: said as a null with the reason
@@ -95,7 +190,13 @@ def test_seeds_repeat_and_engines_agree_in_distribution(sampling_run):
     # another engine: no seed-by-seed promise; the same model and sampler settings: the same distribution
     v = sv.loc[_id(cells, "vllm")]
     assert v.seed_verdict == "n/a" and v.sampling_verdict == "same distribution", v.sampling_reason
-    assert v.dist_n_cell == v.dist_n_base == 64 and v.seeds_needed > 0
+    assert v.dist_n_cell == v.dist_n_base == 64 and v.dist_seeds_cell == 16 and v.seeds_needed > 0
+    # the first-token test ran beside it, on the baseline's stored next-token candidates, both with n and p
+    for cid in sv.index:
+        r = sv.loc[cid]
+        assert r.first_n == 16 * r.first_prompts and r.first_prompts >= 1 and 0 < r.first_p <= 1, r.sampling_reason
+        assert "first token p=" in r.sampling_reason and "two-sample p=" in r.sampling_reason
+    assert v.first_p >= 0.01 / 2 and v.first_outside == 0
 
 
 def test_vllm_seeds_are_identical_with_prefix_caching_on_and_off(sampling_run):
@@ -123,6 +224,35 @@ def test_speculative_decoding_is_measured(sampling_run):
     lookup = sv.loc[_id(cells, "llamacpp", "lookup")]
     assert lookup.seed_verdict == "identical" and lookup.sampling_verdict == "identical", lookup.sampling_reason
     assert np.isfinite(lookup.dist_p)
+
+
+def test_gate_sampling_rules_and_the_report_panel(sampling_run, tmp_path):
+    """bench gate's sampling rules on the run, and the sampling panel of report.html / section of report.md."""
+    store, cells, _ = sampling_run
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"rules": [
+        {"match": {"framework": "hf"}, "sampling": {"identical": True}},                  # batch 4 == batch 1, seed by seed
+        {"match": {"framework": "vllm", "flags": "default"}, "sampling": {"same_distribution": True}},
+        {"match": {"framework": "vllm", "flags": "default", "batch_size": 1}, "sampling": {"identical": True}},
+        {"match": {"framework": "vllm", "flags": "ngram"}, "sampling": {"same_distribution": True}}]}))
+    r = subprocess.run(bench_cmd("gate", str(store.root), "--policy", str(policy)), cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "250"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = [line for line in r.stdout.splitlines() if line.startswith("rule ")]
+    assert len(failed) == 2, r.stdout          # vLLM is another engine than hf: identity is not promised; n-gram: no samples
+    assert failed[0].startswith("rule 2 (sampling identical)") and "identity not promised" in failed[0]
+    assert failed[1].startswith("rule 3 (sampling same_distribution)") and "cannot judge sampling" in failed[1]
+
+    from orchestrator.report import write_report
+
+    html_path, md_path = write_report(store.root, tmp_path / "report.html")
+    html, md = html_path.read_text(), md_path.read_text()
+    panel = html[html.index('<h2 id="sampling">'):]
+    panel = panel[:panel.index("<h2", 5)]
+    assert panel.count("<tr title=") == len(cells) - 1 and "first-token test" in panel and "seeds to detect" in panel
+    section = md[md.index("### Sampling"):].split("\n### ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "/tiny/" in line]
+    assert len(rows) == len(cells) - 1 and all("p=" in line for line in rows)
 
 
 def test_compare_prints_a_sampling_verdict_for_every_ok_cell(sampling_run):

@@ -195,20 +195,27 @@ def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS[:4]) + "\n")
     proc = subprocess.run(bench_cmd("diff-endpoints", servers["f32_a"].url, servers["f32_b"].url, "--prompts",
                                     str(prompts), "--temperature", "0.8", "--top-p", "0.95", "--seeds", "16",
-                                    "--max-tokens", "16", "--json"), cwd=ROOT, capture_output=True, text=True, timeout=600)
+                                    "--max-tokens", "16", "--sampler-order", "llamacpp", "--json"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     same = json.loads(proc.stdout)
     assert sum(x["differing"] for x in same["per_seed"]) == 0 and same["repeatable"] == {"A": 1.0, "B": 1.0}
     assert same["seed_by_seed"] == "identical"
     assert same["distribution"]["verdict"] == "same distribution" and same["distribution"]["n_a"] == 64
     assert same["distribution"]["p_value"] == 1.0 and "under A" in same["distribution"]["test"]
+    # B's first tokens against A's next-token logprobs (llama.cpp's filter order): tested, the same
+    first = same["first_token"]
+    assert first["n"] == 16 * first["prompts"] and first["prompts"] >= 1 and first["outside"] == 0, first
+    assert first["p_value"] >= 0.005 and same["distribution"]["level_each"] == 0.005
     other = diff_sampled(servers["f32_a"].url, servers["q4_0"].url, PROMPTS[:4], seeds=16, max_tokens=16,
-                         temperature=0.8, top_p=0.95)
+                         temperature=0.8, top_p=0.95, sampler_order=LlamacppAdapter.sampler_order)
     text = format_sampled_report(other)
     differing = sum(x["differing"] for x in other["per_seed"])
     assert differing > 32 and other["seed_by_seed"] == f"differ ({differing} of 64)", text
-    d = other["distribution"]
-    assert d["verdict"] == ("different" if d["p_value"] < 0.01 else "same distribution"), text
+    d, f = other["distribution"], other["first_token"]
+    assert f["n"] == 16 * f["prompts"] and "first token of B against A" in text, text
+    # the verdict is what the two tests say at 0.01 over both (Bonferroni), whatever it is
+    assert d["verdict"] == ("different" if min(d["p_value"], f["p_value"]) < 0.005 else "same distribution"), text
     assert d["seeds_to_detect_0.05_nats"] > 0 and "seed by seed: differ" in text
 
 
