@@ -289,6 +289,8 @@ def plan_table(df: pd.DataFrame, qps: float, input_len: int, output_len: int, ho
     if "node" in units and host:
         caption.append(f"1 node = the measured host ({host.get('cpu', '?')}, {host.get('cpu_count', '?')} CPUs).")
     caption.append("Static batches measured closed-loop: queueing at Q is not modelled.")
+    if (df.rate_basis == "searched max rate").any():
+        caption.append("A searched max rate was measured open-loop, at that rate, with its SLOs met there.")
     t = Table(title=f"Plan: Q={qps:g} req/s, in={input_len}, out={output_len}", caption=" ".join(caption))
     cost_col = f"$/M out tok (@${gpu_hour_cost:g}/h)" if gpu_hour_cost is not None else "$/M out tok"
     for col in ("config", "batches", "batch", "TTFT p99", "TPOT p99", "req/s/replica", "basis", "replicas", unit, "util",
