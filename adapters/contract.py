@@ -89,6 +89,24 @@ class ScoringSpec(_Model):
     repeats: int
 
 
+class SearchSpec(_Model):
+    """serve.search: the highest load (request rate, or concurrency in a closed loop) whose probes meet
+    every SLO given, by bracketing up from `low` by `growth` and bisecting; see adapters/slo_search.py."""
+
+    variable: Literal["rate", "concurrency"] = "rate"
+    low: float
+    high: float
+    growth: float = 4.0
+    resolution: float = 0.1          # rate: stop when first miss / max met - 1 <= this (concurrency: adjacent)
+    max_probes: int = 8
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    goodput: float | None = None     # least share of planned requests within the per-request SLOs
+    judge: Literal["point", "interval"] = "point"
+    level: float = 0.95
+
+
 class ServeSpec(_Model):
     """The matrix's serve section, resolved for one group."""
 
@@ -98,11 +116,13 @@ class ServeSpec(_Model):
     request_timeout_s: float
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    slo_e2e_ms: float | None = None
     capture_logprobs: bool = True
     endpoint: str | None = None    # someone else's server: nothing is started or stopped
     api_key_env: str | None = None
     startup_timeout_s: float = 600.0
     seed: int = 0
+    search: SearchSpec | None = None   # every cell of the group is an SLO search (adapters/slo_search.py)
 
 
 class SamplerSettings(_Model):
@@ -482,10 +502,11 @@ class CellMetrics(_Model):
     total_tok_s: float | None
     req_s: float | None
     output_tok_s_runs: list[float]
-    goodput: float | None                     # share of planned requests within both SLOs
+    goodput: float | None                     # share of planned requests within every per-request SLO
     goodput_req_s: float | None
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    slo_e2e_ms: float | None = None
     ttft_ms: list[float]                      # per request (null entries never: unmeasured requests are left out)
     tpot_ms: list[float]
     e2e_ms: list[float]
@@ -523,14 +544,14 @@ def _pct(values: list[float]) -> list[float | None]:
 
 
 def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
-              slo_tpot_ms: float | None = None) -> CellMetrics:
+              slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None) -> CellMetrics:
     """The one place every latency, throughput and goodput figure is computed, offline and served alike.
 
     Per ok request: TTFT = first chunk - sent; TPOT = (last chunk - first chunk) / (output tokens - 1);
     ITL = the gaps between consecutive chunks (a chunk of several tokens is one gap, never zeros);
     e2e = last chunk - sent; queue = sent - scheduled (served arrivals only). Per run: throughputs over
     the run's wall time. Goodput: ok requests within both SLOs over every request the runs meant to
-    send (an error, or a request never sent, meets none)."""
+    send (an error, or a request never sent, meets none): within TTFT, TPOT and e2e where each is given."""
     ttft, tpot, itl, e2e, queue, engine, paired = [], [], [], [], [], [], []
     tok_s, total_s, req_s, good_s = [], [], [], []
     errors: dict[str, int] = {}
@@ -559,12 +580,14 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
             if r.engine_ttft_s is not None:
                 paired.append((t, r.engine_ttft_s * 1e3))
             e2e.append((r.chunk_times[-1] - r.sent) * 1e3)
+            e = e2e[-1]
             p = (r.chunk_times[-1] - r.chunk_times[0]) * 1e3 / (r.output_tokens - 1) if r.output_tokens > 1 else None
             if p is not None:
                 tpot.append(p)
             itl.extend(np.diff(r.chunk_times) * 1e3)
             chunks += len(r.chunk_times)
-            if (slo_ttft_ms is None or t <= slo_ttft_ms) and (slo_tpot_ms is None or (p or 0.0) <= slo_tpot_ms):
+            if ((slo_ttft_ms is None or t <= slo_ttft_ms) and (slo_tpot_ms is None or (p or 0.0) <= slo_tpot_ms)
+                    and (slo_e2e_ms is None or e <= slo_e2e_ms)):
                 run_good += 1
         for name, values in (("ttft_ms", ttft[first[0]:]), ("tpot_ms", tpot[first[1]:])):
             if values:   # each run's own percentiles: the repeats a cross-run interval is built from
@@ -617,7 +640,7 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
         req_s=float(np.mean(req_s)) if req_s else None, output_tok_s_runs=[float(x) for x in tok_s],
         goodput=(good / planned if planned else None) if "goodput" not in missing else None,
         goodput_req_s=(float(np.mean(good_s)) if good_s else None) if "goodput" not in missing else None,
-        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, slo_e2e_ms=slo_e2e_ms,
         ttft_ms=ttft if "ttft_ms" not in missing else [], tpot_ms=tpot if "tpot_ms" not in missing else [],
         e2e_ms=e2e if "e2e_ms" not in missing else [],
         chunk_tokens_mean=(out_total / chunks) if chunks and not unmeasured else None,
@@ -649,3 +672,27 @@ class CellRecord(CellMetrics):
     spec_acceptance: float | None = None
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)
+    # serve.search (adapters/slo_search.py). A probe's row: its number, whether it met every SLO, what it
+    # missed and each SLO's check as JSON. The search's own row: the highest load that met them, the
+    # first load above it that missed (and what it missed), the probes made, the SLOs as JSON.
+    search_variable: str | None = None       # rate | concurrency
+    search_probe: int | None = None
+    search_meets: bool | None = None
+    search_checks: str | None = None
+    search_missed: str | None = None
+    search_max: float | None = None
+    search_fail: float | None = None
+    search_probes: int | None = None
+    search_slos: str | None = None
+
+
+class Probe(_Model):
+    """One load point an SLO search measured (<cell_id>.probes.json holds them in order): at `rate`
+    requests/s (None: a closed loop) with at most `concurrency` in flight; its record becomes its own row."""
+
+    rate: float | None
+    concurrency: int
+    record: CellRecord
+
+
+PROBES = TypeAdapter(list[Probe])

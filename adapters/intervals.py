@@ -230,3 +230,49 @@ def log_ratio_interval(num, den, level: float = 0.95) -> tuple[float, float, flo
     r, lo, hi = log_ratio_intervals(np.asarray(num, dtype=float).reshape(1, -1),
                                     np.asarray(den, dtype=float).reshape(1, -1), level)
     return float(r[0]), float(lo[0]), float(hi[0])
+
+
+def _binom_cdf(k: int, n: int, p: float) -> float:
+    """P(Binomial(n, p) <= k), summed in logs (n is a probe's request count: hundreds at most)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq
+             for i in range(k + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def quantile_interval(values, q: float, level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free interval for the q-quantile (0 < q < 1) of what `values` were drawn from: the
+    order statistics X(l) <= X(u) with P(X(l) <= quantile <= X(u)) >= level, each tail at most
+    (1 - level) / 2 (the binomial count of values below the quantile). An end the sample is too small
+    to bound is -inf or inf: a p99 needs 368 values before its 95% interval has a finite upper end."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    n, tail = len(x), (1 - level) / 2
+    if n == 0:
+        return -math.inf, math.inf
+    # upper: the smallest u with P(Bin(n, q) <= u - 1) >= 1 - tail (X(u), 1-based)
+    u = next((u for u in range(1, n + 1) if _binom_cdf(u - 1, n, q) >= 1 - tail), None)
+    # lower: the largest l with P(Bin(n, q) <= l - 1) <= tail
+    l = next((l for l in range(n, 0, -1) if _binom_cdf(l - 1, n, q) <= tail), None)
+    return (float(x[l - 1]) if l else -math.inf), (float(x[u - 1]) if u else math.inf)
+
+
+def min_values_for_upper_bound(q: float, level: float = 0.95) -> int:
+    """The fewest values whose quantile_interval(q, level) has a finite upper end (all below the
+    quantile with probability at most (1 - level) / 2: q^n <= tail)."""
+    return math.ceil(math.log((1 - level) / 2) / math.log(q))
+
+
+def wilson_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a share k / n (goodput): better than the normal one near 0 and 1."""
+    if n == 0:
+        return 0.0, 1.0
+    z = _NORMAL.inv_cdf(0.5 + level / 2)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adapters import load_generator, served_capture, server_process
+from adapters import load_generator, served_capture, server_process, slo_search
 from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, load_or_report, run_cells,
                                 timed_repeats)
@@ -111,44 +111,54 @@ class ServedScorer:
         return [c.prompt for c in caps]
 
 
-def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-                    sampling: SamplingSpec | None, memory: MemoryTracker | None) -> Measured:
-    api, s = target.api, target.settings
-    conc, per_run = cell.batch_size, s.requests
-    rate = math.inf if cell.request_rate is None else cell.request_rate
+def _timing_prompts(target: Target, cell: CellSpec, notes: list[str]):
+    """The cell's timing prompts as this server takes them (ids, or text), and their token counts."""
     ids = cell.timing_prompts
-    notes: list[str] = []
-    if api.prompt_ids:
-        prompts, lengths = ids, [len(p) for p in ids]
-    else:
-        prompts = cell.timing_texts
-        server_ids = _server_tokens(target, prompts, notes, "timing prompts", ids)
-        lengths = [len(x) if x is not None else None for x in server_ids]
-        lengths = None if any(x is None for x in lengths) else lengths
-    kw = target.load_kwargs(cell.output_len, cell.ignore_eos)
-    n_warm = cell.warmup * conc
+    if target.api.prompt_ids:
+        return ids, [len(p) for p in ids]
+    prompts = cell.timing_texts
+    server_ids = _server_tokens(target, prompts, notes, "timing prompts", ids)
+    lengths = [len(x) if x is not None else None for x in server_ids]
+    return prompts, None if any(x is None for x in lengths) else lengths
+
+
+def _warm_up(target: Target, cell: CellSpec, prompts, lengths) -> int:
+    """`warmup` x batch_size untimed requests; returns how many prompts they used."""
+    n_warm = cell.warmup * cell.batch_size
     if n_warm:
-        load_generator.run_load(target.url, api, prompts[:n_warm],
-                                load_generator.LoadProfile(concurrency=conc, requests=n_warm, time_limit_s=s.time_limit_s),
-                                prompt_tokens=lengths[:n_warm] if lengths else None, **kw)
+        load_generator.run_load(target.url, target.api, prompts[:n_warm],
+                                load_generator.LoadProfile(concurrency=cell.batch_size, requests=n_warm,
+                                                           time_limit_s=target.settings.time_limit_s),
+                                prompt_tokens=lengths[:n_warm] if lengths else None,
+                                **target.load_kwargs(cell.output_len, cell.ignore_eos))
+    return n_warm
+
+
+def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: int, rate: float,
+                       concurrency: int, memory: MemoryTracker | None, notes: list[str]) -> CellRecord:
+    """The timed runs of one load point (prompts from index `first` on) and their record."""
+    s = target.settings
+    kw = target.load_kwargs(cell.output_len, cell.ignore_eos)
+    per_run = s.requests
     if memory:
         memory.reset_peak()
 
     def one_run(r: int):
         target.reset_cache()
-        lo = n_warm + r * per_run
-        profile = load_generator.LoadProfile(concurrency=conc, rate=rate, arrival=s.arrival, requests=per_run,
+        lo = first + r * per_run
+        profile = load_generator.LoadProfile(concurrency=concurrency, rate=rate, arrival=s.arrival, requests=per_run,
                                              time_limit_s=s.time_limit_s)
-        return load_generator.run_load(target.url, api, prompts[lo:lo + per_run], profile,
+        return load_generator.run_load(target.url, target.api, prompts[lo:lo + per_run], profile,
                                        prompt_tokens=lengths[lo:lo + per_run] if lengths else None, **kw)
 
     runs, width = timed_repeats(cell, one_run)
     target.check_alive()
-    metrics = summarize(runs, s.slo_ttft_ms, s.slo_tpot_ms)
+    metrics = summarize(runs, s.slo_ttft_ms, s.slo_tpot_ms, s.slo_e2e_ms)
+    notes = list(notes)
     first_errors = [r.error for run in runs for r in run.requests if not r.ok][:3]
     if first_errors:
         notes.append("first errors: " + " | ".join(first_errors))
-    if cell.ignore_eos and not api.ignore_eos:
+    if cell.ignore_eos and not target.api.ignore_eos:
         early = sum(1 for run in runs for r in run.requests if r.ok and r.finish_reason == "stop")
         notes.append(f"this server cannot ignore EOS: {early} of {metrics.requests} timed requests ended at EOS "
                      f"before output_len")
@@ -157,12 +167,33 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
         metrics.missing["peak_mem_bytes"] = why
     record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
                         notes=notes)
-    logprobs = {}
-    if scoring and not api.logprobs:
-        notes.append("logprobs not captured: this server returns no logprobs over its OpenAI API")
-    elif scoring:
-        logprobs = capture_served(target, scoring, conc, notes)
     record.missing.update({k: "not counted through a server's API" for k in NO_SPECULATION})
+    return record
+
+
+def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
+                    sampling: SamplingSpec | None, memory: MemoryTracker | None, out: Path) -> Measured:
+    conc = cell.batch_size
+    notes: list[str] = []
+    prompts, lengths = _timing_prompts(target, cell, notes)
+    n_warm = _warm_up(target, cell, prompts, lengths)
+    search = target.settings.search
+    if search is None:
+        rate = math.inf if cell.request_rate is None else cell.request_rate
+        record = measure_load_point(target, cell, prompts, lengths, n_warm, rate, conc, memory, notes)
+    else:
+        def probe(load: float):
+            rate, c = (load, conc) if search.variable == "rate" else (math.inf, int(load))
+            rec = measure_load_point(target, cell, prompts, lengths, n_warm, rate, c, memory, notes)
+            return rec, None if math.isinf(rate) else rate, c
+
+        outcome, probes = slo_search.search(search, probe, out / f"{cell.cell_id}.probes.json")
+        record = slo_search.summary_record(search, outcome, probes)
+    logprobs = {}
+    if scoring and not target.api.logprobs:
+        record.notes.append("logprobs not captured: this server returns no logprobs over its OpenAI API")
+    elif scoring:
+        logprobs = capture_served(target, scoring, conc, record.notes)
     if sampling:
         record.missing["samples"] = "serve cells do not sample yet: bench diff-endpoints compares served sampling"
     return Measured(record, logprobs, run_tasks(ServedScorer(target, conc), tasks, conc), {})
@@ -248,7 +279,7 @@ def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path, pr
                        **provenance))
     try:
         # a failure because the server died is a crash, not an error: check_alive ends the worker
-        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, spec.sampling, memory),
+        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, spec.sampling, memory, out),
                   events, out, target.check_alive)
     finally:
         if target.server:

@@ -173,6 +173,8 @@ def _read_cells(con, root: Path) -> pd.DataFrame:
     cells = con.from_arrow(RunStore(root).read_cells_table(_CELL_COLUMNS)).df()   # DuckDB's pandas types
     for col in cells.columns[cells.dtypes == "str"]:  # Python strings: the per-cell loops below iterate them
         cells[col] = cells[col].astype(object).where(cells[col].notna(), None)
+    # an SLO search's probes are load points without outputs: its own row carries them (orchestrator/searches.py)
+    cells = cells[cells["search_probe"].isna()]
     cells = cells.rename(columns={"reason": "status_reason"}).sort_values("cell_id", ignore_index=True)
     # rows from before serving mode (and hand-made ones) are offline cells
     cells["mode"] = cells["mode"].fillna("offline")

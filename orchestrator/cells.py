@@ -35,7 +35,8 @@ class Cell:
     output_len: int
     options: dict = field(hash=False, compare=False)
     mode: str = "offline"
-    request_rate: float | None = None      # serve cells: requests/s (inf: closed loop); offline: None
+    request_rate: float | None = None      # serve cells: requests/s (inf: closed loop); offline, search: None
+    search: bool = False                   # a serve cell whose load is searched (serve.search)
     cell_id: str = ""
     engine_key: str = ""
 
@@ -68,13 +69,20 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
         engine["mode"] = "serve"
     canonical = engine | {a: values[a] for a in ("batch_size", "input_len", "output_len")} | {
         "workload": m.workload.model_dump(), "measure": m.measure.model_dump()}
+    search = serve and m.serve.search is not None
     if serve:
-        canonical |= {"request_rate": values["request_rate"], "serve": m.serve.model_dump()}
+        canonical |= {"request_rate": values["request_rate"], "serve": serve_settings(m)}
     return Cell(framework=fw, model=values["model"], quantization=quant, flags=values["flags"],
                 batch_size=values["batch_size"], input_len=values["input_len"],
                 output_len=values["output_len"], options=options, mode=values["mode"],
-                request_rate=float(values["request_rate"]) if serve else None,
+                request_rate=float(values["request_rate"]) if serve and not search else None, search=search,
                 cell_id=_hash(canonical), engine_key=_hash(engine))
+
+
+def serve_settings(m: Matrix) -> dict[str, Any]:
+    """The serve section as it enters a serve cell's id: keys added later are left out where unset, so
+    the ids of cells that do not use them stay as they were."""
+    return m.serve.model_dump(exclude={k for k in ("slo_e2e_ms", "search") if getattr(m.serve, k) is None})
 
 
 def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
@@ -87,9 +95,13 @@ def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def _point(values: dict[str, Any]) -> dict[str, Any]:
+def _point(m: Matrix, values: dict[str, Any]) -> dict[str, Any]:
     if values["mode"] == "offline":
         values["request_rate"] = None  # a static batch has no arrival rate
+    elif m.serve.search is not None:
+        values["request_rate"] = None  # the search chooses it
+        if m.serve.search.variable == "concurrency":   # and the concurrency: one search per configuration
+            values["batch_size"] = int(m.serve.search.high)
     return values
 
 
@@ -110,13 +122,13 @@ def expand(m: Matrix) -> list[Cell]:
     axes = m.axes
     combos = []
     for values in itertools.product(*(getattr(axes, a) for a in AXES)):
-        point = _point(dict(zip(AXES, values)))
+        point = _point(m, dict(zip(AXES, values)))
         if _applies(m, point) or any(matches(point, rule) for rule in m.exclude):
             continue
         combos.append(point)
     problems = []
     for i, rule in enumerate(m.include):
-        point = _point({a: rule.get(a, getattr(axes, a)[0]) for a in AXES})
+        point = _point(m, {a: rule.get(a, getattr(axes, a)[0]) for a in AXES})
         why = _applies(m, point)
         if why:
             problems.append(f"include[{i}].{why[0]}: {why[1]}")
@@ -137,9 +149,12 @@ def expand(m: Matrix) -> list[Cell]:
 
 def load_label(mode: str | None, batch_size: int, request_rate: float | None, arrival: str | None = None) -> str:
     """How a cell's load reads in tables: 'batch 4' offline, 'c=4' a served closed loop of 4, and
-    'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight."""
+    'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight; 'search rate, c<=4' an SLO
+    search (its row's rate: the maximum found)."""
     if mode != "serve":
         return f"batch {batch_size}"
+    if arrival in ("search rate", "search concurrency"):
+        return f"{arrival}, c<={batch_size}"
     if request_rate is None or request_rate != request_rate or request_rate == float("inf"):
         return f"c={batch_size}"
     return f"{arrival or 'rate'} {request_rate:g}/s, c<={batch_size}"

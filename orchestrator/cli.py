@@ -11,7 +11,8 @@ import typer
 from rich.markup import escape
 
 from orchestrator.console import (against_table, changes_lines, compare_table, err, history_table, matrix_table, out,
-                                  plan_table, print_table, runs_table, sampling_table, summary_table, task_table)
+                                  plan_table, print_table, probe_table, runs_table, sampling_table, search_table,
+                                  summary_table, task_table)
 from orchestrator.matrix import MatrixError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -154,12 +155,26 @@ def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
     """The run's cells in a table."""
     from orchestrator.store import RunStore
 
+    from orchestrator import searches
+
     store = RunStore(run)
-    cells = store.read_cells()
+    everything = store.read_cells()
+    cells = everything[~searches.is_probe(everything)]    # the probes get a table of their own
     name = (store.read_manifest().get("matrix") or {}).get("name")
     counts = ", ".join(f"{n} {s}" for s, n in cells.status.value_counts().items())
     print_table(summary_table(cells, title=f"{store.root}" + (f" (matrix {name})" if name else "")
                             + f": {len(cells)} cells" + (f", {counts}" if counts else "")))
+    _print_searches(everything)
+
+
+def _print_searches(cells) -> None:
+    from orchestrator import searches
+
+    found = searches.summaries(cells)
+    if len(found):
+        probes = searches.probes(cells)
+        print_table(search_table(found, probes))
+        print_table(probe_table(probes))
 
 
 @app.command("plan")
@@ -319,6 +334,10 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             print_table(task_table(tv))
         if not sv.empty:
             print_table(sampling_table(sv))
+        if not against:
+            from orchestrator.store import RunStore
+
+            _print_searches(RunStore(run_dir).read_cells())
     except ValueError as e:
         _fail(str(e))
     if output:

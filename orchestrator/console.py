@@ -95,7 +95,7 @@ def matrix_table(title: str, cells: list) -> Table:
         table.add_column(col)
     for c in cells:
         table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, c.mode, str(c.batch_size),
-                      _rate(c.request_rate), str(c.input_len), str(c.output_len))
+                      "search" if c.search else _rate(c.request_rate), str(c.input_len), str(c.output_len))
     return table
 
 
@@ -290,6 +290,8 @@ def plan_table(df: pd.DataFrame, qps: float, input_len: int, output_len: int, ho
     if "node" in units and host:
         caption.append(f"1 node = the measured host ({host.get('cpu', '?')}, {host.get('cpu_count', '?')} CPUs).")
     caption.append("Static batches measured closed-loop: queueing at Q is not modelled.")
+    if (df.rate_basis == "searched max rate").any():
+        caption.append("A searched max rate was measured open-loop, at that rate, with its SLOs met there.")
     t = Table(title=f"Plan: Q={qps:g} req/s, in={input_len}, out={output_len}", caption=" ".join(caption))
     cost_col = f"$/M out tok (@${gpu_hour_cost:g}/h)" if gpu_hour_cost is not None else "$/M out tok"
     for col in ("config", "batches", "batch", "TTFT p99", "TPOT p99", "req/s/replica", "basis", "replicas", unit, "util",
@@ -309,4 +311,63 @@ def plan_table(df: pd.DataFrame, qps: float, input_len: int, output_len: int, ho
                   num(r["tpot_p99_ms"], ".2f"), num(r["req_s_per_replica"], ".3g"), txt(r["rate_basis"]) or "-",
                   num(r["replicas"], ".0f"), num(r["gpus"], ".0f"), num(r["utilisation"], ".0%"),
                   num(r["cost_per_m_tokens"], ".4g"), status)
+    return t
+
+
+def _text(v) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _load_value(variable: str, v) -> str:
+    if v is None or v != v:
+        return "-"
+    return f"{v:g}/s" if variable == "rate" else f"c={v:g}"
+
+
+def search_table(summaries: pd.DataFrame, probes: pd.DataFrame) -> Table:
+    """`bench show` and `bench compare`: per searched configuration, the highest load meeting the SLOs,
+    the first load above it that missed and what it missed (orchestrator/searches.py)."""
+    from orchestrator import searches
+
+    t = Table(title="SLO search: the highest load meeting every SLO")
+    for col in ("config", "search", "SLOs (judge)", "max met", "first miss", "probes", "requests/probe", "missed there"):
+        t.add_column(col, overflow="fold")
+    for r in summaries.to_dict("records"):
+        slos = searches._json(r.get("search_slos"))
+        stated = [f"{k.replace('_p99_ms', ' p99')}<={slos[k]:g}ms" for k in ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms")
+                  if slos.get(k) is not None] + ([f"goodput>={slos['goodput']:g}"] if slos.get("goodput") else [])
+        mine = probes[probes.search_id == r["cell_id"]]
+        per = sorted({int(x) for x in mine.requests_planned.dropna()})
+        var = r.get("search_variable") or slos.get("variable", "rate")
+        status = "" if r["status"] == "ok" else f"[red]{r['status']}[/] "
+        t.add_row(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']} in={r['input_len']} out={r['output_len']}",
+                  load_label(r["mode"], r["batch_size"], None, r.get("load")),
+                  ", ".join(stated) + f" ({slos.get('judge', 'point')})",
+                  status + _load_value(var, r.get("search_max")), _load_value(var, r.get("search_fail")),
+                  _fmt(r.get("search_probes"), ".0f"), ",".join(map(str, per)) or "-", _text(r.get("search_missed")))
+    return t
+
+
+def probe_table(probes: pd.DataFrame) -> Table:
+    """Every probe of every search, in order: its load, its p99s with their intervals, and the call."""
+    from orchestrator import searches
+
+    t = Table(title="SLO search probes: p99 \\[interval at serve.search.level] of each probe's n requests")
+    for col in ("search", "#", "load", "n", "TTFT p99 ms", "TPOT p99 ms", "e2e p99 ms", "goodput", "meets", "missed"):
+        t.add_column(col, overflow="fold")
+    for r in probes.to_dict("records"):
+        c = searches.checks(r)
+
+        def cell(figure: str, key: str) -> str:
+            v = r.get(f"{figure}_p99")
+            if key not in c:
+                return _fmt(v, ".1f")
+            lo, hi = (_fmt(c[key][e], ".1f") if c[key][e] is not None else "inf" for e in ("lo", "hi"))
+            return f"{_fmt(v, '.1f')} [{lo}, {hi}]"
+
+        meets = "[green]yes[/]" if r["search_meets"] else "[red]no[/]"
+        t.add_row(r["search_id"][:8], str(int(r["search_probe"])),
+                  load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")), _fmt(r.get("requests"), ".0f"),
+                  cell("ttft_ms", "ttft_p99_ms"), cell("tpot_ms", "tpot_p99_ms"), cell("e2e_ms", "e2e_p99_ms"),
+                  _fmt(r.get("goodput"), ".3f"), meets, _text(r.get("search_missed")))
     return t

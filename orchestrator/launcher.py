@@ -7,6 +7,7 @@ one cell becomes that cell's row, and a fresh child is started for the cells sti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -24,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 import adapters
-from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, TASK_OUTPUTS, CellDone, CellFailed, CellRecord,
+from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, PROBES, TASK_OUTPUTS, CellDone, CellFailed, CellRecord,
                                CellSpec, CellStart, CellUnsupported, GroupSpec, GroupUnsupported, Loaded, LoadFailed,
                                LoadSpec, ModelSpec, SamplerSettings, SamplingSpec, ScoringSpec, ServeSpec, TaskError,
                                parse_event)
@@ -72,6 +73,8 @@ def load_kind(m: Matrix, cell: Cell) -> str:
     """batch (an offline static batch), closed (a served closed loop), or the arrival of a served rate."""
     if cell.mode == "offline":
         return "batch"
+    if cell.search:
+        return f"search {m.serve.search.variable}"
     return "closed" if math.isinf(cell.request_rate) else m.serve.arrival
 
 
@@ -87,6 +90,7 @@ def base_row(job: GroupJob, cell: Cell) -> dict:
         "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
         "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
         "endpoint": m.model_entry(cell.model).endpoint if cell.mode == "serve" else None,
+        "search_id": cell.cell_id if cell.search else None,
     }
 
 
@@ -283,6 +287,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
     """Run every cell of the group; always returns exactly one row per cell."""
     by_id = {c.cell_id: c for c in job.group.cells}
     results: dict[str, CellResult] = {}
+    probes: list[CellResult] = []      # SLO-search probes: rows of their own, stored before their search's
     remaining = list(job.group.cells)
     python = job.python or sys.executable
     attempt = 0
@@ -290,13 +295,16 @@ def run_group(job: GroupJob) -> list[CellResult]:
     def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None, tasks=None,
                samples=None):
         row = base_row(job, by_id[cell_id]) | {"status": status, "reason": scrub_paths(reason), "attempt": attempt}
+        if by_id[cell_id].search:   # whatever became of the search, the probes it made are rows
+            probes.extend(probe_rows(job, by_id[cell_id], work / f"{cell_id}.probes.json", loaded, attempt))
         results[cell_id] = CellResult(row | (extra or {}), lp, tasks, samples)
 
+    work, loaded = Path(tempfile.gettempdir()) / "bench-no-group", None   # before the first worker: no probes
     reason = unsupported_reason(job, python)
     if reason:
         for c in remaining:
             finish(c.cell_id, "unsupported", reason)
-        return [results[c.cell_id] for c in job.group.cells]
+        return probes + [results[c.cell_id] for c in job.group.cells]
 
     try:
         entry = job.matrix.model_entry(job.group.model)
@@ -306,7 +314,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
     except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
         for c in remaining:
             finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")
-        return [results[c.cell_id] for c in job.group.cells]
+        return probes + [results[c.cell_id] for c in job.group.cells]
     m = job.matrix
 
     while remaining:
@@ -321,7 +329,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 cwd=work, env=env, preexec_fn=_own_group_dying_with_parent)
         current: str | None = None
-        loaded: Loaded | None = None
+        loaded = None
 
         def handle(ev) -> None:
             nonlocal current, loaded
@@ -378,7 +386,28 @@ def run_group(job: GroupJob) -> list[CellResult]:
                 finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=_load_facts(loaded))
         shutil.rmtree(work, ignore_errors=True)
         remaining = [c for c in remaining if c.cell_id not in results]
-    return [results[c.cell_id] for c in job.group.cells]
+    return probes + [results[c.cell_id] for c in job.group.cells]
+
+
+def probe_id(search_id: str, probe: int) -> str:
+    return hashlib.sha256(f"{search_id}/probe/{probe}".encode()).hexdigest()[:16]
+
+
+def probe_rows(job: GroupJob, cell: Cell, path: Path, loaded: Loaded | None, attempt: int) -> list[CellResult]:
+    """An SLO search's probes (adapters.slo_search) as rows: each at its own load point, named by the
+    search (search_id) and its number; their outputs were not captured (the search's row has them)."""
+    if not path.exists():
+        return []
+    rows = []
+    for p in PROBES.validate_json(path.read_bytes()):
+        closed = p.rate is None
+        rec = p.record
+        rec.missing["logprobs"] = "a search probe: the outputs are captured once, on the search's own row"
+        rows.append(CellResult(base_row(job, cell) | _measured(loaded, rec) | {
+            "cell_id": probe_id(cell.cell_id, rec.search_probe), "status": "ok", "reason": None, "attempt": attempt,
+            "batch_size": p.concurrency, "request_rate": math.inf if closed else p.rate,
+            "load": "closed" if closed else job.matrix.serve.arrival}))
+    return rows
 
 
 def _with_traceback(ev) -> str:

@@ -128,6 +128,29 @@ class Measure(_Strict):
                                       "layer): compared seed by seed and as a distribution")
 
 
+class Search(_Strict):
+    """serve.search: per serve configuration, the highest load meeting every SLO given (adapters/slo_search.py)."""
+
+    variable: Literal["rate", "concurrency"] = Field("rate", description="rate: requests/s arriving (serve.arrival), "
+                                                     "at most batch_size in flight; concurrency: requests in flight "
+                                                     "in a closed loop (batch_size is then the search's)")
+    low: float = Field(gt=0, description="The first load probed; a miss there: no load meets the SLOs")
+    high: float = Field(gt=0, description="The highest load probed")
+    growth: float = Field(4.0, gt=1, description="Bracketing: each probe's load x growth until one misses")
+    resolution: float = Field(0.1, gt=0, description="rate: bisection stops when first miss / max met - 1 <= this "
+                              "(concurrency: when they are adjacent integers)")
+    max_probes: int = Field(8, ge=2, description="At most this many probes per configuration")
+    ttft_p99_ms: float | None = Field(None, gt=0, description="SLO: TTFT p99 at most this")
+    tpot_p99_ms: float | None = Field(None, gt=0, description="SLO: TPOT p99 at most this")
+    e2e_p99_ms: float | None = Field(None, gt=0, description="SLO: end-to-end latency p99 at most this")
+    goodput: float | None = Field(None, gt=0, le=1, description="SLO: at least this share of the planned requests "
+                                  "within the per-request SLOs (serve.slo_ttft_ms, slo_tpot_ms, slo_e2e_ms)")
+    judge: Literal["point", "interval"] = Field("point", description="point: a p99 as measured meets its SLO; "
+                                                "interval: the upper end of its distribution-free interval does "
+                                                "(needs 368 requests per probe at level 0.95)")
+    level: float = Field(0.95, gt=0, lt=1, description="Confidence level of the intervals stored with every check")
+
+
 class Serve(_Strict):
     """Serve cells: each is one load point (batch_size = requests in flight at most, request_rate) run
     `measure.repeats` times against the engine's server, after `measure.warmup` x batch_size untimed requests."""
@@ -140,6 +163,9 @@ class Serve(_Strict):
     request_timeout_s: float = Field(60, gt=0, description="Per request; a request over it is an error")
     slo_ttft_ms: float | None = Field(None, gt=0, description="Goodput counts requests within both SLOs")
     slo_tpot_ms: float | None = Field(None, gt=0)
+    slo_e2e_ms: float | None = Field(None, gt=0, description="Goodput also counts requests within this end-to-end latency")
+    search: Search | None = Field(None, description="Search each serve configuration for the highest request rate "
+                                  "(or concurrency) meeting the SLOs, instead of the request_rate axis")
     capture_logprobs: bool = Field(True, description="Capture greedy outputs with logprobs through the API "
                                    "(measure.scoring_*), so served cells compare with offline ones")
 
@@ -294,7 +320,43 @@ def _check_semantics(m: Matrix) -> list[str]:
             problems += _check_rule(m, rule, f"{section}[{i}]", need_all=(section == "include"))
     problems += _check_rule(m, m.baseline, "baseline", need_all=False, allow_lists=False)
     problems += task_sets.problems(m.tasks)
+    if m.serve.search is not None:
+        problems += _search_problems(m)
     return problems
+
+
+def _search_problems(m: Matrix) -> list[str]:
+    """A search config that could not give an answer, said before anything starts."""
+    from adapters.intervals import min_values_for_upper_bound
+
+    s, out = m.serve.search, []
+    slos = ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms", "goodput")
+    if all(getattr(s, k) is None for k in slos):
+        out.append(f"serve.search: no SLO to search against (give at least one of: {_known(slos)})")
+    if s.low >= s.high:
+        out.append(f"serve.search.high: must be above low ({s.low:g}), got {s.high:g}")
+    if s.variable == "concurrency":
+        for key in ("low", "high"):
+            if getattr(s, key) != int(getattr(s, key)):
+                out.append(f"serve.search.{key}: a concurrency is a whole number, got {getattr(s, key):g}")
+    if s.goodput is not None and all(getattr(m.serve, k) is None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
+        out.append("serve.search.goodput: goodput counts requests within the per-request SLOs, and none is set "
+                   "(set serve.slo_ttft_ms, slo_tpot_ms or slo_e2e_ms)")
+    if "serve" not in m.axes.mode:
+        out.append(f"serve.search: searches serve cells, and axes.mode has no serve (it has: {_known(m.axes.mode)})")
+    if any(not math.isinf(r) for r in m.axes.request_rate):
+        out.append("axes.request_rate: serve.search chooses the load of every serve cell; leave the axis out "
+                   f"(it has: {_known(m.axes.request_rate)})")
+    if m.measure.repeats == "auto":
+        out.append("measure.repeats: 'auto' is not supported with serve.search (give a number of timed runs per probe)")
+    elif s.judge == "interval" and any(getattr(s, k) is not None for k in slos[:3]):
+        need = min_values_for_upper_bound(0.99, s.level)
+        have = m.serve.requests * m.measure.repeats
+        if have < need:
+            out.append(f"serve.search.judge: 'interval' needs at least {need} requests per probe for a p99's "
+                       f"{s.level:.0%} interval to have an upper end; serve.requests x measure.repeats is {have} "
+                       f"(raise them, or use judge: point)")
+    return out
 
 
 def _check_rule(m: Matrix, rule: dict, path: str, need_all: bool, allow_lists: bool = True) -> list[str]:

@@ -41,6 +41,13 @@ keep utilisation below 1 with some margin.
 Served cells (mode serve, label ".../serve") plan from their closed-loop load points, batch_size
 being the number of requests in flight; their open-loop rate cells measured the rate they were
 offered, not what the server can do, and are left out.
+
+SLO searches (serve.search): a configuration whose search found a maximum plans from it, when the
+search ran at the plan's lengths and its SLOs are at least as strict as the plan's (each SLO the plan
+gives, the search gave too, no looser): a replica serves the searched maximum rate (rate_basis
+"searched max rate"; a concurrency search: the req/s measured at its maximum concurrency), with the
+TTFT and TPOT p99 measured there. Otherwise the row says why the search was not used, and the
+configuration's closed-loop cells (if any) are planned as above.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from orchestrator import searches
 from orchestrator.placement import engine_gpus
 from orchestrator.store import RunStore
 
@@ -142,8 +150,10 @@ def plan(run_dir: str | Path, qps: float, input_len: int, output_len: int,
     if max_replicas is not None and max_replicas < 1:
         raise ValueError("max_replicas must be >= 1")
     cells = RunStore(run_dir).read_cells()
-    # a served open-loop cell measured the rate it was offered, not what the server can do
-    cells = cells[~((cells["mode"] == "serve") & (cells["request_rate"] != np.inf))]
+    found = searches.summaries(cells)
+    # a served open-loop cell measured the rate it was offered, not what the server can do; an SLO
+    # search's probes are read through its own row
+    cells = cells[~((cells["mode"] == "serve") & (cells["request_rate"] != np.inf)) | cells.cell_id.isin(found.cell_id)]
     if cells.empty:
         return pd.DataFrame(columns=COLUMNS)
     derived = cells[["framework", "model", "quantization", "flags"]].astype(str).agg("/".join, axis=1)
@@ -171,6 +181,19 @@ def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: 
     row.update(config=_config_label(first), framework=first["framework"], model=first["model"],
                quantization=first["quantization"], flags=first["flags"], device=first.get("device"),
                meets_slo=False, extrapolated=False, scaled=False, notes="")
+    searched = [c for c in all_cells if isinstance(c.get("search_id"), str)]
+    all_cells = [c for c in all_cells if not isinstance(c.get("search_id"), str)]
+    why_not = []
+    for c in sorted(searched, key=lambda c: -(c.get("search_max") or 0)):
+        why = _search_unusable(c, input_len, output_len, slo_ttft, slo_tpot)
+        if why is None:
+            return _plan_from_search(row, c, qps, output_len, cost, max_replicas)
+        why_not.append(why)
+    if why_not:
+        row["notes"] = "SLO search not used: " + "; ".join(why_not)
+    if not all_cells:
+        row["slo_miss"] = "no closed-loop cell to plan from, and no SLO search that answers this plan"
+        return row
     ok = [c for c in all_cells if c["status"] == "ok" and _finite(c["req_s"]) and c["req_s"] > 0
           and _finite(c["input_len"]) and _finite(c["output_len"])]
     if not ok:
@@ -188,7 +211,7 @@ def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: 
                 key=lambda c: (int(c["batch_size"]), -c["req_s"]))
     row.update(scaled=scaled, lengths=(f"scaled from in={lm[0]}/out={lm[1]}" if scaled else "measured"),
                measured_batches=",".join(str(b) for b in sorted({int(c["batch_size"]) for c in at})))
-    notes = []
+    notes = [row["notes"]] if row["notes"] else []
     if any(c.get("batch_mode") == "sequential" for c in at):
         notes.append("engine ran its batches sequentially")
 
@@ -242,6 +265,58 @@ def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: 
     served = qps * output_len
     row.update(req_s_per_replica=rate, output_tok_s_per_replica=rate * output_len, replicas=replicas,
                gpus=gpus, utilisation=qps / (replicas * rate), output_tok_s_served=served,
+               cost_per_m_tokens=(gpus * cost / (3600 * served) * 1e6) if cost is not None else None,
+               notes="; ".join(notes))
+    return row
+
+
+def _search_unusable(c: dict, input_len: int, output_len: int, slo_ttft: float | None,
+                     slo_tpot: float | None) -> str | None:
+    """Why a configuration's SLO search cannot answer this plan (None: it can)."""
+    slos = searches._json(c.get("search_slos"))
+    if c["status"] != "ok":
+        return f"the search's status is {c['status']}"
+    if not _finite(c.get("search_max")):
+        return f"no load met its SLOs ({c.get('search_missed') or 'see the search'})"
+    if (int(c["input_len"]), int(c["output_len"])) != (input_len, output_len):
+        return f"searched at in={int(c['input_len'])}/out={int(c['output_len'])}, not the plan's lengths"
+    for name, mine in (("ttft_p99_ms", slo_ttft), ("tpot_p99_ms", slo_tpot)):
+        theirs = slos.get(name)
+        if mine is not None and (theirs is None or theirs > mine):
+            return (f"the plan's {name.replace('_p99_ms', ' p99').upper()} SLO {mine:g} ms is stricter than the "
+                    f"search's ({'none' if theirs is None else f'{theirs:g} ms'})")
+    return None
+
+
+def _plan_from_search(row: dict, c: dict, qps: float, output_len: int, cost: float | None,
+                      max_replicas: int | None) -> dict:
+    """A replica serves the searched maximum: the highest request rate that met the search's SLOs (a
+    concurrency search: the requests/s measured at the highest concurrency that met them)."""
+    slos = searches._json(c.get("search_slos"))
+    rate_search = c.get("search_variable") == "rate"
+    rate = float(c["search_max"]) if rate_search else float(c["req_s"])
+    gpr, unit = gpus_per_replica(c)
+    stated = ", ".join(f"{k.replace('_p99_ms', ' p99')} <= {v:g} ms" for k, v in slos.items()
+                       if k.endswith("_p99_ms") and v is not None)
+    if slos.get("goodput"):
+        stated += f", goodput >= {slos['goodput']:g}"
+    notes = [f"searched ({stated}; judged by the {slos.get('judge', 'point')} p99): max "
+             + (f"{rate:g} req/s" if rate_search else f"concurrency {c['search_max']:g}")
+             + (f", first miss at {c['search_fail']:g}: {c.get('search_missed')}" if _finite(c.get("search_fail"))
+                else ", no probe up to the search's high bound missed")]
+    row.update(meets_slo=True, batch_size=int(c["search_max"]) if not rate_search else int(c["batch_size"]),
+               measured_batches=f"search ({int(c['search_probes'])} probes)", lengths="measured",
+               ttft_p99_ms=c.get("ttft_ms_p99"), tpot_p99_ms=c.get("tpot_ms_p99"), gpus_per_replica=gpr, unit=unit,
+               device=c.get("device"),
+               rate_basis="searched max rate" if rate_search else "req_s at searched max concurrency")
+    replicas = math.ceil(qps / rate - 1e-9)
+    if max_replicas is not None and replicas > max_replicas:
+        row.update(meets_slo=False, slo_miss=(f"{max_replicas} replica(s) need {qps / max_replicas:.3g} req/s each; "
+                                              f"the searched maximum is {rate:.3g} req/s"), notes="; ".join(notes))
+        return row
+    gpus, served = replicas * gpr, qps * output_len
+    row.update(req_s_per_replica=rate, output_tok_s_per_replica=rate * output_len, replicas=replicas, gpus=gpus,
+               utilisation=qps / (replicas * rate), output_tok_s_served=served,
                cost_per_m_tokens=(gpus * cost / (3600 * served) * 1e6) if cost is not None else None,
                notes="; ".join(notes))
     return row

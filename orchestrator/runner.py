@@ -79,11 +79,14 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
             task = progress.add_task(m.name, total=len(todo), ok=0, bad=0)
 
             def on_done(job: GroupJob, rows) -> None:
+                planned = 0
                 for row, logprobs, tasks, samples in rows:
                     row.setdefault("started_at", started)
                     store.write_cell(row, logprobs, tasks, samples)
-                    counts["ok" if row["status"] == "ok" else "not ok"] += 1
-                progress.update(task, advance=len(rows), ok=counts["ok"], bad=counts["not ok"])
+                    if row.get("search_probe") is None:   # a search's probes are rows, not planned cells
+                        planned += 1
+                        counts["ok" if row["status"] == "ok" else "not ok"] += 1
+                progress.update(task, advance=planned, ok=counts["ok"], bad=counts["not ok"])
 
             schedule(jobs, on_done, measured)
     try:  # a few large files instead of two per cell (orchestrator/compaction.py); crash-safe

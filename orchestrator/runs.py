@@ -22,8 +22,10 @@ def list_runs(results: str | Path) -> pd.DataFrame:
     for path in runs:
         store = RunStore(path)
         manifest = store.read_manifest()
-        t = store.read_cells_table(["status", "framework"])   # per-cell and compacted files, each cell once
-        status, frameworks = t["status"].to_pylist(), t["framework"].to_pylist()
+        t = store.read_cells_table(["status", "framework", "search_probe"])   # per-cell and compacted files, each cell once
+        planned_rows = [p is None for p in t["search_probe"].to_pylist()]   # a search's probes are extra rows
+        status = [s for s, keep in zip(t["status"].to_pylist(), planned_rows) if keep]
+        frameworks = t["framework"].to_pylist()
         sessions = manifest.get("sessions") or []
         started = min((s["started"] for s in sessions if s.get("started")), default=None)
         ended = sessions[-1].get("ended") if sessions else None

@@ -89,7 +89,7 @@ CELLS_SCHEMA = pa.schema([
     ("errors_by_kind", pa.string()),
     ("goodput", _f64),                    # serve: share of planned requests within the SLOs
     ("goodput_req_s", _f64),              # serve: requests/s within the SLOs
-    ("slo_ttft_ms", _f64), ("slo_tpot_ms", _f64),
+    ("slo_ttft_ms", _f64), ("slo_tpot_ms", _f64), ("slo_e2e_ms", _f64),   # the per-request SLOs goodput counts
     ("queue_ms_p50", _f64), ("queue_ms_p90", _f64), ("queue_ms_p99", _f64),  # serve: wait for a free slot
     ("ttft_ms", _list_f64),               # per request (the samples behind the percentiles)
     ("tpot_ms", _list_f64),
@@ -114,6 +114,18 @@ CELLS_SCHEMA = pa.schema([
     ("group_tries", pa.int32()),          # times the group was sent to Ray (over 1: its node was lost)
     ("started_at", pa.string()),
     ("duration_s", _f64),
+    # serve.search (adapters/slo_search.py): a search's own row (load "search rate" | "search concurrency")
+    # and one row per probe, both naming the search's cell in search_id
+    ("search_id", pa.string()),           # the search's cell_id (on its own row too); null: no search
+    ("search_variable", pa.string()),     # rate | concurrency
+    ("search_probe", pa.int32()),         # a probe's number, in the order made; null on the search's own row
+    ("search_meets", pa.bool_()),         # the probe met every SLO (judged as serve.search.judge says)
+    ("search_checks", pa.string()),       # JSON per SLO: value, interval lo/hi, slo, n, met
+    ("search_missed", pa.string()),       # what a probe missed; on the search's row: what its first miss above the max missed
+    ("search_max", _f64),                 # the highest load that met every SLO (null: none did, see missing)
+    ("search_fail", _f64),                # the lowest load above it that missed (null: none up to high did)
+    ("search_probes", pa.int32()),        # probes made
+    ("search_slos", pa.string()),         # JSON: the search config (SLOs, bounds, judge)
 ])
 
 def _logprobs_schema() -> pa.Schema:

@@ -431,9 +431,11 @@ def test_serve_report_and_tables(serve_run):
 # ------------------------------------------------------------------ a server that dies mid-cell
 
 def _run_servers() -> list[psutil.Process]:
-    """llama.cpp servers a run started (not this module's own, which are children of this process)."""
+    """llama.cpp servers a run started (not this module's own, which are children of this process); only
+    this test's descendants (through Ray): other sessions on a shared host run llama.cpp servers too."""
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
     return [p for p in psutil.process_iter(["cmdline", "ppid"])
-            if "serve_main" in " ".join(p.info["cmdline"] or []) and p.info["ppid"] != os.getpid()]
+            if p.pid in ours and "serve_main" in " ".join(p.info["cmdline"] or []) and p.info["ppid"] != os.getpid()]
 
 
 def _kill_server_when_busy(stop: threading.Event, killed: list) -> None:
