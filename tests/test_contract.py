@@ -194,4 +194,4 @@ def test_the_contract_depends_on_pydantic_and_numpy_only():
     tree = ast.parse((ROOT / "adapters" / "contract.py").read_text())
     mods = {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     mods |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert mods <= {"__future__", "json", "math", "dataclasses", "typing", "numpy", "pydantic"}, mods
+    assert mods <= {"__future__", "hashlib", "json", "math", "dataclasses", "typing", "numpy", "pydantic"}, mods
