@@ -117,7 +117,7 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
     conc, per_run = cell.batch_size, s.requests
     rate = math.inf if cell.request_rate is None else cell.request_rate
     ids = cell.timing_prompts
-    notes: list[str] = []
+    notes: list[str] = list(cell.notes)
     if api.prompt_ids:
         prompts, lengths = ids, [len(p) for p in ids]
     else:
@@ -127,10 +127,21 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
         lengths = None if any(x is None for x in lengths) else lengths
     kw = target.load_kwargs(cell.output_len, cell.ignore_eos)
     n_warm = cell.warmup * conc
+
+    def per_request(lo: int, hi: int) -> dict:
+        """A slice's own output lengths and multi-turn links (a link to a request outside the slice is dropped)."""
+        out = {}
+        if cell.output_lens:
+            out["max_tokens"] = cell.output_lens[lo:hi]
+        if cell.follows:
+            out["follows"] = [k if j >= k else 0 for j, k in enumerate(cell.follows[lo:hi])]
+            out["think_time_s"] = cell.think_time_s
+        return out
+
     if n_warm:
         load_generator.run_load(target.url, api, prompts[:n_warm],
                                 load_generator.LoadProfile(concurrency=conc, requests=n_warm, time_limit_s=s.time_limit_s),
-                                prompt_tokens=lengths[:n_warm] if lengths else None, **kw)
+                                prompt_tokens=lengths[:n_warm] if lengths else None, **(kw | per_request(0, n_warm)))
     if memory:
         memory.reset_peak()
 
@@ -140,7 +151,8 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
         profile = load_generator.LoadProfile(concurrency=conc, rate=rate, arrival=s.arrival, requests=per_run,
                                              time_limit_s=s.time_limit_s)
         return load_generator.run_load(target.url, api, prompts[lo:lo + per_run], profile,
-                                       prompt_tokens=lengths[lo:lo + per_run] if lengths else None, **kw)
+                                       prompt_tokens=lengths[lo:lo + per_run] if lengths else None,
+                                       **(kw | per_request(lo, lo + per_run)))
 
     runs, width = timed_repeats(cell, one_run)
     target.check_alive()
@@ -151,7 +163,7 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
     if cell.ignore_eos and not api.ignore_eos:
         early = sum(1 for run in runs for r in run.requests if r.ok and r.finish_reason == "stop")
         notes.append(f"this server cannot ignore EOS: {early} of {metrics.requests} timed requests ended at EOS "
-                     f"before output_len")
+                     f"before their output length")
     peak, why = memory.peak() if memory else (None, "an endpoint given by the matrix: its memory is not ours to measure")
     if why:
         metrics.missing["peak_mem_bytes"] = why

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import normalize_quantization
-from orchestrator.matrix import AXES, Matrix, MatrixError
+from orchestrator.matrix import AXES, Matrix, MatrixError, SyntheticWorkload, stable_dump
 
 
 def _hash(obj: Any) -> str:
@@ -64,10 +64,12 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     entry = model.model_dump(exclude={k for k in ("endpoint", "api_key_env") if getattr(model, k) is None})
     engine = {"framework": fw, "model": entry, "quantization": quant, "flags": values["flags"], "options": options}
     serve = values["mode"] == "serve"
-    if serve:  # only serve cells name their mode, so offline ids stay what they were before modes existed
-        engine["mode"] = "serve"
+    if values["mode"] != "offline":  # only other modes name theirs, so offline ids stay what they were before modes
+        engine["mode"] = values["mode"]
+    if values["mode"] == "stream":   # the engine's own cap on running requests is set at load
+        engine["max_running"] = values["batch_size"]
     canonical = engine | {a: values[a] for a in ("batch_size", "input_len", "output_len")} | {
-        "workload": m.workload.model_dump(), "measure": m.measure.model_dump()}
+        "workload": stable_dump(m.workload), "measure": stable_dump(m.measure)}
     if serve:
         canonical |= {"request_rate": values["request_rate"], "serve": m.serve.model_dump()}
     return Cell(framework=fw, model=values["model"], quantization=quant, flags=values["flags"],
@@ -82,14 +84,19 @@ def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
     if point["flags"] not in m.flag_sets(point["framework"]):
         return "flags", (f"flag set '{point['flags']}' is not defined for {point['framework']} "
                          f"(defined: {', '.join(m.flag_sets(point['framework']))})")
-    if point["mode"] == "offline" and m.model_entry(point["model"]).endpoint:
+    if point["mode"] != "serve" and m.model_entry(point["model"]).endpoint:
         return "mode", f"model '{point['model']}' has an endpoint, so it makes serve cells only"
     return None
 
 
-def _point(values: dict[str, Any]) -> dict[str, Any]:
-    if values["mode"] == "offline":
-        values["request_rate"] = None  # a static batch has no arrival rate
+def _point(values: dict[str, Any], m: Matrix) -> dict[str, Any]:
+    if values["mode"] != "serve":
+        values["request_rate"] = None  # a static batch, or a stream submitted at once, has no arrival rate
+    w = m.workload
+    if isinstance(w, SyntheticWorkload):   # drawn lengths: the row names their mean
+        for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
+            if dist is not None:
+                values[axis] = dist.nominal
     return values
 
 
@@ -110,13 +117,13 @@ def expand(m: Matrix) -> list[Cell]:
     axes = m.axes
     combos = []
     for values in itertools.product(*(getattr(axes, a) for a in AXES)):
-        point = _point(dict(zip(AXES, values)))
+        point = _point(dict(zip(AXES, values)), m)
         if _applies(m, point) or any(matches(point, rule) for rule in m.exclude):
             continue
         combos.append(point)
     problems = []
     for i, rule in enumerate(m.include):
-        point = _point({a: rule.get(a, getattr(axes, a)[0]) for a in AXES})
+        point = _point({a: rule.get(a, getattr(axes, a)[0]) for a in AXES}, m)
         why = _applies(m, point)
         if why:
             problems.append(f"include[{i}].{why[0]}: {why[1]}")
@@ -138,6 +145,8 @@ def expand(m: Matrix) -> list[Cell]:
 def load_label(mode: str | None, batch_size: int, request_rate: float | None, arrival: str | None = None) -> str:
     """How a cell's load reads in tables: 'batch 4' offline, 'c=4' a served closed loop of 4, and
     'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight."""
+    if mode == "stream":
+        return f"stream c<={batch_size}"
     if mode != "serve":
         return f"batch {batch_size}"
     if request_rate is None or request_rate != request_rate or request_rate == float("inf"):
