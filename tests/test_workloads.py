@@ -169,6 +169,17 @@ def test_validate_catches_workload_mistakes(tmp_path):
     assert _problems(BASE | {"axes": BASE["axes"] | {"mode": ["batch"]}})[0].startswith("axes.mode[0]: Input should be")
 
 
+def test_one_length_engines_refuse_per_request_lengths():
+    """transformers, TensorRT-LLM and LMDeploy take one output length per call here: a batch whose
+    requests want different lengths is unsupported there, never padded to one length."""
+    from adapters.base import Unsupported, one_length
+
+    assert one_length(7, "x") == 7 and one_length([5, 5, 5], "x") == 5
+    with pytest.raises(Unsupported, match="transformers generate .*: one output length per batch call; this "
+                                          "workload asks for 3-9 tokens"):
+        one_length([3, 9], "transformers generate (max_new_tokens)")
+
+
 def test_stream_cells_and_unsupported_engines(tmp_path):
     from orchestrator.cells import expand, group, load_label
     from orchestrator.launcher import GroupJob, unsupported_reason
