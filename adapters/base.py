@@ -59,10 +59,17 @@ class Adapter:
     def load(self, spec: LoadSpec) -> LoadFacts:
         raise NotImplementedError
 
-    def generate(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> TimedRun:
+    def generate(self, prompts: list[list[int]], output_len: int | list[int], ignore_eos: bool) -> TimedRun:
         """Generate for all prompts together as one batch, timing each request: every output chunk's
-        time is when it becomes available to this process (adapters.contract.RequestTiming)."""
+        time is when it becomes available to this process (adapters.contract.RequestTiming). output_len
+        is one length for all, or one per prompt (a workload with drawn or dataset lengths)."""
         raise NotImplementedError
+
+    # Stream cells: every request handed to the engine at once, its own scheduler running at most
+    # LoadSpec.max_running together (continuous batching). An engine that has such a scheduler sets
+    # `streams` and honours max_running at load; `generate` then takes the whole stream in one call.
+    streams: ClassVar[bool] = False
+    no_stream_reason: ClassVar[str] = "this adapter has no continuous-batching scheduler"
 
     def score(self, prompts: list[list[int]], top_k: int) -> list[TokenScores]:
         """Teacher-forced logprobs: for each prompt, scores of tokens 1..n-1 given their prefix."""
@@ -118,6 +125,16 @@ def no_cuda_reason(engine: str) -> str | None:
     import torch
 
     return None if torch.cuda.is_available() else f"{engine} needs CUDA, and torch sees no GPU here"
+
+
+def one_length(output_len: int | list[int], engine: str) -> int:
+    """The one output length of a batch, for an engine that takes a single length per call."""
+    if isinstance(output_len, int):
+        return output_len
+    if len(set(output_len)) > 1:
+        raise Unsupported(f"{engine}: one output length per batch call; this workload asks for "
+                          f"{min(output_len)}-{max(output_len)} tokens per request within a batch")
+    return output_len[0]
 
 
 def normalize_quantization(name: str) -> str:

@@ -56,6 +56,7 @@ class LoadSpec(_Model):
     cache_dir: str = ""            # where conversions and quantized files are cached
     seed: int = 0
     context_len: int = 0           # tokens the group's longest request needs (prompt + output)
+    max_running: int | None = None # stream cells: the most requests the engine's scheduler runs at once
 
 
 class RepeatsAuto(_Model):
@@ -79,6 +80,11 @@ class CellSpec(_Model):
     timing_prompts: list[list[int]]
     timing_texts: list[str] | None = None     # serve: for a server that takes text only
     request_rate: float | None = None          # serve: requests/s; None: a closed loop
+    output_lens: list[int] | None = None       # per timing prompt (a drawn or dataset workload); None: output_len
+    follows: list[int] | None = None           # serve, multi-turn: k > 0 sends request i after request i - k ends
+    think_time_s: float = 0.0                  # ... plus this wait
+    stream_requests: int = 0                   # stream cells: requests per timed run, submitted at once
+    notes: list[str] = Field(default_factory=list)   # what the workload drew (lengths, groups), for the row
 
 
 class ScoringSpec(_Model):
@@ -196,7 +202,7 @@ TaskSpec = Annotated[Union[GenerationTaskSpec, ChoiceTaskSpec, LmEvalTaskSpec], 
 
 
 class GroupSpec(_Model):
-    mode: Literal["offline", "serve"] = "offline"
+    mode: Literal["offline", "serve", "stream"] = "offline"
     load: LoadSpec
     cells: list[CellSpec]
     scoring: ScoringSpec | None = None

@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from adapters.base import Adapter, EngineOptions, log_softmax, no_cuda_reason, register
+from adapters.base import Adapter, EngineOptions, log_softmax, no_cuda_reason, register, one_length
 from adapters.contract import LoadFacts, LoadSpec, SamplerSettings, TimedRun, TokenScores, per_token_run, topk_dense
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -92,8 +92,13 @@ class HfAdapter(Adapter):
         return ids.to(self.device), mask.to(self.device)
 
     # -- the interface -----------------------------------------------------------------------
+    no_stream_reason = ("transformers' generate has no continuous-batching scheduler (a static batch per call): "
+                        "stream cells would be an emulation")
+
     def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
         from transformers import StoppingCriteria, StoppingCriteriaList
+
+        output_len = one_length(output_len, "transformers generate (max_new_tokens)")
 
         stamps: list[float] = []
         sync = self._sync

@@ -441,9 +441,14 @@ class LlamacppAdapter(Adapter):
     # ------------------------------------------------------------------------------------------
     # batched generation (shared by generate and greedy)
 
-    def _run(self, prompts: list[list[int]], n_tokens: int, stop_at_eos: bool, keep_logits: bool) -> dict[str, Any]:
+    def _run(self, prompts: list[list[int]], n_tokens: int | list[int], stop_at_eos: bool,
+             keep_logits: bool) -> dict[str, Any]:
         L = self._L
         B = len(prompts)
+        # per sequence: its own output length (a drawn workload), its sequence leaves the batch there
+        limits = [n_tokens] * B if isinstance(n_tokens, int) else list(n_tokens)
+        n_tokens = max(limits)
+        stop_steps = set(limits) if len(set(limits)) > 1 else set()
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
         self._ensure_context(B, max(len(p) for p in prompts) + n_tokens)
@@ -504,7 +509,7 @@ class LlamacppAdapter(Adapter):
                 engine_ttft[s] = eng
                 if keep_logits:
                     logits[s].append(kept[j])
-                if stop_at_eos and eog(self._vocab, int(best[j])):
+                if (stop_at_eos and eog(self._vocab, int(best[j]))) or limits[s] <= 1:
                     done[s] = True
         # Decode steps: one token per live sequence (at most n_seq_max <= n_batch: one llama_decode call).
         # This loop is the timed path, and on a small model a step takes ~0.1 ms: the batch is written
@@ -532,9 +537,9 @@ class LlamacppAdapter(Adapter):
                 times[s].append(now)
                 if keep_logits:
                     logits[s].append(kept[j])
-            if stop_at_eos and any(eog(self._vocab, t) for t in toks):
+            if (stop_at_eos and any(eog(self._vocab, t) for t in toks)) or step + 1 in stop_steps:
                 for s, t in zip(live, toks):
-                    done[s] = done[s] or bool(eog(self._vocab, t))
+                    done[s] = done[s] or (stop_at_eos and bool(eog(self._vocab, t))) or len(generated[s]) >= limits[s]
                 live = [s for s in live if not done[s]]
                 n = len(live)
                 batch.fill([generated[s][-1] for s in live], [len(prompts[s]) + step for s in live], live, 1)
@@ -552,7 +557,10 @@ class LlamacppAdapter(Adapter):
                 "engine_ttft": engine_ttft}
 
     # ------------------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> TimedRun:
+    no_stream_reason = ("llama-cpp-python's offline API has no continuous-batching scheduler: this adapter runs "
+                        "static batches of sequences in one context (mode offline), or serve cells through its server")
+
+    def generate(self, prompts: list[list[int]], output_len: int | list[int], ignore_eos: bool) -> TimedRun:
         if self._llm is not None:
             return self._generate_sequential(prompts, output_len, ignore_eos)
         r = self._run(prompts, output_len, stop_at_eos=not ignore_eos, keep_logits=False)
@@ -633,15 +641,16 @@ class LlamacppAdapter(Adapter):
         return self._llm.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                                   reset=True)
 
-    def _generate_sequential(self, prompts: list[list[int]], output_len: int, ignore_eos: bool) -> TimedRun:
+    def _generate_sequential(self, prompts: list[list[int]], output_len: int | list[int], ignore_eos: bool) -> TimedRun:
         L = self._L
-        for p in prompts:
-            self._ensure_llama(len(p) + output_len)  # any context rebuild happens before the clock starts
+        lens = [output_len] * len(prompts) if isinstance(output_len, int) else list(output_len)
+        for p, n in zip(prompts, lens):
+            self._ensure_llama(len(p) + n)  # any context rebuild happens before the clock starts
         times: list[list[float]] = []
         engine_ttft: list[float] = []
         drafted: list[tuple[list[int], list[int], list]] = []   # per prompt: its tokens, output, draft calls
         start = time.perf_counter()
-        for p in prompts:
+        for p, output_len in zip(prompts, lens):
             self._fresh_llm(p, output_len)
             ctx = self._llm.ctx
             L.llama_perf_context_reset(ctx)

@@ -43,7 +43,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, logits_rows, no_cuda_reason, register
+from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, logits_rows, no_cuda_reason, register, one_length
 from adapters.contract import LoadFacts, LoadSpec, RequestTiming, TimedRun, TokenScores, topk_dense, topk_sparse
 from adapters.server_process import ServerApi, ServerLaunch
 
@@ -309,6 +309,7 @@ class LmdeployAdapter(Adapter):
 
     # -- the interface -----------------------------------------------------------------------
     def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
+        output_len = one_length(output_len, "LMDeploy (one sampling config per call here)")
         gen_config = self.GenerationConfig(**generation_kwargs("timing", output_len, ignore_eos, self.backend))
         start = time.perf_counter()
         timings, _ = self._stream(prompts, gen_config, stream=True)

@@ -157,17 +157,23 @@ def arrival_offsets(profile: LoadProfile, n: int, seed: int = 0) -> list[float]:
 
 
 async def run_load_async(url: str, api: ServerApi, prompts: Sequence[Prompt], profile: LoadProfile, *,
-                         max_tokens: int, ignore_eos: bool = True, seed: int = 0, request_timeout_s: float = 60.0,
-                         model: str | None = None, headers: dict | None = None,
-                         prompt_tokens: Sequence[int] | None = None) -> TimedRun:
+                         max_tokens: int | Sequence[int], ignore_eos: bool = True, seed: int = 0,
+                         request_timeout_s: float = 60.0, model: str | None = None, headers: dict | None = None,
+                         prompt_tokens: Sequence[int] | None = None, follows: Sequence[int] | None = None,
+                         think_time_s: float = 0.0) -> TimedRun:
     """Up to profile.requests streaming completions (prompts cycled) under the profile; the sent
     requests in the order they were planned. `prompt_tokens` (per prompt) fills a request's prompt
-    length where the stream reports no usage."""
+    length where the stream reports no usage; `max_tokens` is one for all or one per prompt.
+    Multi-turn: `follows[p]` = k > 0 makes request p the next turn of request p - k: it arrives
+    `think_time_s` after that one has ended (not on the profile's schedule), as a user answering."""
     import aiohttp
 
     if not prompts:
         raise ValueError("no prompts")
+    if follows is not None and profile.requests > len(prompts):
+        raise ValueError("multi-turn requests are not cycled: give as many prompts as requests")
     sent: dict[int, RequestTiming] = {}
+    ended = {i: asyncio.Event() for i in range(profile.requests)} if follows else {}
     slots = asyncio.Semaphore(profile.concurrency)
     closed = math.isinf(profile.rate)
     connector = aiohttp.TCPConnector(limit=profile.concurrency + 4)
@@ -176,9 +182,25 @@ async def run_load_async(url: str, api: ServerApi, prompts: Sequence[Prompt], pr
         start = time.perf_counter()
         deadline = start + profile.time_limit_s
 
-        async def one(i: int, at: float) -> None:
+        async def one(i: int, at: float | None) -> None:
+            try:
+                await _one(i, at)
+            finally:
+                if i in ended:
+                    ended[i].set()
+
+        async def _one(i: int, at: float | None) -> None:
             p = i % len(prompts)
-            body = completion_body(api, prompts[p], max_tokens, seed, True, model, ignore_eos=ignore_eos)
+            n_max = max_tokens if isinstance(max_tokens, int) else max_tokens[p]
+            body = completion_body(api, prompts[p], n_max, seed, True, model, ignore_eos=ignore_eos)
+            if at is None:                      # the next turn: when the previous one has ended, plus think time
+                before = i - follows[p]
+                await ended[before].wait()
+                if before not in sent:
+                    return                      # the conversation was cut: this turn is never sent either
+                at = sent[before].end + think_time_s
+            if at >= deadline:
+                return                          # arrives after the time limit: never sent
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
             async with slots:
                 if time.perf_counter() >= deadline:
@@ -196,8 +218,10 @@ async def run_load_async(url: str, api: ServerApi, prompts: Sequence[Prompt], pr
                 if res.end is None:
                     res.end = time.perf_counter()
 
-        offsets = [start + o for o in arrival_offsets(profile, profile.requests, seed)]
-        await asyncio.gather(*(one(i, at) for i, at in enumerate(offsets) if at < deadline))
+        # first turns (every request, without multi-turn) arrive on the profile's schedule, in order
+        firsts = [i for i in range(profile.requests) if not (follows and follows[i % len(prompts)] > 0)]
+        arrivals = dict(zip(firsts, (start + o for o in arrival_offsets(profile, len(firsts), seed))))
+        await asyncio.gather(*(one(i, arrivals.get(i)) for i in range(profile.requests)))
         end = time.perf_counter()
     return TimedRun(start=start, end=end, requests=[sent[i] for i in sorted(sent)],
                     not_sent=profile.requests - len(sent))

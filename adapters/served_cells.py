@@ -122,6 +122,17 @@ def _timing_prompts(target: Target, cell: CellSpec, notes: list[str]):
     return prompts, None if any(x is None for x in lengths) else lengths
 
 
+def _per_request(cell: CellSpec, lo: int, hi: int) -> dict:
+    """A slice's own output lengths and multi-turn links (a link to a request outside the slice is dropped)."""
+    out = {}
+    if cell.output_lens:
+        out["max_tokens"] = cell.output_lens[lo:hi]
+    if cell.follows:
+        out["follows"] = [k if j >= k else 0 for j, k in enumerate(cell.follows[lo:hi])]
+        out["think_time_s"] = cell.think_time_s
+    return out
+
+
 def _warm_up(target: Target, cell: CellSpec, prompts, lengths) -> int:
     """`warmup` x batch_size untimed requests; returns how many prompts they used."""
     n_warm = cell.warmup * cell.batch_size
@@ -130,7 +141,7 @@ def _warm_up(target: Target, cell: CellSpec, prompts, lengths) -> int:
                                 load_generator.LoadProfile(concurrency=cell.batch_size, requests=n_warm,
                                                            time_limit_s=target.settings.time_limit_s),
                                 prompt_tokens=lengths[:n_warm] if lengths else None,
-                                **target.load_kwargs(cell.output_len, cell.ignore_eos))
+                                **(target.load_kwargs(cell.output_len, cell.ignore_eos) | _per_request(cell, 0, n_warm)))
     return n_warm
 
 
@@ -149,7 +160,8 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
         profile = load_generator.LoadProfile(concurrency=concurrency, rate=rate, arrival=s.arrival, requests=per_run,
                                              time_limit_s=s.time_limit_s)
         return load_generator.run_load(target.url, target.api, prompts[lo:lo + per_run], profile,
-                                       prompt_tokens=lengths[lo:lo + per_run] if lengths else None, **kw)
+                                       prompt_tokens=lengths[lo:lo + per_run] if lengths else None,
+                                       **(kw | _per_request(cell, lo, lo + per_run)))
 
     runs, width = timed_repeats(cell, one_run)
     target.check_alive()
@@ -161,7 +173,7 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
     if cell.ignore_eos and not target.api.ignore_eos:
         early = sum(1 for run in runs for r in run.requests if r.ok and r.finish_reason == "stop")
         notes.append(f"this server cannot ignore EOS: {early} of {metrics.requests} timed requests ended at EOS "
-                     f"before output_len")
+                     f"before their output length")
     peak, why = memory.peak() if memory else (None, "an endpoint given by the matrix: its memory is not ours to measure")
     if why:
         metrics.missing["peak_mem_bytes"] = why
@@ -174,7 +186,7 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
 def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
                     sampling: SamplingSpec | None, memory: MemoryTracker | None, out: Path) -> Measured:
     conc = cell.batch_size
-    notes: list[str] = []
+    notes: list[str] = list(cell.notes)
     prompts, lengths = _timing_prompts(target, cell, notes)
     n_warm = _warm_up(target, cell, prompts, lengths)
     search = target.settings.search

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, logits_rows, no_cuda_reason, register
+from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, logits_rows, no_cuda_reason, register, one_length
 from adapters.contract import LoadFacts, LoadSpec, RequestTiming, TimedRun, TokenScores, topk_dense
 from adapters.served_capture import decoded_vocab
 from adapters.server_process import ServerApi, ServerLaunch
@@ -262,6 +262,7 @@ class TrtllmAdapter(Adapter):
 
     # -- the interface -----------------------------------------------------------------------
     def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
+        output_len = one_length(output_len, "TensorRT-LLM (one sampling config per call here)")
         params = self.SamplingParams(**sampling_kwargs("timing", output_len, ignore_eos))
         last: list[Any] = [None] * len(prompts)
         start = time.perf_counter()

@@ -311,6 +311,11 @@ class VllmAdapter(Adapter):
             value = getattr(opts, key)
             if value is not None:
                 kw[key] = value
+        if spec.max_running:   # a stream cell: its batch_size is the scheduler's cap on running requests
+            if opts.max_num_seqs is not None and opts.max_num_seqs != spec.max_running:
+                raise Unsupported(f"vllm stream cell: the flag set's max_num_seqs {opts.max_num_seqs} contradicts "
+                                  f"the cell's batch_size {spec.max_running} (the cap on running requests)")
+            kw["max_num_seqs"] = spec.max_running
         if opts.cudagraph_mode:
             kw["compilation_config"] = {"cudagraph_mode": opts.cudagraph_mode}
         if opts.speculative:
@@ -486,10 +491,17 @@ class VllmAdapter(Adapter):
                 raise RuntimeError("vLLM returned outputs out of prompt order")
         return outs
 
+    # one generate call with every request of a stream: vLLM's scheduler runs at most max_num_seqs (set
+    # from LoadSpec.max_running) and admits the next waiting request as one finishes (vllm bench throughput)
+    streams = True
+
     def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=ignore_eos, detokenize=False)
+        lens = [output_len] * len(prompts) if isinstance(output_len, int) else list(output_len)
+        params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=ignore_eos, detokenize=False)
+                  for n in lens] if len(set(lens)) > 1 else SamplingParams(temperature=0.0, max_tokens=lens[0],
+                                                                           ignore_eos=ignore_eos, detokenize=False)
         if self.opts.reset_prefix_cache:
             self.llm.reset_prefix_cache()
         if self._stamps is not None:

@@ -79,21 +79,38 @@ def _spec_figures(before: tuple[int, int] | None, after: tuple[int, int] | None)
             "spec_acceptance": accepted / drafted if drafted else None}
 
 
+def _spans(cell: CellSpec, stream: bool) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(warm-up, timed) slices of the timing prompts: static batches of batch_size, or for a stream
+    one warm-up stream of warmup x batch_size requests and timed streams of stream_requests each."""
+    if stream:
+        warm = cell.warmup * cell.batch_size
+        per = cell.stream_requests
+        return ([(0, warm)] if warm else []), [(warm + r * per, warm + (r + 1) * per) for r in range(cell.repeats)]
+    n, b = len(cell.timing_prompts), cell.batch_size
+    spans = [(i, min(i + b, n)) for i in range(0, n, b)]
+    return spans[: cell.warmup], spans[cell.warmup:]
+
+
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-             sampling: SamplingSpec | None, memory: MemoryTracker) -> Measured:
-    batches = list(chunks(cell.timing_prompts, cell.batch_size))
-    for batch in batches[: cell.warmup]:
-        adapter.generate(batch, cell.output_len, cell.ignore_eos)
+             sampling: SamplingSpec | None, memory: MemoryTracker, stream: bool = False) -> Measured:
+    def gen(span: tuple[int, int]):
+        lo, hi = span
+        lens = cell.output_lens[lo:hi] if cell.output_lens else cell.output_len
+        return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos)
+
+    warm, timed = _spans(cell, stream)
+    for span in warm:
+        gen(span)
     memory.reset_peak()
-    timed = batches[cell.warmup:]
     spec_before = adapter.spec_counters()
-    runs, width = timed_repeats(cell, lambda r: adapter.generate(timed[r], cell.output_len, cell.ignore_eos))
+    runs, width = timed_repeats(cell, lambda r: gen(timed[r]))
     spec = _spec_figures(spec_before, adapter.spec_counters())
     metrics = summarize(runs)
     peak, why = memory.peak()
     if why:
         metrics.missing["peak_mem_bytes"] = why
-    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width, **spec)
+    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
+                        notes=list(cell.notes), **spec)
     if spec and record.spec_acceptance is None:
         record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
     if not spec:
@@ -162,7 +179,9 @@ def main(spec_path: str, out_dir: str) -> int:
     events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
                        **provenance))
 
-    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory), events, out)
+    stream = spec.mode == "stream"
+    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, stream),
+              events, out)
     adapter.close()
     memory.stop()
     events.emit(End())

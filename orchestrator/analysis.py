@@ -412,7 +412,7 @@ def _resolve_baselines(cells: pd.DataFrame, comparable: pd.DataFrame, selector: 
     chosen = []
     for r in cells[list(AXES)].itertuples(index=False):
         want = {a: sel[a] if a in sel else _axis_value(a, getattr(r, a)) for a in AXES}
-        if want["mode"] == "offline":
+        if want["mode"] != "serve":
             want["request_rate"] = None   # a served cell's offline baseline has no arrival rate
         key = tuple(want.values())
         if key not in cache:

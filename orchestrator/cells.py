@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import normalize_quantization
-from orchestrator.matrix import AXES, Matrix, MatrixError
+from orchestrator.matrix import AXES, Matrix, MatrixError, SyntheticWorkload, stable_dump
 
 
 def _hash(obj: Any) -> str:
@@ -65,10 +65,12 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     entry = model.model_dump(exclude={k for k in ("endpoint", "api_key_env") if getattr(model, k) is None})
     engine = {"framework": fw, "model": entry, "quantization": quant, "flags": values["flags"], "options": options}
     serve = values["mode"] == "serve"
-    if serve:  # only serve cells name their mode, so offline ids stay what they were before modes existed
-        engine["mode"] = "serve"
+    if values["mode"] != "offline":  # only other modes name theirs, so offline ids stay what they were before modes
+        engine["mode"] = values["mode"]
+    if values["mode"] == "stream":   # the engine's own cap on running requests is set at load
+        engine["max_running"] = values["batch_size"]
     canonical = engine | {a: values[a] for a in ("batch_size", "input_len", "output_len")} | {
-        "workload": m.workload.model_dump(), "measure": m.measure.model_dump()}
+        "workload": stable_dump(m.workload), "measure": stable_dump(m.measure)}
     search = serve and m.serve.search is not None
     if serve:
         canonical |= {"request_rate": values["request_rate"], "serve": serve_settings(m)}
@@ -90,18 +92,23 @@ def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
     if point["flags"] not in m.flag_sets(point["framework"]):
         return "flags", (f"flag set '{point['flags']}' is not defined for {point['framework']} "
                          f"(defined: {', '.join(m.flag_sets(point['framework']))})")
-    if point["mode"] == "offline" and m.model_entry(point["model"]).endpoint:
+    if point["mode"] != "serve" and m.model_entry(point["model"]).endpoint:
         return "mode", f"model '{point['model']}' has an endpoint, so it makes serve cells only"
     return None
 
 
 def _point(m: Matrix, values: dict[str, Any]) -> dict[str, Any]:
-    if values["mode"] == "offline":
-        values["request_rate"] = None  # a static batch has no arrival rate
+    if values["mode"] != "serve":
+        values["request_rate"] = None  # a static batch, or a stream submitted at once, has no arrival rate
     elif m.serve.search is not None:
         values["request_rate"] = None  # the search chooses it
         if m.serve.search.variable == "concurrency":   # and the concurrency: one search per configuration
             values["batch_size"] = int(m.serve.search.high)
+    w = m.workload
+    if isinstance(w, SyntheticWorkload):   # drawn lengths: the row names their mean
+        for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
+            if dist is not None:
+                values[axis] = dist.nominal
     return values
 
 
@@ -149,8 +156,10 @@ def expand(m: Matrix) -> list[Cell]:
 
 def load_label(mode: str | None, batch_size: int, request_rate: float | None, arrival: str | None = None) -> str:
     """How a cell's load reads in tables: 'batch 4' offline, 'c=4' a served closed loop of 4, and
-    'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight; 'search rate, c<=4' an SLO
-    search (its row's rate: the maximum found)."""
+    'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight; 'stream c<=4' a stream with at most
+    4 running; 'search rate, c<=4' an SLO search (its row's rate: the maximum found)."""
+    if mode == "stream":
+        return f"stream c<={batch_size}"
     if mode != "serve":
         return f"batch {batch_size}"
     if arrival in ("search rate", "search concurrency"):

@@ -178,7 +178,7 @@ def task_table(tv: pd.DataFrame) -> Table:
     for r in tv.to_dict("records"):
         test = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap"}.get(r.get("test"), "")
         judged = r["task_verdict"] != "n/a"
-        t.add_row(f"{r['framework']}/{r['quantization']}/{r['flags']}" + ("" if r["mode"] == "offline" else " serve"),
+        t.add_row(f"{r['framework']}/{r['quantization']}/{r['flags']}" + ("" if r["mode"] == "offline" else f" {r['mode']}"),
                   str(r["batch_size"]), str(r["task"]), str(r.get("metric") or ""),
                   str(int(r["n"])) if _finite(r.get("n")) else "", ci(r, "score", ".3f"),
                   format(r["base_score"], ".3f") if judged else "", ci(r, "change", "+.3f") if judged else "",

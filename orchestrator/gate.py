@@ -168,7 +168,7 @@ class Check:
 def _where(r: dict) -> str:
     return "/".join(str(r[a]) for a in _CONFIG_AXES if r[a] != "offline") + " " + (
         load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load"))
-        if r["mode"] == "serve" else f"batch={r['batch_size']}")
+        if r["mode"] in ("serve", "stream") else f"batch={r['batch_size']}")
 
 
 def _speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:

@@ -31,11 +31,11 @@ from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, PROBES, TASK_OUTP
                                parse_event)
 from adapters.server_process import die_with_parent
 from orchestrator.cells import Cell, EngineGroup
-from orchestrator.matrix import Matrix
+from orchestrator.matrix import Matrix, stable_dump
 from orchestrator import task_sets
 from orchestrator.store import LOGPROBS_SCHEMA, SAMPLES_SCHEMA, TASKS_SCHEMA
 from orchestrator.task_metrics import task_rows
-from orchestrator.workload import Tokenizer, scoring_prompts, text_prompts, timing_prompts
+from orchestrator.workload import Tokenizer, scoring_prompts, text_prompts, timing_requests
 
 PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
 POLL_S = 0.05
@@ -71,8 +71,8 @@ def _own_group_dying_with_parent() -> None:
 
 def load_kind(m: Matrix, cell: Cell) -> str:
     """batch (an offline static batch), closed (a served closed loop), or the arrival of a served rate."""
-    if cell.mode == "offline":
-        return "batch"
+    if cell.mode in ("offline", "stream"):
+        return "batch" if cell.mode == "offline" else "stream"
     if cell.search:
         return f"search {m.serve.search.variable}"
     return "closed" if math.isinf(cell.request_rate) else m.serve.arrival
@@ -85,7 +85,7 @@ def base_row(job: GroupJob, cell: Cell) -> dict:
         "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
         "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
         "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
-        "workload": json.dumps(m.workload.model_dump(), sort_keys=True), "device": job.device,
+        "workload": json.dumps(stable_dump(m.workload), sort_keys=True), "device": job.device,
         "warmup": m.measure.warmup, "group_tries": job.tries,
         "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
         "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
@@ -116,17 +116,24 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
     as_text = serve and not api.prompt_ids   # a server that takes text only gets the prompts' text
     auto = m.measure.auto_repeats if m.measure.repeats == "auto" else None
     repeats = auto.max_repeats if auto else m.measure.repeats   # prompts are prepared for the most
-    spec_cells = []
+    spec_cells, longest = [], 0
     for c in cells:
-        per_run = m.serve.requests if serve else c.batch_size
+        per_run = {"serve": m.serve.requests, "stream": m.measure.stream_requests}.get(g.mode, c.batch_size)
         n = m.measure.warmup * c.batch_size + repeats * per_run
-        prompts, texts = timing_prompts(m.workload, tok, n, c.input_len), None
+        # a drawn or dataset workload: the cell's input_len / output_len cap (datasets) or name (drawn) lengths
+        req = timing_requests(m.workload, tok, n, _cap(m, "input_lengths", c.input_len),
+                              _cap(m, "output_lengths", c.output_len), g.mode)
+        prompts, texts = req.prompts, None
         if as_text:
             prompts, texts = text_prompts(tok, prompts)
+        outs = req.output_lens or [c.output_len] * len(prompts)
+        longest = max([longest] + [len(p) + o for p, o in zip(prompts, outs)])
         spec_cells.append(CellSpec(
             cell_id=c.cell_id, batch_size=c.batch_size, output_len=c.output_len, warmup=m.measure.warmup,
             repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
-            request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate))
+            request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate,
+            output_lens=req.output_lens, follows=req.follows, think_time_s=req.think_time_s,
+            stream_requests=per_run if g.mode == "stream" else 0, notes=req.notes))
     scoring = scoring_prompts(m.measure, tok)
     task_specs = task_sets.task_specs(tasks, tok, _tokenizer_source(job), entry.trust_remote_code,
                                       max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
@@ -134,7 +141,8 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
         framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
         gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
         cache_dir=str(Path(job.cache_dir) / "engines"), seed=0,
-        context_len=max([c.input_len + c.output_len for c in cells] + [m.measure.scoring_len + max(
+        max_running=g.cells[0].batch_size if g.mode == "stream" else None,
+        context_len=max([longest] + [m.measure.scoring_len + max(
             m.measure.greedy_tokens, m.measure.sampling.tokens if m.measure.sampling else 0)]),
         model=ModelSpec(name=g.model, source=source, trust_remote_code=entry.trust_remote_code, revision=entry.revision))
     return GroupSpec(
@@ -146,6 +154,12 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
             startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)),
         tasks=task_specs, sampling=_sampling_spec(m, scoring))
+
+
+def _cap(m: Matrix, field: str, axis_value: int) -> int:
+    """The most tokens a request may have: a drawn distribution's upper end, else the axis value."""
+    dist = getattr(m.workload, field, None)
+    return dist.upper if dist is not None else axis_value
 
 
 def _sampling_spec(m: Matrix, scoring: list[list[int]]) -> SamplingSpec | None:
@@ -271,6 +285,8 @@ def unsupported_reason(job: GroupJob, python: str) -> str | None:
     if g.mode == "serve" and cls.server_api is None:
         return f"{g.framework} has no OpenAI-compatible server to run serve cells with" + (
             f": {cls.no_server_reason}" if cls.no_server_reason else "")
+    if g.mode == "stream" and not cls.streams:
+        return f"{g.framework} has no stream mode: {cls.no_stream_reason}"
     if endpoint:
         return None   # someone else's server: nothing of the engine runs here
     if g.quantization not in cls.quantizations:

@@ -15,11 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters import ADAPTERS
 from adapters.base import QUANTIZATIONS, normalize_quantization
 from adapters.contract import RepeatsAuto
-from orchestrator import task_sets
+from orchestrator import datasets, task_sets
+from orchestrator.lengths import LengthDist
 from orchestrator.task_sets import TaskEntry
 
 AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate")
-MODES = ("offline", "serve")
+MODES = ("offline", "serve", "stream")
 DEFAULT_FLAGS = "default"
 
 
@@ -62,8 +63,11 @@ class Axes(_Strict):
     flags: list[str] = [DEFAULT_FLAGS]
     input_len: list[Annotated[int, Field(ge=1)]] = [32]
     output_len: list[Annotated[int, Field(ge=1)]] = [16]
-    mode: list[Literal["offline", "serve"]] = Field(["offline"], description="offline: the engine's Python API, "
-                                                    "static batches; serve: its own OpenAI-compatible server under load")
+    mode: list[Literal["offline", "serve", "stream"]] = Field(["offline"], description="offline: the engine's Python "
+                                                              "API, static batches; stream: its Python API, every "
+                                                              "request submitted at once, at most batch_size running "
+                                                              "(the engine's continuous batching); serve: its own "
+                                                              "OpenAI-compatible server under load")
     request_rate: list[Annotated[float, Field(gt=0)]] = Field([math.inf], description="Serve cells: requests/s "
                                                               "arriving (see serve.arrival), at most batch_size in "
                                                               "flight; .inf: a closed loop of batch_size requests")
@@ -72,17 +76,57 @@ class Axes(_Strict):
 class SyntheticWorkload(_Strict):
     kind: Literal["synthetic"] = "synthetic"
     seed: int = 0
-    shared_prefix_len: int = Field(0, ge=0, description="Tokens every prompt shares (prefix-cache workloads)")
+    shared_prefix_len: int = Field(0, ge=0, description="Tokens every prompt of a prefix group shares "
+                                   "(prefix-cache workloads)")
+    prefix_groups: int = Field(1, ge=1, description="Distinct shared prefixes (N system prompts, each shared by "
+                               "every N-th request); 1: one prefix for all")
+    input_lengths: LengthDist | None = Field(None, description="Prompt lengths drawn per request (seeded) instead "
+                                             "of the input_len axis")
+    output_lengths: LengthDist | None = Field(None, description="Output lengths drawn per request (seeded) "
+                                              "instead of the output_len axis")
 
 
 class DatasetWorkload(_Strict):
     kind: Literal["jsonl", "text"]
     path: str
     field: str = Field("text", description="JSONL field holding the prompt text, or a list of token ids")
+    output_field: str | None = Field(None, description="JSONL field holding a reference output: each request's "
+                                     "output length is its token count (capped by output_len)")
     seed: int = 0
+    cluster_only: bool = Field(False, description="The path exists only where the run happens (a cluster's "
+                               "storage): bench validate does not open it")
 
 
-Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload], Field(discriminator="kind")]
+class ShareGptWorkload(_Strict):
+    """ShareGPT-style conversations (JSON list or JSONL of {conversations: [{from, value}]} or {messages:
+    [{role, content}]}). Single-turn: each conversation's first user turn, output length from the reply
+    that follows. Multi-turn: every user turn of a conversation is a request whose prompt is the whole
+    conversation so far (the earlier replies as the file has them), sent when the previous turn has
+    ended plus think_time_s; a conversation stops at the first turn that would exceed input_len."""
+
+    kind: Literal["sharegpt"] = "sharegpt"
+    path: str
+    multi_turn: bool = False
+    think_time_s: float = Field(0.0, ge=0, description="Multi-turn, serve cells: wait between a turn's end and "
+                                "the next turn of its conversation")
+    max_turns: int | None = Field(None, ge=1, description="Most user turns taken per conversation")
+    seed: int = 0
+    cluster_only: bool = Field(False, description="The path exists only where the run happens: bench validate "
+                               "does not open it")
+
+
+Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload, ShareGptWorkload], Field(discriminator="kind")]
+# fields added after cell ids existed: left out of a cell's canonical form at their defaults, so the
+# cells of an older matrix keep their ids
+_NEW_WORKLOAD_FIELDS = {"prefix_groups": 1, "input_lengths": None, "output_lengths": None, "output_field": None,
+                        "cluster_only": False}
+_NEW_MEASURE_FIELDS = {"stream_requests": 64}
+
+
+def stable_dump(section: BaseModel) -> dict:
+    """A workload or measure section as cell ids hash it: fields newer than cell ids only where set."""
+    new = _NEW_WORKLOAD_FIELDS | _NEW_MEASURE_FIELDS
+    return {k: v for k, v in section.model_dump().items() if not (k in new and v == new[k])}
 
 
 class Sampling(_Strict):
@@ -118,6 +162,8 @@ class Measure(_Strict):
             raise ValueError("expected a number of timed batches >= 1, or 'auto'")
         return v
     ignore_eos: bool = Field(True, description="Fixed output length for throughput")
+    stream_requests: int = Field(64, ge=1, description="Stream cells: requests per timed run (all submitted at "
+                                 "once, at most batch_size running)")
     top_k: int = Field(20, ge=1, description="Candidates stored per scored position")
     scoring_prompts: int = Field(8, ge=1)
     scoring_len: int = Field(64, ge=2, description="Tokens per scoring prompt (teacher forced)")
@@ -231,6 +277,11 @@ class Matrix(_Strict):
     serve: Serve = Field(default_factory=Serve)
     run: Run = Field(default_factory=Run)
 
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _synthetic_by_default(cls, v):
+        return {"kind": "synthetic", **v} if isinstance(v, dict) and "kind" not in v else v
+
     def model_entry(self, name: str) -> ModelEntry:
         entry = self.models[name]
         return ModelEntry(source=entry) if isinstance(entry, str) else entry
@@ -246,7 +297,7 @@ def _path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("synthetic", "jsonl", "text") and out.endswith("workload"):
+        elif part in ("synthetic", "jsonl", "text", "sharegpt") and out.endswith("workload"):
             continue  # the discriminator tag pydantic adds is not part of the YAML path
         elif out.startswith("tasks[") and (part in ("str", "generation", "choice", "lm_eval")
                                             or str(part).startswith("tagged-union[")):
@@ -322,6 +373,28 @@ def _check_semantics(m: Matrix) -> list[str]:
     problems += task_sets.problems(m.tasks)
     if m.serve.search is not None:
         problems += _search_problems(m)
+    problems += _workload_problems(m)
+    return problems
+
+
+def _workload_problems(m: Matrix) -> list[str]:
+    """Lengths drawn by the workload leave no fixed-length axis to sweep; a local file must exist and parse."""
+    w, problems = m.workload, []
+    if isinstance(w, SyntheticWorkload):
+        for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
+            if dist is not None and axis in m.axes.model_fields_set:
+                problems.append(f"axes.{axis}: the workload draws these lengths (workload.{axis[:-4]}_lengths); "
+                                f"leave the axis out, or drop workload.{axis[:-4]}_lengths for a fixed sweep")
+        if w.prefix_groups > 1 and not w.shared_prefix_len:
+            problems.append("workload.prefix_groups: prefix groups need workload.shared_prefix_len > 0 (the "
+                            "tokens each group's requests share)")
+        if w.input_lengths is not None and w.shared_prefix_len >= w.input_lengths.min:
+            problems.append(f"workload.shared_prefix_len: {w.shared_prefix_len} tokens is not below the shortest "
+                            f"drawn prompt (workload.input_lengths.min {w.input_lengths.min})")
+    elif not w.cluster_only:
+        why = datasets.check(w.kind, w.path, getattr(w, "field", "text"), getattr(w, "output_field", None))
+        if why:
+            problems.append(f"workload.path: {why}")
     return problems
 
 

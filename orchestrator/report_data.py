@@ -117,7 +117,7 @@ def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, dict, s
     # column-wise, not a row-wise join (that alone took 18 s at 100k cells)
     df["config"] = (df["framework"].astype(str) + "/" + df["model"].astype(str) + "/"
                     + df["quantization"].astype(str) + "/" + df["flags"].astype(str)) if len(df) else ""
-    df["config"] += np.where(df["mode"] == "serve", "/serve", "") if len(df) else ""
+    df["config"] += np.where(df["mode"].isin(["serve", "stream"]), "/" + df["mode"].astype(str), "") if len(df) else ""
     df["load_label"] = [load_label(m, b, r, a) for m, b, r, a in zip(df["mode"], df.batch_size, df.request_rate, df.load)]
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
     df["label"] = [f"{c} {lo}" + (f" in{i}/out{o}" if multi_len else "")
@@ -147,7 +147,7 @@ def _labels(df: pd.DataFrame) -> None:
     """config, load_label and label columns, as `load` makes them, on a frame with the axes."""
     mode = df["mode"].fillna("offline") if "mode" in df else pd.Series("offline", index=df.index)
     df["config"] = (df["framework"].astype(str) + "/" + df["model"].astype(str) + "/" + df["quantization"].astype(str)
-                    + "/" + df["flags"].astype(str) + np.where(mode == "serve", "/serve", "")) if len(df) else ""
+                    + "/" + df["flags"].astype(str) + np.where(mode.isin(["serve", "stream"]), "/" + mode.astype(str), "")) if len(df) else ""
     arrival = df["load"] if "load" in df else pd.Series(None, index=df.index)
     df["load_label"] = [load_label(m, int(b), r if _finite(r) else None, a if isinstance(a, str) else None)
                         for m, b, r, a in zip(mode, df.batch_size, df.request_rate, arrival)]

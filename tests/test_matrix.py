@@ -115,9 +115,9 @@ def test_unknown_framework_names_index_and_choices():
     (with_(run={"python": {"vlm": "/x"}}), "run.python.vlm: unknown framework 'vlm'"),
     (with_(run={"device": "tpu"}), "run.device: Input should be 'auto', 'cpu' or 'cuda'"),
     (with_(bogus=1), "bogus: unknown key"),
-    (with_(axes__mode=["offline", "served"]), "axes.mode[1]: Input should be 'offline' or 'serve'"),
+    (with_(axes__mode=["offline", "served"]), "axes.mode[1]: Input should be 'offline', 'serve' or 'stream'"),
     (with_(axes__request_rate=[0]), "axes.request_rate[0]: Input should be greater than 0"),
-    (with_(exclude=[{"mode": "online"}]), "exclude[0].mode: unknown mode 'online' (known: offline, serve)"),
+    (with_(exclude=[{"mode": "online"}]), "exclude[0].mode: unknown mode 'online' (known: offline, serve, stream)"),
     (with_(exclude=[{"request_rate": "fast"}]), "exclude[0].request_rate: expected a positive number of requests/s"),
     (with_(models__other={"source": "/m", "endpoint": "10.0.0.5:8000"}), "models.other.endpoint: Value error, "
      "expected an http:// or https:// URL"),

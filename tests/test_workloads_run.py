@@ -1,0 +1,120 @@
+"""Workloads through real engines on the tiny model: one run of the shipped multi-turn ShareGPT file
+(per-request prompt and output lengths) through llama.cpp offline and served (multi-turn sessions with
+think time), vLLM-CPU's stream mode, and the engines without a continuous-batching scheduler, plus the
+load generator's multi-turn ordering against a real llama.cpp server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from adapters import load_generator
+from orchestrator.launcher import PROJECT_ROOT
+from orchestrator.matrix import ShareGptWorkload
+from orchestrator.workload import Tokenizer, timing_requests
+from tests.conftest import ROOT
+from tests.test_serve import API, start_llamacpp
+
+HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
+SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
+WARMUP, REPEATS, PER_RUN, SERVED, BATCH, IN_CAP, OUT_CAP = 1, 2, 16, 8, 4, 320, 16
+THINK_S = 0.05
+
+MATRIX = {
+    "name": "workloads-test",
+    "models": {"tiny": "builtin:tiny"},
+    "axes": {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny"], "mode": ["offline", "stream", "serve"],
+             "batch_size": [BATCH], "input_len": [IN_CAP], "output_len": [OUT_CAP]},
+    # hf offline would load transformers only to refuse per-request lengths (test_workloads.py checks that)
+    "exclude": [{"framework": "hf", "mode": ["offline", "serve"]}, {"framework": "vllm", "mode": ["offline", "serve"]}],
+    "flags": {"vllm": {"default": {"enforce_eager": True}}},
+    "workload": {"kind": "sharegpt", "path": SHAREGPT, "multi_turn": True, "think_time_s": THINK_S},
+    "measure": {"warmup": WARMUP, "repeats": REPEATS, "stream_requests": PER_RUN, "scoring_prompts": 2,
+                "scoring_len": 24, "greedy_tokens": 4, "score_repeats": 1, "top_k": 4},
+    "serve": {"requests": SERVED, "time_limit_s": 90, "capture_logprobs": False},
+    "baseline": {"framework": "llamacpp", "mode": "offline"},
+    "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
+}
+
+
+@pytest.fixture(scope="module")
+def workload_run(ray_local, tiny_model, tmp_path_factory):
+    from orchestrator.runner import run_matrix
+
+    d = tmp_path_factory.mktemp("workloads-run")
+    (d / "m.yaml").write_text(yaml.safe_dump(MATRIX))
+    store = run_matrix(d / "m.yaml", d / "run")
+    return store.read_cells().set_index(["framework", "mode"])
+
+
+def _expected(tiny_model, mode: str, n: int):
+    return timing_requests(ShareGptWorkload(path=SHAREGPT, multi_turn=True, think_time_s=THINK_S),
+                           Tokenizer(str(tiny_model)), n, IN_CAP, OUT_CAP, mode)
+
+
+def test_engines_without_a_scheduler_say_so(workload_run):
+    for fw in ("hf", "llamacpp"):
+        row = workload_run.loc[(fw, "stream")]
+        assert row.status == "unsupported" and "continuous-batching scheduler" in row.reason
+
+
+def test_per_request_lengths_offline_and_stream(workload_run, tiny_model):
+    lp = workload_run.loc[("llamacpp", "offline")]
+    assert lp.status == "ok", lp.reason
+    req = _expected(tiny_model, "offline", WARMUP * BATCH + REPEATS * BATCH)
+    timed = req.output_lens[WARMUP * BATCH:]
+    # static batches of the conversations' turns, each request exactly its reply's length (EOS ignored)
+    assert lp.output_tokens == sum(timed) and lp.prompt_tokens == sum(len(p) for p in req.prompts[WARMUP * BATCH:])
+    assert lp.load == "batch" and "sharegpt: 8 conversations" in lp.notes
+    if not HAS_VLLM:
+        assert workload_run.loc[("vllm", "stream")].status == "unsupported"
+        return
+    vs = workload_run.loc[("vllm", "stream")]
+    assert vs.status == "ok", vs.reason
+    req = _expected(tiny_model, "stream", WARMUP * BATCH + REPEATS * PER_RUN)
+    assert vs.load == "stream" and vs.requests == REPEATS * PER_RUN
+    assert vs.output_tokens == sum(req.output_lens[WARMUP * BATCH:])
+    # the cell's batch size is vLLM's own cap on running requests
+    assert json.loads(vs.engine_args)["effective"]["max_num_seqs"] == BATCH
+    # submitted at once: the later requests wait for a slot, so TTFT spreads far beyond one prefill
+    assert max(vs.ttft_ms) > 3 * min(vs.ttft_ms) and vs.output_tok_s > 0
+
+
+def test_multi_turn_served(workload_run, tiny_model):
+    row = workload_run.loc[("llamacpp", "serve")]
+    assert row.status == "ok", row.reason
+    assert row.requests_planned == REPEATS * SERVED and row.errors == 0, row.errors_by_kind
+    req = _expected(tiny_model, "serve", WARMUP * BATCH + REPEATS * SERVED)
+    # llama.cpp's server cannot ignore EOS: at most each turn's reply length, never more
+    assert 0 < row.output_tokens <= sum(req.output_lens[WARMUP * BATCH:])
+    assert row.ttft_ms_p50 > 0 and "multi-turn" in row.notes
+
+
+def test_next_turn_waits_for_the_last_and_thinks(ggufs, tmp_path, tiny_model):
+    """The load generator against a real server: a follow-up turn is sent think_time after the turn it
+    follows has ended, first turns on the profile's schedule, and the concurrency cap holds."""
+    srv = start_llamacpp(ggufs["fp32"], tmp_path / "llama.log")
+    try:
+        req = _expected(tiny_model, "serve", 8)
+        tok = Tokenizer(str(tiny_model))
+        texts = [tok.decode(p) for p in req.prompts]
+        lens = [min(n, 6) for n in req.output_lens]
+        run = load_generator.run_load(srv.url, API, texts, load_generator.LoadProfile(concurrency=2, requests=8,
+                                      time_limit_s=60), max_tokens=lens, follows=req.follows, think_time_s=THINK_S)
+    finally:
+        srv.stop()
+    assert len(run.requests) == 8 and all(r.ok for r in run.requests), [r.error for r in run.requests]
+    for i, k in enumerate(req.follows):
+        if k:
+            assert run.requests[i].sent >= run.requests[i - k].end + THINK_S - 1e-3
+    assert all(r.output_tokens <= n for r, n in zip(run.requests, lens))
+
+
+@pytest.fixture(scope="module")
+def ggufs(tiny_model, cache_dir):
+    from adapters.gguf_convert import gguf_for
+
+    return {"fp32": str(gguf_for(str(tiny_model), "fp32", cache_dir)[0])}
