@@ -96,32 +96,18 @@ class HfAdapter(Adapter):
                         "stream cells would be an emulation")
 
     def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
         output_len = one_length(output_len, "transformers generate (max_new_tokens)")
-
-        stamps: list[float] = []
-        sync = self._sync
-        never = self.torch.zeros(len(prompts), dtype=self.torch.bool, device=self.device)
-
-        class Stamp(StoppingCriteria):
-            # Called once per step, right after the step's tokens are chosen: the time they exist. (A
-            # LogitsProcessor hook, called before the choice, cost 4-5% of the throughput on the built-in
-            # model, this ~0: benchmarks/overhead.py, paired table.) It never stops a sequence itself.
-            def __call__(self, input_ids, scores, **kwargs):
-                sync()
-                stamps.append(time.perf_counter())
-                return never
-
+        clock = _step_clock()
         ids, mask = self._left_padded(prompts)
         with self.torch.inference_mode():
-            sync()
+            self._sync()
             start = time.perf_counter()
             out = self.model.generate(ids, attention_mask=mask, max_new_tokens=output_len,
                                       **(self.no_eos if ignore_eos else {"generation_config": self.gen_eos}),
-                                      stopping_criteria=StoppingCriteriaList([Stamp()]))
-            sync()
+                                      streamer=clock)
+            self._sync()
             end = time.perf_counter()
+        stamps = clock.times[1:]   # the first put is the prompt
         new = out[:, ids.shape[1]:].cpu().numpy()
         counts = [self._generated_count(row) if not ignore_eos else new.shape[1] for row in new]
         return per_token_run(start, end, [stamps[:n] for n in counts], prompts)
@@ -188,6 +174,22 @@ class HfAdapter(Adapter):
         self.model = None
         if getattr(self, "device", None) is not None and self.device.type == "cuda":
             self.torch.cuda.empty_cache()
+
+
+def _step_clock():
+    """generate's streamer, as a clock: generate calls put() once with the prompt, then once per step right
+    after the step's tokens are chosen (with `tokens.cpu()`, so on a GPU once they are on the host); each
+    put appends perf_counter() to `.times`. (It replaced a StoppingCriteria, which added a torch op a step,
+    `is_done | ours`, and before that a LogitsProcessor, called before the choice: 4-5% on the built-in model,
+    benchmarks/overhead.py, paired table.)"""
+    from transformers.generation.streamers import BaseStreamer
+
+    clock = BaseStreamer()
+    clock.times = []
+    append, now = clock.times.append, time.perf_counter
+    clock.put = lambda value: append(now())   # instance attributes: no method binding per call
+    clock.end = lambda: None
+    return clock
 
 
 def _seeded_sampler(torch, seeds: list[int], settings: SamplerSettings, device):

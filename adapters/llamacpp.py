@@ -214,6 +214,9 @@ class LlamacppAdapter(Adapter):
                 raise RuntimeError(f"llama.cpp could not load {self.gguf_path}: {_last_error(logs)}")
             self._vocab = llama_cpp.llama_model_get_vocab(self._model)
             self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+            # llama_get_logits returning the address as an int: the per-step check in _logits
+            self._logits_addr = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+                ctypes.cast(llama_cpp.llama_get_logits, ctypes.c_void_p).value)
             self._ensure_context(1, 256, logs)
 
         versions = {"llama_cpp_python": llama_cpp.__version__}
@@ -427,10 +430,11 @@ class LlamacppAdapter(Adapter):
 
     def _logits(self, rows: int) -> np.ndarray:
         """The last llama_decode's logits [rows, vocab], a view on llama.cpp's output buffer (valid until the
-        next call). The view is made again only when the buffer or the row count changes (~4 us saved a step)."""
-        ptr = self._L.llama_get_logits(self._ctx)
-        key = (ctypes.addressof(ptr.contents), rows)
+        next call). The view is made again only when the buffer or the row count changes (~4 us saved a step);
+        the buffer's address comes as a plain int (no ctypes pointer objects built per step)."""
+        key = (self._logits_addr(self._ctx), rows)
         if key != self._logits_key:
+            ptr = ctypes.cast(key[0], ctypes.POINTER(ctypes.c_float))
             self._logits_view, self._logits_key = np.ctypeslib.as_array(ptr, shape=(rows, self._n_vocab)), key
         return self._logits_view
 
@@ -490,6 +494,10 @@ class LlamacppAdapter(Adapter):
         engine_ttft = [0.0] * B
         done = [False] * B
         eog = L.llama_vocab_is_eog
+        # each decode step's positions, [step, sequence] (step k decodes the token chosen at step k - 1),
+        # built before the clock starts: an in-place `pos += 1` on the batch cost ~6 us a step
+        step_pos = np.add.outer(np.arange(n_tokens + 1, dtype=np.int32),
+                                np.asarray([len(p) for p in prompts], np.int32)) - 1
 
         L.llama_perf_context_reset(self._ctx)
         t0_perf = self._perf_ms()
@@ -513,40 +521,59 @@ class LlamacppAdapter(Adapter):
                     done[s] = True
         # Decode steps: one token per live sequence (at most n_seq_max <= n_batch: one llama_decode call).
         # This loop is the timed path, and on a small model a step takes ~0.1 ms: the batch is written
-        # once and then advanced in place (tokens <- argmax, positions + 1), no arrays built per step
-        # (building them, as _decode does, cost 20-30% of the throughput on the built-in model).
+        # once and then advanced in place (tokens <- argmax, positions <- the step's row of step_pos), and
+        # a step only appends its time and its argmax array; who got which token when is sorted out after
+        # the clock stops (building arrays per step, as _decode does, cost 20-30% of the throughput on the
+        # built-in model; per-sequence list appends, a tolist and `pos += 1` another ~8 us a step).
         batch, ctx = self._batch, self._ctx
+        decode, struct, view_of, clock = L.llama_decode, batch.struct, self._logits, time.perf_counter
         live = [s for s in range(B) if not done[s]]
         n = len(live)
+        steps: list[tuple[list[int], list[float], list[np.ndarray], list[np.ndarray]]] = []
         if n and n_tokens > 1:
-            batch.fill([generated[s][-1] for s in live], [len(prompts[s]) for s in live], live, 1)
+            pos_rows = step_pos if n == B else step_pos[:, live]
+            batch.fill([generated[s][-1] for s in live], pos_rows[1], live, 1)
+            tok_n, pos_n = batch.token[:n], batch.pos[:n]
+            stamps: list[float] = []
+            bests: list[np.ndarray] = []
+            kepts: list[np.ndarray] = []
+            steps.append((live, stamps, bests, kepts))
         for step in range(1, n_tokens):
             if not n:
                 break
-            rc = L.llama_decode(ctx, batch.struct)
+            rc = decode(ctx, struct)
             if rc != 0:
                 raise RuntimeError(f"llama_decode returned {rc} ({'no KV slot' if rc == 1 else 'error'}) for {n} tokens")
-            view = self._logits(n)
+            view = view_of(n)
             best = view.argmax(axis=1)
+            stamps.append(clock())
+            bests.append(best)
             if keep_logits:
-                kept = view.copy()
-            now = time.perf_counter()
-            toks = best.tolist()
-            for j, s in enumerate(live):
-                generated[s].append(toks[j])
-                times[s].append(now)
-                if keep_logits:
-                    logits[s].append(kept[j])
-            if (stop_at_eos and any(eog(self._vocab, t) for t in toks)) or step + 1 in stop_steps:
+                kepts.append(view.copy())
+            if (stop_at_eos and any(eog(self._vocab, t) for t in best.tolist())) or step + 1 in stop_steps:
+                toks = best.tolist()
                 for s, t in zip(live, toks):
-                    done[s] = done[s] or (stop_at_eos and bool(eog(self._vocab, t))) or len(generated[s]) >= limits[s]
+                    # every live sequence holds step + 1 tokens now (they go to `generated` after the clock)
+                    done[s] = done[s] or (stop_at_eos and bool(eog(self._vocab, t))) or step + 1 >= limits[s]
                 live = [s for s in live if not done[s]]
                 n = len(live)
-                batch.fill([generated[s][-1] for s in live], [len(prompts[s]) + step for s in live], live, 1)
+                if n:
+                    pos_rows = step_pos[:, live]
+                    batch.fill([t for s, t in zip(steps[-1][0], toks) if not done[s]], pos_rows[step + 1], live, 1)
+                    tok_n, pos_n = batch.token[:n], batch.pos[:n]
+                    stamps, bests, kepts = [], [], []
+                    steps.append((live, stamps, bests, kepts))
                 continue
-            batch.token[:n] = best
-            batch.pos[:n] += 1
+            tok_n[:] = best
+            pos_n[:] = pos_rows[step + 1]
         end = time.perf_counter()
+        for seqs, stamps_, bests_, kepts_ in steps:   # each step's tokens and time to their sequences
+            toks_by_seq = np.stack(bests_, axis=1).tolist() if bests_ else [[] for _ in seqs]
+            for j, s in enumerate(seqs):
+                generated[s] += toks_by_seq[j]
+                times[s] += stamps_
+                if keep_logits:
+                    logits[s] += [k[j] for k in kepts_]
         perf = L.llama_perf_context(self._ctx)
         self.last_perf = {"t_p_eval_ms": perf.t_p_eval_ms, "t_eval_ms": perf.t_eval_ms,
                           "n_p_eval": perf.n_p_eval, "n_eval": perf.n_eval, "prefix_reused": list(starts)}

@@ -86,7 +86,10 @@ def bare_hf(job: dict, model=None):
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=torch.float32).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    greedy = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=pad)  # EOS ignored
+    greedy = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=pad)
+    # EOS ignored: generate fills a config's unset eos_token_id from the checkpoint's, so only the keyword
+    # keeps it off (as the adapter passes it); without it this loop ran an EOS check and padding every step
+    no_eos = dict(generation_config=greedy, eos_token_id=None)
     n_new = job["output_len"]
 
     def run(batch):
@@ -94,9 +97,9 @@ def bare_hf(job: dict, model=None):
             ids = torch.tensor(batch, dtype=torch.long)
             mask = torch.ones_like(ids)
             t0 = time.perf_counter()
-            seqs = model.generate(ids, attention_mask=mask, generation_config=greedy, max_new_tokens=n_new)
+            seqs = model.generate(ids, attention_mask=mask, **no_eos, max_new_tokens=n_new)
             t1 = time.perf_counter()
-            model.generate(ids, attention_mask=mask, generation_config=greedy, max_new_tokens=1)
+            model.generate(ids, attention_mask=mask, **no_eos, max_new_tokens=1)
             t2 = time.perf_counter()
         return {"elapsed": t1 - t0, "tokens": int((seqs.shape[1] - ids.shape[1]) * len(batch)),
                 "ttft": [t2 - t1] * len(batch)}

@@ -76,3 +76,38 @@ def test_memory_tracker_reads_the_peak_of_its_tree_between_reset_and_read():
     finally:
         child.kill()
         child.wait()
+
+
+def test_hf_step_clock_stamps_each_generated_token_inside_the_call(tiny_model):
+    """hf's per-token times come from generate's streamer (one put per step, after the prompt's): one
+    stamp per new token, in order, between the call's start and end; with EOS on, as many as the tokens
+    up to and including the EOS."""
+    from adapters.contract import LoadSpec, ModelSpec
+    from adapters.hf import HfAdapter
+
+    adapter = HfAdapter()
+    adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32",
+                          options={}, device="cpu"))
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13] * 7]
+    run = adapter.generate(prompts, 9, ignore_eos=True)
+    for req in run.requests:
+        assert req.output_tokens == len(req.chunk_times) == 9
+        assert run.start < req.chunk_times[0] and all(np.diff(req.chunk_times) >= 0) and req.chunk_times[-1] <= run.end
+    # the steps' stamps are shared by the batch's requests (a static batch chooses its tokens together)
+    assert run.requests[0].chunk_times == run.requests[1].chunk_times
+    # with EOS on: the tokens up to the first EOS, one stamp each (the third step's logits pushed to EOS)
+    eos = adapter.gen_eos.eos_token_id
+    calls = []
+
+    def eos_from_step_3(module, inputs, logits):
+        calls.append(1)
+        if len(calls) >= 3:
+            logits[..., eos] += 1e4
+        return logits
+
+    hook = adapter.model.lm_head.register_forward_hook(eos_from_step_3)
+    try:
+        run = adapter.generate(prompts, 9, ignore_eos=False)
+    finally:
+        hook.remove()
+    assert [(r.output_tokens, len(r.chunk_times)) for r in run.requests] == [(3, 3)] * 3
