@@ -26,11 +26,13 @@ from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, chunks, load_or_report, run_cells,
                                 timed_repeats)
+from adapters import telemetry
 from adapters.contract import (SAMPLE_COLUMNS, CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded,
                                SamplingSpec, ScoringSpec, Started, TaskSpec, summarize)
 from adapters.provenance import host_facts, model_fingerprint
 from adapters.served_cells import serve_group
 from adapters.task_runner import run_tasks
+from adapters.energy import EnergyMeter
 from adapters.trackers import MemoryTracker
 
 
@@ -71,20 +73,29 @@ def _spec_figures(before: tuple[int, int] | None, after: tuple[int, int] | None)
 
 
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-             sampling: SamplingSpec | None, memory: MemoryTracker) -> Measured:
+             sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter) -> Measured:
     batches = list(chunks(cell.timing_prompts, cell.batch_size))
     for batch in batches[: cell.warmup]:
         adapter.generate(batch, cell.output_len, cell.ignore_eos)
     memory.reset_peak()
     timed = batches[cell.warmup:]
-    spec_before = adapter.spec_counters()
-    runs, width = timed_repeats(cell, lambda r: adapter.generate(timed[r], cell.output_len, cell.ignore_eos))
+    spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
+    energy.reset()
+    runs, width = timed_repeats(cell, lambda r: energy.measure(
+        lambda: adapter.generate(timed[r], cell.output_len, cell.ignore_eos)))
     spec = _spec_figures(spec_before, adapter.spec_counters())
+    tel, tel_missing = telemetry.figures(
+        engine_before, adapter.engine_metrics(), None,
+        unavailable=None if engine_before is not None else f"{adapter.name}: {adapter.no_metrics_reason}",
+        gauges_why=telemetry.OFFLINE_GAUGES)
     metrics = summarize(runs)
+    joules, joules_missing = energy.figures(metrics.output_tokens)
     peak, why = memory.peak()
     if why:
         metrics.missing["peak_mem_bytes"] = why
-    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width, **spec)
+    metrics.missing.update(tel_missing | joules_missing)
+    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width, **spec,
+                        **tel, **joules)
     if spec and record.spec_acceptance is None:
         record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
     if not spec:
@@ -153,7 +164,9 @@ def main(spec_path: str, out_dir: str) -> int:
     events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
                        **provenance))
 
-    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory), events, out)
+    energy = EnergyMeter(load.device)
+    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy),
+              events, out)
     adapter.close()
     memory.stop()
     events.emit(End())
