@@ -22,17 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from adapters import ADAPTERS
+from adapters import ADAPTERS, telemetry
 from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, chunks, load_or_report, run_cells,
                                 timed_repeats)
-from adapters import telemetry
 from adapters.contract import (SAMPLE_COLUMNS, CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded,
                                SamplingSpec, ScoringSpec, Started, TaskSpec, summarize)
+from adapters.energy import EnergyMeter
 from adapters.provenance import host_facts, model_fingerprint
 from adapters.served_cells import serve_group
 from adapters.task_runner import run_tasks
-from adapters.energy import EnergyMeter
 from adapters.trackers import MemoryTracker
 
 

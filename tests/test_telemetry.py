@@ -9,7 +9,6 @@ a directory laid out as the kernel's /sys/class/powercap, and a double of the NV
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
