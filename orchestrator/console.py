@@ -157,7 +157,8 @@ def compare_table(df: pd.DataFrame) -> Table:
     layers = [name for name, col in (("tasks", "task_verdict"), ("sampling", "sampling_verdict"))
               if col in df and df[col].notna().any()]
     # where the engine counted prefix-cache hits, TTFT beside the hit rate: what explains a TTFT saving
-    extra = _telemetry_columns(df)
+    # (the other telemetry is in bench show: this table is wide already)
+    extra = [c for c in _telemetry_columns(df) if c in ("prefix hit", "J/tok")]
     ttft = ["TTFT p50 ms"] if "prefix hit" in extra else []
     for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
                 "noise", "top1", "greedy", "ppl_rel", *layers, "speedup [95% CI] call", *ttft, *extra, "mem saved",
