@@ -329,7 +329,7 @@ def test_vllm_served_cells_equal_offline(serve_run):
         if r.gauge_samples:
             # a sample may fall between requests (0): a short load point's peak can fall between samples
             assert 0 <= r.kv_cache_usage_max <= 1 and 0 <= r.requests_waiting_max <= r.batch_size
-            assert f"{r.gauge_samples} gauge samples of GET /metrics" in r.notes
+            assert f"{int(r.gauge_samples)} gauge samples of GET /metrics" in r.notes
         else:
             assert r.gauge_samples == 0 and "no gauge sample fell inside" in missing["kv_cache_usage_max"]
         assert r.batch_mode == "batched"
