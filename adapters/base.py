@@ -93,6 +93,14 @@ class Adapter:
         engine speculates and counts them; None otherwise. The worker takes differences per cell."""
         return None
 
+    def engine_metrics(self) -> dict[str, float] | None:
+        """The engine's own Prometheus-style metrics now ({family: value}, adapters.telemetry), where its
+        Python API exports them; None otherwise (`no_metrics_reason` says why). The worker takes
+        differences over each cell's timed batches."""
+        return None
+
+    no_metrics_reason: ClassVar[str] = "this engine's Python API exports no metrics"
+
     def close(self) -> None:
         pass
 

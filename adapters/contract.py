@@ -676,6 +676,18 @@ class CellRecord(CellMetrics):
     spec_draft_tokens: int | None = None      # speculative decoding over the timed batches: tokens drafted,
     spec_accepted_tokens: int | None = None   # accepted, and accepted / drafted (None: no speculation)
     spec_acceptance: float | None = None
+    # the engine's own metrics over the timed runs (adapters/telemetry.py: one definition of each)
+    prefix_cache_queries: int | None = None   # prompt tokens looked up in the prefix cache (vLLM counts tokens)
+    prefix_cache_hits: int | None = None      # of those, tokens found there (whole KV blocks)
+    prefix_cache_hit_rate: float | None = None   # hits / queries
+    preemptions: int | None = None            # requests preempted (KV cache full)
+    kv_cache_usage_max: float | None = None   # served: the largest KV-cache share used (0-1) in the gauge samples
+    requests_waiting_max: int | None = None   # served: the longest server queue in the gauge samples
+    gauge_samples: int | None = None          # served: gauge samples taken during the timed runs
+    # energy of the timed runs from the hardware's counters (adapters/energy.py)
+    energy_j: float | None = None
+    energy_j_per_token: float | None = None   # energy_j / output tokens
+    energy_source: str | None = None          # which counters: rapl:package-0,... | nvml:N GPU(s)
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)
     # serve.search (adapters/slo_search.py). A probe's row: its number, whether it met every SLO, what it

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
-from adapters import load_generator, served_capture, server_process, slo_search
+from adapters import load_generator, served_capture, server_process, slo_search, telemetry
 from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, load_or_report, run_cells,
                                 timed_repeats)
 from adapters.contract import (CellRecord, CellSpec, End, GroupSpec, Loaded, LoadFacts, SamplingSpec, ScoringSpec,
                                ServeSpec, TaskSpec, summarize)
 from adapters.server_process import ServerApi, ServerProcess
+from adapters.energy import EnergyMeter
 from adapters.task_runner import run_tasks
 from adapters.trackers import MemoryTracker
 
@@ -44,6 +45,14 @@ class Target:
     settings: ServeSpec
     server: ServerProcess | None = None
     reset_path: str | None = None
+    metrics: telemetry.Scraper | None = None    # the server's /metrics, where it has one
+    no_metrics: str | None = None                # why not
+
+    def watch_metrics(self) -> None:
+        self.metrics = telemetry.Scraper(self.url, self.headers)
+        self.no_metrics = self.metrics.unavailable()
+        if self.no_metrics:
+            self.metrics = None
 
     def reset_cache(self) -> None:
         if self.reset_path:
@@ -146,7 +155,8 @@ def _warm_up(target: Target, cell: CellSpec, prompts, lengths) -> int:
 
 
 def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: int, rate: float,
-                       concurrency: int, memory: MemoryTracker | None, notes: list[str]) -> CellRecord:
+                       concurrency: int, memory: MemoryTracker | None, notes: list[str],
+                       energy: EnergyMeter | None = None) -> CellRecord:
     """The timed runs of one load point (prompts from index `first` on) and their record."""
     s = target.settings
     kw = target.load_kwargs(cell.output_len, cell.ignore_eos)
@@ -159,14 +169,35 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
         lo = first + r * per_run
         profile = load_generator.LoadProfile(concurrency=concurrency, rate=rate, arrival=s.arrival, requests=per_run,
                                              time_limit_s=s.time_limit_s)
-        return load_generator.run_load(target.url, target.api, prompts[lo:lo + per_run], profile,
-                                       prompt_tokens=lengths[lo:lo + per_run] if lengths else None,
-                                       **(kw | _per_request(cell, lo, lo + per_run)))
+        def load():
+            return load_generator.run_load(target.url, target.api, prompts[lo:lo + per_run], profile,
+                                           prompt_tokens=lengths[lo:lo + per_run] if lengths else None,
+                                           **(kw | _per_request(cell, lo, lo + per_run)))
+        return energy.measure(load) if energy else load()
 
-    runs, width = timed_repeats(cell, one_run)
+    if energy:
+        energy.reset()
+    # the server's counters just before the first timed run and after the last; its gauges sampled in between
+    tel_before, no_tel = _scrape(target)
+    if not no_tel:
+        target.metrics.start_sampling()
+    try:
+        runs, width = timed_repeats(cell, one_run)
+    finally:
+        gauges = None if no_tel else target.metrics.stop_sampling()
+    tel_after, no_tel = _scrape(target) if not no_tel else (None, no_tel)
     target.check_alive()
     metrics = summarize(runs, s.slo_ttft_ms, s.slo_tpot_ms, s.slo_e2e_ms)
     notes = list(notes)
+    tel, tel_missing = telemetry.figures(tel_before, tel_after, gauges, unavailable=no_tel)
+    joules, joules_missing = energy.figures(metrics.output_tokens) if energy else (
+        {}, dict.fromkeys(("energy_j", "energy_j_per_token"),
+                          "an endpoint given by the matrix: its energy is not ours to measure"))
+    metrics.missing.update(tel_missing | joules_missing)
+    if gauges is not None and target.metrics.scrape_s:
+        ms = 1e3 * float(np.mean(target.metrics.scrape_s))
+        notes.append(f"server telemetry: {len(gauges)} gauge samples of GET /metrics during the timed runs, one every "
+                     f"{telemetry.GAUGE_INTERVAL_S:g} s; a scrape took {ms:.0f} ms on average")
     first_errors = [r.error for run in runs for r in run.requests if not r.ok][:3]
     if first_errors:
         notes.append("first errors: " + " | ".join(first_errors))
@@ -178,13 +209,14 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
     if why:
         metrics.missing["peak_mem_bytes"] = why
     record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
-                        notes=notes)
+                        notes=notes, **tel, **joules)
     record.missing.update({k: "not counted through a server's API" for k in NO_SPECULATION})
     return record
 
 
 def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-                    sampling: SamplingSpec | None, memory: MemoryTracker | None, out: Path) -> Measured:
+                    sampling: SamplingSpec | None, memory: MemoryTracker | None, out: Path,
+                    energy: EnergyMeter | None = None) -> Measured:
     conc = cell.batch_size
     notes: list[str] = list(cell.notes)
     prompts, lengths = _timing_prompts(target, cell, notes)
@@ -192,11 +224,11 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
     search = target.settings.search
     if search is None:
         rate = math.inf if cell.request_rate is None else cell.request_rate
-        record = measure_load_point(target, cell, prompts, lengths, n_warm, rate, conc, memory, notes)
+        record = measure_load_point(target, cell, prompts, lengths, n_warm, rate, conc, memory, notes, energy)
     else:
         def probe(load: float):
             rate, c = (load, conc) if search.variable == "rate" else (math.inf, int(load))
-            rec = measure_load_point(target, cell, prompts, lengths, n_warm, rate, c, memory, notes)
+            rec = measure_load_point(target, cell, prompts, lengths, n_warm, rate, c, memory, notes, energy)
             return rec, None if math.isinf(rate) else rate, c
 
         outcome, probes = slo_search.search(search, probe, out / f"{cell.cell_id}.probes.json")
@@ -209,6 +241,16 @@ def run_served_cell(target: Target, cell: CellSpec, scoring: ScoringSpec | None,
     if sampling:
         record.missing["samples"] = "serve cells do not sample yet: bench diff-endpoints compares served sampling"
     return Measured(record, logprobs, run_tasks(ServedScorer(target, conc), tasks, conc), {})
+
+
+def _scrape(target: Target) -> tuple[telemetry.Snapshot | None, str | None]:
+    """The server's metrics now, or why not."""
+    if target.metrics is None:
+        return None, f"server telemetry: {target.no_metrics}"
+    try:
+        return target.metrics.snapshot(), None
+    except Exception as err:
+        return None, f"server telemetry: GET /metrics failed during the cell: {err}"
 
 
 def capture_served(target: Target, scoring: ScoringSpec, concurrency: int, notes: list[str]) -> dict[str, np.ndarray]:
@@ -262,7 +304,9 @@ def _start(spec: GroupSpec, adapter: Adapter, out: Path) -> tuple[Target, LoadFa
                           notes=["an endpoint given by the matrix: nothing was started or stopped here, and its "
                                  "memory is not measured"])
         to_id = None if api.ids_in_logprobs else adapter.token_strings(load)
-        return Target(url, api, model, to_id, headers, s), facts
+        target = Target(url, api, model, to_id, headers, s)
+        target.watch_metrics()
+        return target, facts
     port = server_process.free_port()
     launch = adapter.server(load, port)
     server = ServerProcess(launch, port, str(out / "server.log"), s.startup_timeout_s, api.health_path).start()
@@ -270,13 +314,16 @@ def _start(spec: GroupSpec, adapter: Adapter, out: Path) -> tuple[Target, LoadFa
     if not launch.reset_path:
         facts.notes.append("the server's prefix cache is not emptied between timed runs: a request may reuse KV "
                            "of an earlier one with the same prompt prefix")
-    return Target(server.url, api, launch.model_name, launch.to_id, headers, s, server, launch.reset_path), facts
+    target = Target(server.url, api, launch.model_name, launch.to_id, headers, s, server, launch.reset_path)
+    target.watch_metrics()
+    return target, facts
 
 
 def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path, provenance: dict) -> int:
     cell_ids = [c.cell_id for c in spec.cells]
     api = type(adapter).server_api
     memory = None if spec.serve.endpoint else MemoryTracker(spec.load.device).start()
+    energy = None if spec.serve.endpoint else EnergyMeter(spec.load.device)
     t0 = time.perf_counter()
     started = load_or_report(lambda: _start(spec, adapter, out), events, cell_ids)
     if started is None:
@@ -291,8 +338,8 @@ def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path, pr
                        **provenance))
     try:
         # a failure because the server died is a crash, not an error: check_alive ends the worker
-        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, spec.sampling, memory, out),
-                  events, out, target.check_alive)
+        run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, spec.sampling, memory,
+                                                           out, energy), events, out, target.check_alive)
     finally:
         if target.server:
             target.server.stop()

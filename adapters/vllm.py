@@ -607,6 +607,15 @@ class VllmAdapter(Adapter):
         drafted, accepted = self._spec_totals()
         return drafted - self._spec_base[0], accepted - self._spec_base[1]
 
+    def engine_metrics(self) -> dict[str, float] | None:
+        """vLLM's own counters and gauges (prefix cache, preemptions, ...) from this process's registry
+        (LLM.get_metrics, which needs the log stats that engine_kwargs turns on)."""
+        if self.llm is None:
+            return None
+        from adapters.telemetry import from_engine
+
+        return from_engine(self.llm.get_metrics())
+
     def _spec_totals(self) -> tuple[int, int]:
         drafted = accepted = 0
         for metric in self.llm.get_metrics():

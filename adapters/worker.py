@@ -22,12 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from adapters import ADAPTERS
+from adapters import ADAPTERS, telemetry
 from adapters.base import Adapter, Unsupported
 from adapters.cell_loop import (NO_SPECULATION, Events, LogprobRows, Measured, chunks, load_or_report, run_cells,
                                 timed_repeats)
 from adapters.contract import (SAMPLE_COLUMNS, CellRecord, CellSpec, End, GroupSpec, GroupUnsupported, Loaded,
                                SamplingSpec, ScoringSpec, Started, TaskSpec, engine_seed, summarize)
+from adapters.energy import EnergyMeter
 from adapters.provenance import host_facts, model_fingerprint
 from adapters.served_cells import serve_group
 from adapters.task_runner import run_tasks
@@ -92,7 +93,7 @@ def _spans(cell: CellSpec, stream: bool) -> tuple[list[tuple[int, int]], list[tu
 
 
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-             sampling: SamplingSpec | None, memory: MemoryTracker, stream: bool = False) -> Measured:
+             sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter, stream: bool = False) -> Measured:
     def gen(span: tuple[int, int]):
         lo, hi = span
         lens = cell.output_lens[lo:hi] if cell.output_lens else cell.output_len
@@ -102,15 +103,22 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
     for span in warm:
         gen(span)
     memory.reset_peak()
-    spec_before = adapter.spec_counters()
-    runs, width = timed_repeats(cell, lambda r: gen(timed[r]))
+    spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
+    energy.reset()
+    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r])))
     spec = _spec_figures(spec_before, adapter.spec_counters())
+    tel, tel_missing = telemetry.figures(
+        engine_before, adapter.engine_metrics(), None,
+        unavailable=None if engine_before is not None else f"{adapter.name}: {adapter.no_metrics_reason}",
+        gauges_why=telemetry.OFFLINE_GAUGES)
     metrics = summarize(runs)
+    joules, joules_missing = energy.figures(metrics.output_tokens)
     peak, why = memory.peak()
     if why:
         metrics.missing["peak_mem_bytes"] = why
+    metrics.missing.update(tel_missing | joules_missing)
     record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
-                        notes=list(cell.notes), **spec)
+                        notes=list(cell.notes), **spec, **tel, **joules)
     if spec and record.spec_acceptance is None:
         record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
     if not spec:
@@ -180,7 +188,9 @@ def main(spec_path: str, out_dir: str) -> int:
                        **provenance))
 
     stream = spec.mode == "stream"
-    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, stream),
+    energy = EnergyMeter(load.device)
+    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy,
+                                                stream),
               events, out)
     adapter.close()
     memory.stop()

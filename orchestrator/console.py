@@ -63,12 +63,34 @@ def _rate(rate) -> str:
     return "closed" if rate == float("inf") else f"{rate:g}/s"
 
 
+def _telemetry_columns(df) -> list[str]:
+    """The engine-telemetry and energy columns a table shows: only where some cell measured them."""
+    return [name for name, col in (("prefix hit", "prefix_cache_hit_rate"), ("preempt", "preemptions"),
+                                   ("KV max", "kv_cache_usage_max"), ("queue max", "requests_waiting_max"),
+                                   ("J/tok", "energy_j_per_token"))
+            if col in df and df[col].notna().any()]
+
+
+def _telemetry_cell(r, name: str) -> str:
+    v = getattr(r, name, None) if not isinstance(r, dict) else r.get(name)
+    if v is None or v != v:
+        return "-"
+    return {"prefix_cache_hit_rate": "{:.0%}", "preemptions": "{:.0f}", "kv_cache_usage_max": "{:.0%}",
+            "requests_waiting_max": "{:.0f}", "energy_j_per_token": "{:.3g}"}[name].format(v)
+
+
+_TELEMETRY = {"prefix hit": "prefix_cache_hit_rate", "preempt": "preemptions", "KV max": "kv_cache_usage_max",
+              "queue max": "requests_waiting_max", "J/tok": "energy_j_per_token"}
+
+
 def summary_table(df, title: str) -> Table:
-    """`bench show` and `bench run`: the measured numbers of every cell, one row each."""
+    """`bench show` and `bench run`: the measured numbers of every cell, one row each; the engine's
+    prefix-cache hit rate (and the other telemetry, and energy) beside TTFT where measured."""
     table = Table(title=title)
     serve = "mode" in df and (df["mode"] == "serve").any()
+    extra = _telemetry_columns(df)
     for col in ("framework", "model", "quant", "flags", "mode" if serve else None, "batch" if not serve else "load",
-                "status", "load s", "TTFT p50 ms", "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB",
+                "status", "load s", "TTFT p50 ms", *extra, "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB",
                 "errors" if serve else None, "reason"):
         if col:
             table.add_column(col, overflow="fold")
@@ -82,7 +104,7 @@ def summary_table(df, title: str) -> Table:
         tail = [_fmt(r.errors, ".0f")] if serve else []
         table.add_row(*head,
                       f"[{color}]{r.status}[/{color}]", _fmt(r.load_s, ".2f"), _fmt(r.ttft_ms_p50, ".2f"),
-                      _fmt(r.tpot_ms_p50, ".2f"), _fmt(r.e2e_ms_p50, ".1f"), _fmt(r.output_tok_s),
+                      *[_telemetry_cell(r, _TELEMETRY[c]) for c in extra], _fmt(r.tpot_ms_p50, ".2f"), _fmt(r.e2e_ms_p50, ".1f"), _fmt(r.output_tok_s),
                       _fmt(r.peak_mem_bytes / 2**20, ".0f"), *tail,
                       reason)
     return table
@@ -134,8 +156,13 @@ def compare_table(df: pd.DataFrame) -> Table:
     # the task and sampling columns only where the run has those layers: a narrow terminal keeps its width
     layers = [name for name, col in (("tasks", "task_verdict"), ("sampling", "sampling_verdict"))
               if col in df and df[col].notna().any()]
+    # where the engine counted prefix-cache hits, TTFT beside the hit rate: what explains a TTFT saving
+    # (the other telemetry is in bench show: this table is wide already)
+    extra = [c for c in _telemetry_columns(df) if c in ("prefix hit", "J/tok")]
+    ttft = ["TTFT p50 ms"] if "prefix hit" in extra else []
     for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
-                "noise", "top1", "greedy", "ppl_rel", *layers, "speedup [95% CI] call", "mem saved", "reason"):
+                "noise", "top1", "greedy", "ppl_rel", *layers, "speedup [95% CI] call", *ttft, *extra, "mem saved",
+                "reason"):
         t.add_column(col, justify="right" if col not in ("verdict", "tasks", "sampling", "reason", "framework", "model",
                                                          "flags", "load") else "left", overflow="fold",
                      no_wrap=col == "load")   # a load point reads whole ("poisson 8/s, c<=4"), never folded
@@ -149,7 +176,8 @@ def compare_table(df: pd.DataFrame) -> Table:
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
                   num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"),
                   *[{"tasks": _task_cell, "sampling": _sampling_cell}[name](r) for name in layers],
-                  speed, num(r["mem_saving"], ".0%"), str(r["reason"]))
+                  speed, *[_fmt(r.get("ttft_ms_p50"), ".2f") for _ in ttft],
+                  *[_telemetry_cell(r, _TELEMETRY[c]) for c in extra], num(r["mem_saving"], ".0%"), str(r["reason"]))
     return t
 
 

@@ -71,6 +71,16 @@ CELLS_SCHEMA = pa.schema([
     ("spec_draft_tokens", pa.int64()),    # speculative decoding in the timed batches: draft tokens proposed,
     ("spec_accepted_tokens", pa.int64()),  # accepted,
     ("spec_acceptance", _f64),            # and accepted / proposed (null: no speculation, see missing)
+    ("prefix_cache_queries", pa.int64()),  # engine telemetry over the timed runs (adapters/telemetry.py):
+    ("prefix_cache_hits", pa.int64()),     # prompt tokens looked up in the prefix cache, and found there,
+    ("prefix_cache_hit_rate", _f64),       # hits / queries,
+    ("preemptions", pa.int64()),           # requests preempted,
+    ("kv_cache_usage_max", _f64),          # served: largest KV-cache share in the gauge samples,
+    ("requests_waiting_max", pa.int64()),  # served: longest server queue in them,
+    ("gauge_samples", pa.int32()),         # served: how many samples (one a second during the timed runs)
+    ("energy_j", _f64),                    # energy of the timed runs from RAPL / NVML (adapters/energy.py),
+    ("energy_j_per_token", _f64),          # per output token,
+    ("energy_source", pa.string()),        # and which counters (whole packages / GPUs)
     ("requests", pa.int32()),             # timed requests (repeats x batch_size)
     ("ttft_ms_p50", _f64), ("ttft_ms_p90", _f64), ("ttft_ms_p99", _f64),
     ("tpot_ms_p50", _f64), ("tpot_ms_p90", _f64), ("tpot_ms_p99", _f64),

@@ -305,6 +305,10 @@ def test_llamacpp_served_rows_match_what_the_server_returned(serve_run):
         assert r.load_s > 0 and r.mem_source == "rss-peak-tree"
         # the prompts went as text whose server tokenization has the run's lengths (or near: noted)
         assert IN * planned <= r.prompt_tokens <= (IN + 2) * planned
+        # llama-cpp-python's server has no /metrics: every telemetry figure null, with the server's answer
+        missing = json.loads(r.missing)
+        assert pd.isna(r.prefix_cache_hit_rate) and pd.isna(r.kv_cache_usage_max) and pd.isna(r.gauge_samples)
+        assert missing["prefix_cache_hit_rate"] == "server telemetry: GET /metrics on the server failed: HTTP 404"
         v = verdicts.loc[r.cell_id]
         # served greedy outputs equal the offline adapter's, token for token
         assert v.greedy_match == 1.0 and v.verdict in ("identical", "lossless"), v.reason
@@ -323,6 +327,18 @@ def test_vllm_served_cells_equal_offline(serve_run):
         assert r.requests == planned and r.errors == 0, r.errors_by_kind
         assert r.output_tokens == planned * OUT      # ignore_eos, and usage counted by the server
         assert r.prompt_tokens == planned * IN       # token ids sent as they are
+        # the server's own /metrics around the load point: every prompt token of the timed runs was looked
+        # up in the prefix cache, none found (16-token prompts hold no whole 128-token KV block), none preempted
+        assert r.prefix_cache_queries == planned * IN and r.prefix_cache_hits == 0 and r.prefix_cache_hit_rate == 0.0
+        assert r.preemptions == 0
+        # gauges: the largest of the samples taken during the timed runs, or null where none fell inside
+        missing = json.loads(r.missing)
+        if r.gauge_samples:
+            # a sample may fall between requests (0): a short load point's peak can fall between samples
+            assert 0 <= r.kv_cache_usage_max <= 1 and 0 <= r.requests_waiting_max <= r.batch_size
+            assert f"{int(r.gauge_samples)} gauge samples of GET /metrics" in r.notes
+        else:
+            assert r.gauge_samples == 0 and "no gauge sample fell inside" in missing["kv_cache_usage_max"]
         assert r.batch_mode == "batched"
         v = verdicts.loc[r.cell_id]
         assert v.baseline_match == "exact" and v.n_positions > 0   # teacher-forced rows, by id
@@ -398,6 +414,23 @@ def test_every_stored_latency_is_measured_or_null_with_a_reason(serve_run):
         else:
             assert r.engine_ttft_ms is None and "engine_ttft_ms" in missing, where
         assert pd.isna(r.peak_mem_bytes) == ("peak_mem_bytes" in missing), where
+        # engine telemetry and energy: a number, or null with the reason
+        for name in ("prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate", "preemptions",
+                     "kv_cache_usage_max", "requests_waiting_max", "gauge_samples", "energy_j", "energy_j_per_token"):
+            assert pd.isna(getattr(r, name)) == (name in missing), (name, where)
+        if r.framework == "hf":
+            assert missing["prefix_cache_hit_rate"] == "hf: this engine's Python API exports no metrics", where
+        if r.framework == "vllm" and r.mode == "offline":   # vLLM's in-process counters (LLM.get_metrics)
+            assert r.prefix_cache_queries == r.prompt_tokens and r.prefix_cache_hit_rate == 0.0, where
+            assert missing["kv_cache_usage_max"].startswith("offline: gauges are not sampled"), where
+        if r.model == "ep":
+            assert missing["energy_j"] == "an endpoint given by the matrix: its energy is not ours to measure"
+        elif pd.isna(r.energy_j):   # this machine has no readable RAPL counter: the meter's own reason
+            from adapters.energy import EnergyMeter
+
+            assert missing["energy_j"] == EnergyMeter("cpu").unavailable, where
+        else:
+            assert r.energy_j > 0 and r.energy_j_per_token == pytest.approx(r.energy_j / r.output_tokens), where
 
 
 def test_served_logprob_rows(serve_run):
@@ -422,6 +455,17 @@ def test_serve_report_and_tables(serve_run):
                           env={**os.environ, "COLUMNS": "250"})
     assert proc.returncode == 0, proc.stderr
     assert "poisson 8/s, c<=4" in proc.stdout and "c=4" in proc.stdout
+    # vLLM's prefix-cache hit rate beside TTFT, where the run measured one (the table bench compare prints,
+    # wide enough that no header folds)
+    from rich.console import Console
+
+    from orchestrator.analysis import analyse
+    from orchestrator.console import compare_table
+
+    console = Console(width=400, record=True, file=open(os.devnull, "w"))
+    console.print(compare_table(analyse(store.root)))
+    text = console.export_text()
+    assert ("prefix hit" in text and "TTFT p50 ms" in text) == HAS_VLLM
     from orchestrator.report import write_report
 
     html, _ = write_report(store.root)

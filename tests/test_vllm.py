@@ -23,6 +23,7 @@ import pytest
 from adapters.base import Unsupported
 from adapters.contract import LoadSpec, ModelSpec
 from adapters.cell_loop import NO_SPECULATION
+from adapters.telemetry import OFFLINE_GAUGES
 from adapters.vllm import Options, VllmAdapter, classify_load_error, root_cause
 from conftest import ROOT, SMALL_MATRIX
 from orchestrator.runner import run_matrix
@@ -115,8 +116,29 @@ def test_vllm_cells_ok_with_engine_facts(vllm_run):
         assert r.engine_ttft_agrees is not None
         assert r.engine_ttft_agrees == (abs(ours - theirs) <= max(1.0, 0.1 * ours)), (ours, theirs)
         print(f"vllm {r.flags} batch {r.batch_size}: TTFT p50 ours {ours:.2f} ms, vLLM's {theirs:.2f} ms")
-        assert json.loads(r.missing) == {"queue_ms": "no arrival queue: an offline batch, or a closed loop",
-                                         **NO_SPECULATION}
+        missing = json.loads(r.missing)
+        energy = {k: missing[k] for k in ("energy_j", "energy_j_per_token") if k in missing}
+        assert bool(energy) == pd.isna(r.energy_j)   # no RAPL counter here: null with the reason
+        no_hits = {"prefix_cache_hit_rate": missing["prefix_cache_hit_rate"]} if r.flags == "no_prefix_cache" else {}
+        assert missing == {"queue_ms": "no arrival queue: an offline batch, or a closed loop", **NO_SPECULATION,
+                           **dict.fromkeys(("kv_cache_usage_max", "requests_waiting_max", "gauge_samples"),
+                                           OFFLINE_GAUGES), **energy, **no_hits}
+
+
+@needs_vllm
+def test_prefix_cache_hit_rate_from_vllms_counters(vllm_run):
+    """vLLM's own prefix-cache counters over the timed batches (LLM.get_metrics): with the cache kept warm,
+    every timed prompt finds its first KV block (128 of its 160 tokens: the 144-token shared prefix holds
+    one whole block) cached by the warm-up batch; with prefix caching off, nothing is looked up."""
+    cells, _, _ = vllm_run
+    for batch in (1, 4):
+        on, off = _cell(cells, "vllm", "prefix_cache", batch), _cell(cells, "vllm", "no_prefix_cache", batch)
+        assert on.prefix_cache_queries == 160 * on.requests and on.prefix_cache_hits == 128 * on.requests
+        assert on.prefix_cache_hit_rate == 0.8 and on.preemptions == 0
+        assert off.prefix_cache_hits == 0 and pd.isna(off.prefix_cache_hit_rate) and off.preemptions == 0
+        assert "no prefix-cache queries" in json.loads(off.missing)["prefix_cache_hit_rate"]
+        print(f"vllm batch {batch}: TTFT p50 {on.ttft_ms_p50:.2f} ms at hit rate {on.prefix_cache_hit_rate:.0%}, "
+              f"{off.ttft_ms_p50:.2f} ms without prefix caching")
 
 
 @needs_vllm
