@@ -52,7 +52,6 @@ configuration's closed-loop cells (if any) are planned as above.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -75,22 +74,12 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float, np.number)) and math.isfinite(v)
 
 
-def _json(text: Any) -> dict:
-    if not isinstance(text, str) or not text:
-        return {}
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return {}
-    return v if isinstance(v, dict) else {}
-
-
 def gpus_per_replica(row: dict) -> tuple[int, str]:
     """(devices per replica, unit): tensor x pipeline parallel size on GPU (placement.engine_gpus, as the
     scheduler reserves them), 1 node on CPU."""
     if str(row.get("device") or "cpu") == "cpu":
         return 1, "node"
-    return engine_gpus({**_json(row.get("engine_args")), **_json(row.get("flags_json"))}), "GPU"
+    return engine_gpus({**searches.json_dict(row.get("engine_args")), **searches.json_dict(row.get("flags_json"))}), "GPU"
 
 
 def _config_label(r: dict) -> str:
@@ -273,7 +262,7 @@ def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: 
 def _search_unusable(c: dict, input_len: int, output_len: int, slo_ttft: float | None,
                      slo_tpot: float | None) -> str | None:
     """Why a configuration's SLO search cannot answer this plan (None: it can)."""
-    slos = searches._json(c.get("search_slos"))
+    slos = searches.json_dict(c.get("search_slos"))
     if c["status"] != "ok":
         return f"the search's status is {c['status']}"
     if not _finite(c.get("search_max")):
@@ -292,7 +281,7 @@ def _plan_from_search(row: dict, c: dict, qps: float, output_len: int, cost: flo
                       max_replicas: int | None) -> dict:
     """A replica serves the searched maximum: the highest request rate that met the search's SLOs (a
     concurrency search: the requests/s measured at the highest concurrency that met them)."""
-    slos = searches._json(c.get("search_slos"))
+    slos = searches.json_dict(c.get("search_slos"))
     rate_search = c.get("search_variable") == "rate"
     rate = float(c["search_max"]) if rate_search else float(c["req_s"])
     gpr, unit = gpus_per_replica(c)

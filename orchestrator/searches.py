@@ -36,10 +36,11 @@ def probes(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def checks(row) -> dict:
-    return _json(row.get("search_checks") if isinstance(row, dict) else getattr(row, "search_checks", None))
+    return json_dict(row.get("search_checks") if isinstance(row, dict) else getattr(row, "search_checks", None))
 
 
-def _json(text) -> dict:
+def json_dict(text) -> dict:
+    """A JSON object stored as text (a row's JSON column); {} for null, malformed or not an object."""
     if not isinstance(text, str) or not text:
         return {}
     try:
