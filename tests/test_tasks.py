@@ -10,7 +10,6 @@ import math
 import subprocess
 
 import numpy as np
-import pandas as pd
 import pytest
 import yaml
 from scipy.stats import binomtest

@@ -6,7 +6,6 @@ load generator's multi-turn ordering against a real llama.cpp server."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
