@@ -137,7 +137,7 @@ def echo_alignment(url: str, prompts: Sequence[Prompt], timeout_s: float = 120.0
             g, want = lp["tokens"][0], lp["token_logprobs"][0]
             e = _echo(client, url, p + g, 1)
             offsets, toks, vals, tops = (e.get(x) or [] for x in ("text_offset", "tokens", "token_logprobs", "top_logprobs"))
-            if not offsets:
+            if not offsets or min(offsets) >= len(p):
                 return None, "the server echoes no prompt logprobs"
             j = next((j for j, (o, t) in enumerate(zip(offsets, toks)) if o == len(p) and t == g), None)
             if j is None or j < 1:
