@@ -10,6 +10,7 @@ no penalties; llama-cpp-python's repeat_penalty defaults to 1.1 otherwise) and a
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,15 +89,15 @@ def fetch_outputs(url: str, prompts: Sequence[Prompt], repeats: int, max_tokens:
 
 
 def fetch_samples(url: str, prompts: Sequence[Prompt], seeds: int, max_tokens: int, sampler: dict[str, float],
-                  timeout_s: float = 120.0, model: str | None = None) -> list[list[Output]]:
-    """outputs[prompt][seed]: one seeded sample per (prompt, seed 0..seeds-1) at the given sampler fields (the
-    request's seed: engine_seed(seed, prompt), a random stream of its own per prompt)."""
+                  timeout_s: float = 120.0, model: str | None = None, first_seed: int = 0) -> list[list[Output]]:
+    """outputs[prompt][s]: one seeded sample per (prompt, seed first_seed + s, s < seeds) at the given sampler
+    fields (the request's seed: engine_seed(seed, prompt), a random stream of its own per prompt)."""
     import httpx
 
     out: list[list[Output]] = [[] for _ in prompts]
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
         for i, p in enumerate(prompts):
-            for seed in range(seeds):
+            for seed in range(first_seed, first_seed + seeds):
                 body = completion_body(GENERIC_API, p, max_tokens, engine_seed(seed, i), False, model, logprobs=1) | sampler
                 r = client.post(url.rstrip("/") + "/v1/completions", json=body)
                 r.raise_for_status()
@@ -104,22 +105,88 @@ def fetch_samples(url: str, prompts: Sequence[Prompt], seeds: int, max_tokens: i
     return out
 
 
-def score_under(url: str, prompt: str, texts: Sequence[str], timeout_s: float = 120.0) -> list[float | None]:
-    """Each text's mean token logprob after `prompt` under the server at `url`: prompt + text sent with
-    echo (the server's teacher-forced logprobs), the tokens that start inside the text averaged (by
-    text_offset, so the server's own tokenization of the boundary does not matter). None where the
-    server does not echo logprobs."""
+ECHO_TOP_K = (40, 1000)     # candidates asked a position where a server's echo is shifted: first, then where one is missing
+
+
+def _echo(client, url: str, text: str, k: int) -> dict:
+    body = completion_body(GENERIC_API, text, 1, 0, False, None, logprobs=k) | {"echo": True}
+    r = client.post(url.rstrip("/") + "/v1/completions", json=body)
+    return (r.json()["choices"][0].get("logprobs") or {}) if r.status_code == 200 else {}
+
+
+def echo_alignment(url: str, prompts: Sequence[Prompt], timeout_s: float = 120.0) -> tuple[str | None, str]:
+    """How the server's echo logprobs line up with the echoed tokens: ("aligned", how) where entry i is
+    token i's logprob given the tokens before it (the OpenAI convention: vLLM, llama.cpp on a model with
+    BOS), ("shifted", how) where entry i holds the distribution of token i+1 labelled as token i
+    (llama-cpp-python on a model without BOS: its token_logprobs are then of the wrong token, and only
+    the top_logprobs of entry i-1 hold token i's), or (None, why). Decided against the server's own
+    logprob of its greedy next token g after a prompt P (generation logprobs line up everywhere): the
+    echo of P + g has it at g's entry (aligned) or in the entry before (shifted)."""
     import httpx
 
-    out: list[float | None] = []
+    tried = []
+    with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        for p in prompts:
+            if not isinstance(p, str):
+                continue
+            r = client.post(url.rstrip("/") + "/v1/completions",
+                            json=completion_body(GENERIC_API, p, 1, 0, False, None, logprobs=1))
+            lp = (r.json()["choices"][0].get("logprobs") or {}) if r.status_code == 200 else {}
+            if not lp.get("tokens") or lp.get("token_logprobs", [None])[0] is None:
+                return None, "the server returns no generation logprobs"
+            g, want = lp["tokens"][0], lp["token_logprobs"][0]
+            e = _echo(client, url, p + g, 1)
+            offsets, toks, vals, tops = (e.get(x) or [] for x in ("text_offset", "tokens", "token_logprobs", "top_logprobs"))
+            if not offsets or min(offsets) >= len(p):
+                return None, "the server echoes no prompt logprobs"
+            j = next((j for j, (o, t) in enumerate(zip(offsets, toks)) if o == len(p) and t == g), None)
+            if j is None or j < 1:
+                tried.append("its tokenization of prompt + greedy token merges them")
+                continue
+            gap = {"aligned": abs(vals[j] - want) if vals[j] is not None else math.inf,
+                   "shifted": abs(tops[j - 1][g] - want) if tops[j - 1] and g in tops[j - 1] else math.inf}
+            best = min(gap, key=gap.get)
+            other = max(gap.values())
+            if gap[best] < 0.02 and other > 0.1:
+                return best, (f"echo entry {'i' if best == 'aligned' else 'i-1'} held token i's logprob "
+                              f"(within {gap[best]:.1g} nats of its generation logprob)")
+            tried.append(f"echo gaps {gap}")
+    return None, "echo logprobs match neither alignment of the server's generation logprobs" + (
+        f" ({'; '.join(tried)})" if tried else "")
+
+
+def score_tokens(url: str, prompt: str, texts: Sequence[str], alignment: str, timeout_s: float = 120.0
+                 ) -> list[list[float] | None]:
+    """Each text's per-token logprobs after `prompt` under the server at `url` (teacher-forced: prompt +
+    text sent with echo; the server's raw logprobs, no sampler), for the tokens that start inside the
+    text (by text_offset, so the server's own tokenization of the boundary does not matter); `alignment`
+    from `echo_alignment`. Where shifted, a token is looked up among the candidates of the entry before
+    it (ECHO_TOP_K: 40, then 1000 where one is missing); one beyond them all gets the least of them (an
+    upper bound), a token with no entry before it (after a one-token prompt) is left out. None where
+    the server returned no logprobs. Deterministic in the text: the same text gives the same list."""
+    import httpx
+
+    out: list[list[float] | None] = []
+    lo = len(prompt)
     with httpx.Client(timeout=timeout_s, trust_env=False) as client:
         for text in texts:
-            body = completion_body(GENERIC_API, prompt + text, 1, 0, False, None, logprobs=1) | {"echo": True}
-            r = client.post(url.rstrip("/") + "/v1/completions", json=body)
-            lp = (r.json()["choices"][0].get("logprobs") or {}) if r.status_code == 200 else {}
-            offsets, values = lp.get("text_offset") or [], lp.get("token_logprobs") or []
-            mine = [v for o, v in zip(offsets, values) if o >= len(prompt) and o < len(prompt) + len(text) and v is not None]
-            out.append(sum(mine) / len(mine) if mine else None)
+            hi = len(prompt) + len(text)
+            for k in (ECHO_TOP_K if alignment == "shifted" else (1,)):
+                e = _echo(client, url, prompt + text, k)
+                offsets, toks, vals, tops = (e.get(x) or [] for x in ("text_offset", "tokens", "token_logprobs",
+                                                                      "top_logprobs"))
+                inside = [j for j, o in enumerate(offsets) if lo <= o < hi]
+                if not offsets:
+                    mine, missing = None, False
+                elif alignment == "aligned":
+                    mine, missing = [vals[j] for j in inside if vals[j] is not None], False
+                else:
+                    cand = [tops[j - 1] if j >= 1 else None for j in inside]
+                    missing = any(c and toks[j] not in c for j, c in zip(inside, cand))
+                    mine = [c.get(toks[j], min(c.values())) for j, c in zip(inside, cand) if c]
+                if not missing:
+                    break
+            out.append(mine)
     return out
 
 
@@ -169,24 +236,53 @@ def first_token_against(candidates: list[dict[str, float] | None], outs: list[li
             "skipped": {str(k): v for k, v in t.skipped.items()}}
 
 
+def _score_all(url: str, prompts: Sequence[Prompt], outs: dict[str, list[list[Output]]], alignment: str | None,
+               timeout_s: float) -> dict[str, list[list[list[float] | None]]] | None:
+    """Every sample of both sides scored under `url`, per prompt each distinct text once, in sorted order:
+    the scores are a function of the text and of the pooled samples only, never of which side drew a
+    text (a stateful server, its prefix cache say, cannot then tell the sides apart)."""
+    if alignment is None or not all(isinstance(p, str) for p in prompts):
+        return None
+    out: dict[str, list[list[list[float] | None]]] = {e: [] for e in outs}
+    for i, p in enumerate(prompts):
+        texts = sorted({o.text for e in outs for o in outs[e][i]})
+        by_text = dict(zip(texts, score_tokens(url, p, texts, alignment, timeout_s)))
+        for e in outs:
+            out[e].append([by_text[o.text] for o in outs[e][i]])
+    return out
+
+
 def diff_sampled(url_a: str, url_b: str, prompts: Sequence[Prompt], seeds: int, max_tokens: int, temperature: float,
                  top_p: float = 1.0, top_k: int = 0, alpha: float = 0.01, timeout_s: float = 120.0,
-                 sampler_order: tuple[str, ...] | None = None, next_top_k: int = 100) -> dict[str, Any]:
+                 sampler_order: tuple[str, ...] | None = None, next_top_k: int = 100,
+                 first_seed: tuple[int, int] = (0, 0)) -> dict[str, Any]:
     """Seeded samples from both endpoints: per seed, the share of prompts whose outputs differ (the
     classic diff/total; equal seeds promise equal samples only on the same engine and build), A's and
-    B's first seed sent again (does a seed repeat?), and the distribution test of the sampling layer
-    (orchestrator/sampling_stats.py) on each sample's mean token logprob under A (both sides' samples
-    scored by A through echo: B's samples from another distribution score lower under A, by about
-    KL(B || A) per token), or, where A does not echo logprobs, under its own endpoint."""
+    B's first seed sent again (does a seed repeat?), and the distribution tests of the sampling layer
+    (orchestrator/sampling_stats.py), each a seed-level permutation test:
+    - two-sample: each sample's mean token logprob under A (both sides' samples scored by A through
+      echo: B's samples from another distribution score lower under A, by about KL(B || A) per token),
+      or, where A does not echo logprobs, under its own endpoint;
+    - likelihood ratio, where both echo: each sample's log p_A(x) - log p_B(x), summed over its tokens,
+      both sides' samples scored under both servers (raw logprobs, no sampler): the Neyman-Pearson
+      statistic for A against B; its expected gap is -(KL(A||B) + KL(B||A)) per token x tokens. It is 0
+      for every sample where both servers compute the same logprobs (a sampler change alone): the
+      two-sample test is there for that;
+    - first token: B's first tokens against A's next-token logprobs after the sampler.
+    The verdict is `different` when any p < alpha / the tests run (Bonferroni). `first_seed` (A's, B's):
+    the seeds each side draws start there (different seeds on identical servers: the tests' false alarms)."""
     import numpy as np
 
     from orchestrator.sampling_stats import permutation_test, seeds_to_detect
 
     sampler = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
-    outs = {e: fetch_samples(u, prompts, seeds, max_tokens, sampler, timeout_s) for e, u in (("A", url_a), ("B", url_b))}
-    again = {e: fetch_samples(u, prompts, 1, max_tokens, sampler, timeout_s) for e, u in (("A", url_a), ("B", url_b))}
+    urls = {"A": url_a, "B": url_b}
+    start = dict(zip(("A", "B"), first_seed))
+    outs = {e: fetch_samples(u, prompts, seeds, max_tokens, sampler, timeout_s, first_seed=start[e]) for e, u in urls.items()}
+    again = {e: fetch_samples(u, prompts, 1, max_tokens, sampler, timeout_s, first_seed=start[e]) for e, u in urls.items()}
     report: dict[str, Any] = {"endpoints": {"A": url_a, "B": url_b}, "prompts": len(prompts), "seeds": seeds,
-                              "max_tokens": max_tokens, "sampler": sampler, "per_seed": [], "differences": []}
+                              "first_seed": start, "max_tokens": max_tokens, "sampler": sampler, "per_seed": [],
+                              "differences": []}
     for seed in range(seeds):
         differing = sum(_first_divergence(outs["A"][i][seed], outs["B"][i][seed]) is not None for i in range(len(prompts)))
         report["per_seed"].append({"seed": seed, "differing": differing, "total": len(prompts)})
@@ -195,34 +291,58 @@ def diff_sampled(url_a: str, url_b: str, prompts: Sequence[Prompt], seeds: int, 
     differing = sum(x["differing"] for x in report["per_seed"])
     # equal seeds promise equal samples where both endpoints repeat their own seeds (the same engine
     # and build, say): then any difference is one; otherwise only the distribution can be compared
-    report["seed_by_seed"] = ("n/a: a seed does not repeat on " + " and ".join(e for e, v in report["repeatable"].items()
-                                                                                if v < 1.0)
+    report["seed_by_seed"] = ("n/a: A and B drew different seeds" if start["A"] != start["B"] else
+                              "n/a: a seed does not repeat on " + " and ".join(e for e, v in report["repeatable"].items()
+                                                                               if v < 1.0)
                               if min(report["repeatable"].values()) < 1.0
                               else "identical" if differing == 0 else f"differ ({differing} of {seeds * len(prompts)})")
-    scored = {e: [score_under(url_a, p, [o.text for o in outs[e][i]], timeout_s) if isinstance(p, str) else [None] * seeds
-                  for i, p in enumerate(prompts)] for e in outs}
-    under_a = all(v is not None for e in scored for po in scored[e] for v in po)
-    stats = {e: [(i, s, v if under_a else float(np.mean(o.token_logprobs)))
-                 for i, po in enumerate(outs[e]) for s, (o, v) in enumerate(zip(po, scored[e][i]))
-                 if under_a or o.token_logprobs]
+    report["echo"] = {e: dict(zip(("alignment", "how"), echo_alignment(u, prompts, timeout_s))) for e, u in urls.items()}
+    scored = {e: _score_all(u, prompts, outs, report["echo"][e]["alignment"], timeout_s) for e, u in urls.items()}
+    under_a = scored["A"] is not None and all(v is not None for e in outs for po in scored["A"][e] for v in po)
+    stats = {e: [(i, s, float(np.mean(scored["A"][e][i][s] or [0.0])) if under_a else float(np.mean(o.token_logprobs)))
+                 for i, po in enumerate(outs[e]) for s, o in enumerate(po) if under_a or o.token_logprobs]
              for e in outs}
     first = report["first_token"] = first_token_against(next_token_candidates(url_a, prompts, next_top_k, timeout_s),
                                                         outs["B"], sampler, sampler_order)
+    # the likelihood ratio: where both servers score every sample
+    if not under_a:
+        lr: dict[str, Any] = {"verdict": "n/a", "why": "A does not score text: " + (report["echo"]["A"]["how"]
+                                                                                   if scored["A"] is None else
+                                                                                   "a sample got no echo logprobs")}
+    elif scored["B"] is None or any(v is None for e in outs for po in scored["B"][e] for v in po):
+        lr = {"verdict": "n/a", "why": "B does not score text: " + (report["echo"]["B"]["how"] if scored["B"] is None
+                                                                   else "a sample got no echo logprobs")}
+    else:
+        rows = {e: [(i, s, sum(scored["A"][e][i][s]) - sum(scored["B"][e][i][s]), len(scored["A"][e][i][s]))
+                    for i in range(len(prompts)) for s in range(seeds)] for e in outs}
+        (ia, da, la, ta), (ib, db, lb, tb) = (tuple(np.array(x) for x in zip(*rows[e])) for e in ("A", "B"))
+        t = permutation_test(la, ia, da, lb, ib, db)
+        tokens = float(np.mean(np.concatenate([ta, tb]))) or 1.0
+        lr = {"test": "seed-level permutation (per-sample log p_A - log p_B, summed over its tokens, both scored "
+                      "under both servers; centred per prompt)", "p_value": t.p_value, "shift": t.shift,
+              "shift_per_token": t.shift / tokens, "n_a": t.n_base, "n_b": t.n_cell, "values": la, "prompts_of": ia,
+              "seeds_of": da}
+    report["likelihood_ratio"] = lr
     if stats["A"] and stats["B"]:
         (ia, da, sa), (ib, db, sb) = (tuple(np.array(x) for x in zip(*stats[e])) for e in ("A", "B"))
         t = permutation_test(sa, ia, da, sb, ib, db)
         need = seeds_to_detect(sa, ia, da, 0.05, alpha)
-        ps = [t.p_value] + ([first["p_value"]] if "p_value" in first else [])
+        ps = [t.p_value] + [x["p_value"] for x in (first, lr) if "p_value" in x]
         level = alpha / len(ps)      # Bonferroni over the tests run: the verdict's false-alarm rate stays alpha
+        if "p_value" in lr:
+            v, pr, sd = lr.pop("values"), lr.pop("prompts_of"), lr.pop("seeds_of")
+            lr["seeds_for_observed_shift"] = seeds_to_detect(v, pr, sd, abs(lr["shift"]), level) if lr["shift"] else None
         report["distribution"] = {"seeds_to_detect_0.05_nats": need,
-                                  "seeds_for_observed_shift": seeds_to_detect(sa, ia, da, abs(t.shift), alpha / len(ps))
+                                  "seeds_for_observed_shift": seeds_to_detect(sa, ia, da, abs(t.shift), level)
                                   if t.shift else None, "test": t.test.replace("raw logprob", "logprob under A" if under_a
                                                          else "logprob under its own endpoint"),
                                   "p_value": t.p_value, "shift": t.shift, "n_a": t.n_base, "n_b": t.n_cell,
-                                  "alpha": alpha, "level_each": level,
+                                  "alpha": alpha, "tests": len(ps), "level_each": level,
                                   "verdict": "different" if min(ps) < level else "same distribution"}
     else:
         report["distribution"] = {"verdict": "n/a", "why": "a server returned no token logprobs"}
+        for k in ("values", "prompts_of", "seeds_of"):
+            lr.pop(k, None)
     return report
 
 
@@ -241,7 +361,8 @@ def format_sampled_report(report: dict[str, Any]) -> str:
     if d["verdict"] == "n/a":
         lines.append(f"  distribution: n/a ({d['why']})")
     else:
-        lines.append(f"  distribution: {d['verdict']} (p={d['p_value']:.3g} at alpha {d['alpha']:g}; shift "
+        lines.append(f"  distribution: {d['verdict']} (alpha {d['alpha']:g} over {d['tests']} test(s)); two-sample "
+                     f"p={d['p_value']:.3g}, shift "
                      f"{d['shift']:+.4f} nats/token; {d['n_a']} vs {d['n_b']} samples; {d['test']}); seeds per prompt "
                      f"to find a 0.05-nat shift: {d['seeds_to_detect_0.05_nats']}")
         if d["verdict"] == "same distribution":
@@ -249,7 +370,16 @@ def format_sampled_report(report: dict[str, Any]) -> str:
                          + (f"; ~{d['seeds_for_observed_shift']} seeds a prompt needed to detect a shift of this size"
                             if d.get("seeds_for_observed_shift") else ""))
         if d["level_each"] < d["alpha"]:
-            lines.append(f"    each test at {d['level_each']:.3g} (Bonferroni over two tests)")
+            lines.append(f"    each test at {d['level_each']:.3g} (Bonferroni over {d['tests']} tests)")
+    lr = report.get("likelihood_ratio") or {}
+    if "p_value" in lr:
+        lines.append(f"  likelihood ratio log p_A - log p_B (both sides' samples scored under both servers): "
+                     f"p={lr['p_value']:.3g}, shift {lr['shift']:+.4f} nats/sample ({lr['shift_per_token']:+.4f}/token), "
+                     f"{lr['n_a']} vs {lr['n_b']} samples; {lr['test']}"
+                     + (f"; ~{lr['seeds_for_observed_shift']} seeds a prompt for a shift of this size"
+                        if lr.get("seeds_for_observed_shift") and lr["p_value"] >= d.get("level_each", 0) else ""))
+    elif lr:
+        lines.append(f"  likelihood ratio: n/a ({lr['why']})")
     f = report.get("first_token") or {}
     if "p_value" in f:
         lines.append(f"  first token of B against A's next-token logprobs: p={f['p_value']:.3g}, {f['n']} draws over "

@@ -186,9 +186,9 @@ def test_diff_endpoints_f32_vs_q4_0_finds_divergence(servers):
 
 def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
     """At temperature 0.8: two identical llama.cpp servers draw the same samples for the same seeds (and
-    the same distribution); fp32 against q4_0 differs seed by seed. As a distribution, a q4_0 shift of a
-    few hundredths of a nat per token is beyond 64 samples: the verdict is what the test says, with the
-    seeds it would need."""
+    the same distribution); fp32 against q4_0 differs seed by seed, and as a distribution: the likelihood
+    ratio (both sides' samples scored under both servers) finds it at 16 seeds a prompt, where the mean
+    logprob under A needs thousands (benchmarks/README.md)."""
     from orchestrator.endpoint_diff import diff_sampled, format_sampled_report
 
     prompts = tmp_path / "prompts.jsonl"
@@ -203,20 +203,97 @@ def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
     assert same["seed_by_seed"] == "identical"
     assert same["distribution"]["verdict"] == "same distribution" and same["distribution"]["n_a"] == 64
     assert same["distribution"]["p_value"] == 1.0 and "under A" in same["distribution"]["test"]
+    # llama-cpp-python's echo on a model without BOS: entry i holds token i+1's distribution, found as such
+    assert {e["alignment"] for e in same["echo"].values()} == {"shifted"}, same["echo"]
+    # the likelihood ratio: the same samples scored the same by identical servers
+    lr = same["likelihood_ratio"]
+    assert lr["n_a"] == lr["n_b"] == 64 and lr["p_value"] == 1.0 and lr["shift"] == 0.0, lr
     # B's first tokens against A's next-token logprobs (llama.cpp's filter order): tested, the same
     first = same["first_token"]
     assert first["n"] == 16 * first["prompts"] and first["prompts"] >= 1 and first["outside"] == 0, first
-    assert first["p_value"] >= 0.005 and same["distribution"]["level_each"] == 0.005
+    assert same["distribution"]["tests"] == 3 and same["distribution"]["level_each"] == pytest.approx(0.01 / 3)
+    assert first["p_value"] >= 0.01 / 3
     other = diff_sampled(servers["f32_a"].url, servers["q4_0"].url, PROMPTS[:4], seeds=16, max_tokens=16,
                          temperature=0.8, top_p=0.95, sampler_order=LlamacppAdapter.sampler_order)
     text = format_sampled_report(other)
     differing = sum(x["differing"] for x in other["per_seed"])
     assert differing > 32 and other["seed_by_seed"] == f"differ ({differing} of 64)", text
-    d, f = other["distribution"], other["first_token"]
+    d, f, lr = other["distribution"], other["first_token"], other["likelihood_ratio"]
     assert f["n"] == 16 * f["prompts"] and "first token of B against A" in text, text
-    # the verdict is what the two tests say at 0.01 over both (Bonferroni), whatever it is
-    assert d["verdict"] == ("different" if min(d["p_value"], f["p_value"]) < 0.005 else "same distribution"), text
+    # q4_0's samples are likelier under q4_0 than under fp32, fp32's the other way round
+    assert lr["n_a"] == lr["n_b"] == 64 and lr["shift"] < 0 and "likelihood ratio log p_A - log p_B" in text, text
+    # the verdict is what the three tests say at 0.01 over all (Bonferroni): the likelihood ratio finds q4_0
+    assert lr["p_value"] < 0.01 / 3 and d["verdict"] == "different", text
     assert d["seeds_to_detect_0.05_nats"] > 0 and "seed by seed: differ" in text
+
+
+def _fake_server(kind: str):
+    """A one-character-a-token OpenAI completions server over the vocabulary "abc" whose next-token
+    logprobs are a fixed function of the prefix: echo "aligned" (OpenAI's convention), "shifted"
+    (llama-cpp-python's on a model without BOS) or "none" (no echo)."""
+    import httpx
+    import numpy as np
+
+    def dist(prefix: str) -> dict[str, float]:
+        z = np.array([len(prefix) % 3, ord(prefix[-1]) % 2 if prefix else 0, 0.5]) * 1.5
+        return dict(zip("abc", (z - np.log(np.exp(z).sum())).tolist()))
+
+    def handler(request):
+        body = json.loads(request.content)
+        p, k = body["prompt"], body.get("logprobs") or 1
+        rng = np.random.default_rng(body["seed"])
+        text = ""
+        for _ in range(body["max_tokens"]):
+            d = dist(p + text)
+            text += (max(d, key=d.get) if not body.get("temperature")
+                     else rng.choice(list(d), p=np.exp(list(d.values()))))
+        top = lambda d: dict(sorted(d.items(), key=lambda x: -x[1])[:k])  # noqa: E731
+        full = p + text
+        if body.get("echo") and kind != "none":
+            pos = range(len(full))
+            if kind == "aligned":
+                vals = [None] + [dist(full[:i])[full[i]] for i in pos][1:]
+                tops = [None] + [top(dist(full[:i])) for i in pos][1:]
+            else:     # entry i: the distribution of token i+1, labelled as token i
+                vals = [None] + [dist(full[:i + 1])[full[i]] for i in pos][1:]
+                tops = [None] + [top(dist(full[:i + 1])) for i in pos][1:]
+            lp = {"tokens": list(full), "text_offset": list(pos), "token_logprobs": vals, "top_logprobs": tops}
+            text = full
+        else:
+            lp = {"tokens": list(text), "text_offset": [len(p) + i for i in range(len(text))],
+                  "token_logprobs": [dist(p + text[:i])[c] for i, c in enumerate(text)],
+                  "top_logprobs": [top(dist(p + text[:i])) for i in range(len(text))]}
+        return httpx.Response(200, json={"choices": [{"text": text, "logprobs": lp, "finish_reason": "length"}],
+                                         "usage": {"completion_tokens": body["max_tokens"]}})
+    return handler, dist
+
+
+def test_likelihood_ratio_scores_either_echo_and_says_why_not(monkeypatch):
+    """The likelihood ratio's scoring on fake servers: echo found aligned or shifted against the server's
+    own generation logprobs, each read to the true per-token logprobs; a server without echo leaves the
+    test n/a with the reason, the other tests run."""
+    import httpx
+
+    from orchestrator import endpoint_diff as ed
+
+    handlers = {kind: _fake_server(kind) for kind in ("aligned", "shifted", "none")}
+    real = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(
+        lambda r: handlers[r.url.host][0](r)), **kw))
+    dist = handlers["aligned"][1]
+    want = [[dist("ab" + t[:i])[c] for i, c in enumerate(t)] for t in ("cab", "", "bb")]
+    for kind in ("aligned", "shifted"):
+        assert ed.echo_alignment(f"http://{kind}", ["ab"])[0] == kind
+        got = ed.score_tokens(f"http://{kind}", "ab", ["cab", "", "bb"], kind)
+        assert got == [pytest.approx(w) for w in want], (kind, got)
+    assert ed.echo_alignment("http://none", ["ab"]) == (None, "the server echoes no prompt logprobs")
+    r = ed.diff_sampled("http://aligned", "http://none", ["ab", "ca"], seeds=4, max_tokens=3, temperature=1.0)
+    assert r["likelihood_ratio"] == {"verdict": "n/a", "why": "B does not score text: the server echoes no prompt logprobs"}
+    assert r["distribution"]["tests"] == 2 and "under A" in r["distribution"]["test"]
+    r = ed.diff_sampled("http://aligned", "http://shifted", ["ab", "ca"], seeds=4, max_tokens=3, temperature=1.0)
+    # the same model behind both: every sample's log p_A - log p_B is 0, and so is the shift
+    assert r["likelihood_ratio"]["p_value"] == 1.0 and r["likelihood_ratio"]["shift"] == 0.0
+    assert r["distribution"]["tests"] == 3 and "likelihood ratio" in ed.format_sampled_report(r)
 
 
 def test_read_prompts_text_and_jsonl(tmp_path):
