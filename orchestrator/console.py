@@ -361,7 +361,7 @@ def search_table(summaries: pd.DataFrame, probes: pd.DataFrame) -> Table:
     for col in ("config", "search", "SLOs (judge)", "max met", "first miss", "probes", "requests/probe", "missed there"):
         t.add_column(col, overflow="fold")
     for r in summaries.to_dict("records"):
-        slos = searches._json(r.get("search_slos"))
+        slos = searches.json_dict(r.get("search_slos"))
         stated = [f"{k.replace('_p99_ms', ' p99')}<={slos[k]:g}ms" for k in ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms")
                   if slos.get(k) is not None] + ([f"goodput>={slos['goodput']:g}"] if slos.get("goodput") else [])
         mine = probes[probes.search_id == r["cell_id"]]

