@@ -5,8 +5,9 @@ this package, numpy, pydantic and psutil; its input is an `adapters.contract.Gro
 the engine once, then for each cell runs the warm-up and timed batches, the logprob capture, the seeded
 samples (measure.sampling) and the group's tasks (adapters.task_runner), and writes for each cell
 `<cell_id>.json` (the measurements, an `adapters.contract.CellRecord`), `<cell_id>.npz` (the logprob
-rows), `<cell_id>.samples.npz` and `<cell_id>.tasks.json` (the task outputs). Progress goes to `events.jsonl`, one typed event per line, so the
-parent can tell which cell was running when a crash or a hang happened. Serve cells (`adapters.served_cells`) start the engine's server here instead of
+rows), `<cell_id>.samples.npz` and `<cell_id>.tasks.json` (the task outputs). Progress goes to
+`events.jsonl`, one typed event per line, so the parent can tell which cell was running when a crash or
+a hang happened. Serve cells (`adapters.served_cells`) start the engine's server here instead of
 loading the engine.
 """
 
