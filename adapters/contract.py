@@ -79,6 +79,8 @@ class CellSpec(_Model):
     ignore_eos: bool = True
     timing_prompts: list[list[int]]
     timing_texts: list[str] | None = None     # serve: for a server that takes text only
+    timing_messages: list[list[dict[str, str]]] | None = None   # serve, chat workloads: each prompt's messages,
+                                               # sent to /v1/chat/completions (timing_prompts: our template's ids)
     request_rate: float | None = None          # serve: requests/s; None: a closed loop
     output_lens: list[int] | None = None       # per timing prompt (a drawn or dataset workload); None: output_len
     follows: list[int] | None = None           # serve, multi-turn: k > 0 sends request i after request i - k ends

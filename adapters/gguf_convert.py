@@ -16,12 +16,14 @@ uses token_embd for the output projection.
 
 The tokenizer is written as a "gpt2" (byte-level BPE) vocabulary with token types, merges and the
 bos/eos/pad ids, and `add_bos_token = add_eos_token = false`: the benchmark hands llama.cpp token ids,
-and llama.cpp must never add a BOS of its own. A BPE tokenizer with byte fallback (Llama-2 / Mistral-v0.1
+and llama.cpp must never add a BOS of its own. The checkpoint's chat template (tokenizer_config.json or
+chat_template.jinja) becomes `tokenizer.chat_template`, which llama-cpp-python's server renders chat
+requests with when no chat_format is given (Llama.__init__; without one it falls back to "llama-2"). A BPE tokenizer with byte fallback (Llama-2 / Mistral-v0.1
 style, tokens like "▁the" and "<0x0A>") is written as llama.cpp's "llama" (SentencePiece) vocabulary
 instead, with byte tokens typed BYTE; either way only the ids matter to the benchmark.
 
 Caching: the key is a SHA-256 over the checkpoint files that conversion reads (config.json,
-tokenizer.json, tokenizer_config.json, the safetensors files and their index), CONVERTER_VERSION and the
+tokenizer.json, tokenizer_config.json, chat_template.jinja, the safetensors files and their index), CONVERTER_VERSION and the
 output type; quantized files add the quantization level and llama-cpp-python's version (the quantizer
 belongs to the engine). Files are written to a temporary name in the cache directory and moved into place
 with os.replace, so a crash never leaves a truncated GGUF under the final name and concurrent writers
@@ -50,8 +52,9 @@ import numpy as np
 
 from adapters.base import Unsupported
 from adapters.provenance import file_digest
+from adapters.tokenizer import chat_template
 
-CONVERTER_VERSION = "2"
+CONVERTER_VERSION = "3"   # 3: the chat template goes in as tokenizer.chat_template
 
 # HF `architectures[0]` (or config model_type) -> (GGUF architecture, permute Q/K for RoPE layout)
 ARCHITECTURES: dict[str, tuple[str, bool]] = {
@@ -134,7 +137,7 @@ def _read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
 def checkpoint_files(model_dir: Path) -> list[Path]:
     model_dir = Path(model_dir)
     files = [model_dir / "config.json", model_dir / "tokenizer.json"]
-    for extra in ("tokenizer_config.json", "model.safetensors.index.json"):
+    for extra in ("tokenizer_config.json", "chat_template.jinja", "chat_template.json", "model.safetensors.index.json"):
         if (model_dir / extra).is_file():
             files.append(model_dir / extra)
     return files + _safetensors_files(model_dir)
@@ -286,6 +289,9 @@ def write_tokenizer(writer: Any, model_dir: Path, config: dict, n_vocab: int) ->
             add(value)
     writer.add_add_bos_token(False)
     writer.add_add_eos_token(False)
+    template = chat_template(model_dir)
+    if template:
+        writer.add_chat_template(template)
 
 
 # ----------------------------------------------------------------------------------------------

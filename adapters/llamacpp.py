@@ -261,8 +261,12 @@ class LlamacppAdapter(Adapter):
     # health is polled on /openapi.json. Its echo=True prompt logprobs assume a BOS token: for a
     # model without one (add_bos false, as the built-in model) entry i holds the distribution of
     # token i+1 labelled as token i, so prompt logprobs are not taken from it.
+    # Chat: without a chat_format, Llama.__init__ takes the GGUF's tokenizer.chat_template (gguf_convert writes
+    # the checkpoint's) unless it is byte-equal to one of its built-in formats, and falls back to "llama-2"
+    # when the GGUF has none; the rendered text is tokenized with special tokens parsed, no BOS added. Its
+    # chat stream reports no usage, so the served cell asks each chat's prompt count once, non-streamed.
     server_api = ServerApi(prompt_ids=False, ids_in_logprobs=False, prompt_logprobs=None, ignore_eos=False,
-                           batches=False, tokenize_path="/extras/tokenize", health_path="/openapi.json",
+                           batches=False, tokenize_path="/extras/tokenize", health_path="/openapi.json", chat=True,
                            greedy_fields={"top_p": 1.0, "top_k": 0, "min_p": 0.0, "repeat_penalty": 1.0,
                                           "presence_penalty": 0.0, "frequency_penalty": 0.0})
 

@@ -1,5 +1,8 @@
 """The load generator: one load point of streaming completions against a server, timed on the client.
 
+A prompt is text or token ids (/v1/completions), or a chat's messages (/v1/chat/completions, the server's
+chat template; a chat chunk's text is `delta.content`).
+
 `run_load` drives a base URL with at most `concurrency` requests in flight, arriving all at once
 (`rate` inf: a closed loop, the next request when one ends) or at a constant or Poisson `rate`;
 bounded by a request count and a time limit. Every SSE chunk that carries tokens is one entry of
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 from adapters.contract import RequestTiming, TimedRun
-from adapters.server_process import Prompt, ServerApi, completion_body
+from adapters.server_process import Prompt, ServerApi, completion_body, completion_path
 
 # what a chunk with continuous usage stats is read for (keys only: a quote inside a JSON string is escaped)
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -83,7 +86,7 @@ async def _stream_one(session, url: str, body: dict, res: RequestTiming) -> None
 
     res.sent = time.perf_counter()
     try:
-        async with session.post(url.rstrip("/") + "/v1/completions", json=body) as r:
+        async with session.post(url.rstrip("/") + completion_path(body), json=body) as r:
             if r.status != 200:
                 text = (await r.read()).decode(errors="replace")
                 res.error, res.error_kind = f"HTTP {r.status}: {text[:300]}", "http"
@@ -114,8 +117,9 @@ async def _stream_one(session, url: str, body: dict, res: RequestTiming) -> None
                         if usage.get("completion_tokens") is not None:   # continuous usage: exact per chunk
                             ev_tok += usage["completion_tokens"] - counted
                         else:                                            # one token per chunk that carries text
-                            lp = choice.get("logprobs") or {}
-                            ev_tok += len(lp.get("tokens") or ()) or (1 if choice.get("text") else 0)
+                            lp = choice.get("logprobs") or {}   # (a chat chunk's text is its delta's content)
+                            text = choice.get("text") or (choice.get("delta") or {}).get("content")
+                            ev_tok += len(lp.get("tokens") or ()) or (1 if text else 0)
                     if ev_tok > 0:
                         n_tok += ev_tok
                         counted += ev_tok

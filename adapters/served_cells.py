@@ -13,6 +13,7 @@ for the cells left.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -123,12 +124,48 @@ class ServedScorer:
 def _timing_prompts(target: Target, cell: CellSpec, notes: list[str]):
     """The cell's timing prompts as this server takes them (ids, or text), and their token counts."""
     ids = cell.timing_prompts
+    if cell.timing_messages is not None:
+        return cell.timing_messages, _chat_lengths(target, cell.timing_messages, ids, notes)
     if target.api.prompt_ids:
         return ids, [len(p) for p in ids]
     prompts = cell.timing_texts
     server_ids = _server_tokens(target, prompts, notes, "timing prompts", ids)
     lengths = [len(x) if x is not None else None for x in server_ids]
     return prompts, None if any(x is None for x in lengths) else lengths
+
+
+def _chat_lengths(target: Target, messages: list[list[dict]], intended: list[list[int]],
+                  notes: list[str]) -> list[int] | None:
+    """A chat cell's prompt token counts as the server renders the messages with its own copy of the chat
+    template, checked against the ids the run's template gave (each distinct chat asked once, before the
+    timed runs). A difference is stated in the notes, and the server's counts are the prompt lengths."""
+    seen: dict[str, tuple] = {}
+    for msgs, ids in zip(messages, intended):
+        key = json.dumps(msgs, sort_keys=True)
+        if key not in seen:
+            seen[key] = server_process.chat_prompt_tokens(target.url, target.api, msgs, target.model, target.headers,
+                                                          target.settings.request_timeout_s) + (ids,)
+    how = next(iter(seen.values()))[2]
+    checked = [(sids, n, ids) for sids, n, _, ids in seen.values() if n is not None]
+    if not checked:
+        notes.append(f"chat: the server reported no prompt token count ({how}): the template's ids are not checked "
+                     "against its rendering; prompt lengths as the stream's usage reports them")
+        return None
+    differ = [(n, len(ids)) for _, n, ids in checked if n != len(ids)]
+    # where the server gives ids (not only a count), say how many are the same ids, not just as many
+    same = (f"; {sum(sids == ids for sids, _, ids in checked)} of {len(checked)} are the same ids"
+            if checked[0][0] is not None else "")
+    if differ:
+        deltas = [a - b for a, b in differ]
+        notes.append(f"chat: MISMATCH: the server's chat template ({how}) rendered {len(differ)} of {len(checked)} "
+                     f"distinct chats to another prompt token count than the run's template (server minus ours: "
+                     f"{min(deltas):+d} to {max(deltas):+d} tokens){same}; the server's counts are the prompt lengths")
+    else:
+        notes.append(f"chat: the server's chat template ({how}) gives the run's prompt token count for all "
+                     f"{len(checked)} distinct chats{same}")
+    counts = {key: n for key, (_, n, _, _) in seen.items()}
+    out = [counts[json.dumps(m, sort_keys=True)] for m in messages]
+    return None if any(n is None for n in out) else out
 
 
 def _per_request(cell: CellSpec, lo: int, hi: int) -> dict:

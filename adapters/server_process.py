@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Union
 
-Prompt = Union[str, list[int]]
+Prompt = Union[str, list[int], list[dict]]   # text, token ids, or a chat's messages ([{role, content}])
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class ServerApi:
     tokenize_path: str | None = None  # the server's own tokenizer endpoint, to check text prompts' ids
     health_path: str = "/v1/models"
     logprobs: bool = True            # returns logprobs at all (else outputs are not captured)
+    chat: bool = False               # /v1/chat/completions renders the model's own chat template (chat workloads)
+    chat_tokenize: bool = False      # tokenize_path takes {messages, add_generation_prompt}: the template's ids
 
 
 @dataclass
@@ -175,8 +177,11 @@ def served_model_name(url: str, headers: dict | None = None) -> str | None:
 
 def completion_body(api: ServerApi, prompt: Prompt, max_tokens: int, seed: int, stream: bool, model: str | None,
                     logprobs: int | None = None, ignore_eos: bool = True, prompt_logprobs: bool = False) -> dict:
-    body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens, "seed": seed, "stream": stream,
-                            "temperature": 0.0, **api.greedy_fields}
+    chat = is_chat(prompt)
+    if chat and (logprobs is not None or prompt_logprobs):
+        raise ValueError("chat requests carry no logprobs here (the capture goes through /v1/completions)")
+    body: dict[str, Any] = {"messages" if chat else "prompt": prompt, "max_tokens": max_tokens, "seed": seed,
+                            "stream": stream, "temperature": 0.0, **api.greedy_fields}
     if model:
         body["model"] = model
     if stream:
@@ -193,6 +198,35 @@ def completion_body(api: ServerApi, prompt: Prompt, max_tokens: int, seed: int, 
         elif api.prompt_logprobs == "echo":
             body["echo"] = True
     return body
+
+
+def is_chat(prompt: Prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+
+
+def completion_path(body: dict) -> str:
+    return "/v1/chat/completions" if "messages" in body else "/v1/completions"
+
+
+def chat_prompt_tokens(url: str, api: ServerApi, messages: list[dict], model: str | None = None,
+                       headers: dict | None = None, timeout_s: float = 60.0) -> tuple[list[int] | None, int | None, str]:
+    """How the server renders a chat's messages: (its prompt ids where it can say, its prompt token count,
+    how it was asked). A server whose tokenizer endpoint takes messages (vLLM's /tokenize, the same
+    renderer as its chat endpoint) gives the ids without running the model; any other gives the count
+    in the usage of a one-token, non-streamed /v1/chat/completions (one prefill)."""
+    import httpx
+
+    if api.chat_tokenize and api.tokenize_path:
+        r = httpx.post(url.rstrip("/") + api.tokenize_path, json={"model": model, "messages": messages,
+                       "add_generation_prompt": True}, headers=headers, timeout=timeout_s, trust_env=False)
+        r.raise_for_status()
+        ids = r.json().get("tokens")
+        return ids, len(ids), api.tokenize_path
+    body = completion_body(api, messages, 1, 0, False, model, ignore_eos=False)
+    r = httpx.post(url.rstrip("/") + "/v1/chat/completions", json=body, headers=headers, timeout=timeout_s,
+                   trust_env=False)
+    r.raise_for_status()
+    return None, (r.json().get("usage") or {}).get("prompt_tokens"), "the usage of a 1-token /v1/chat/completions"
 
 
 def tokenize_remote(url: str, api: ServerApi, text: str, model: str | None = None,

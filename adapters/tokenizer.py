@@ -44,6 +44,24 @@ class Tokenizer:
         return text
 
 
+def chat_template(tokenizer_dir: str | Path) -> str | None:
+    """The default chat template a local tokenizer dir declares, where transformers looks for it:
+    tokenizer_config.json's `chat_template` (a string, or a list of named ones: "default"), else
+    chat_template.jinja (transformers 5 saves it there), else chat_template.json. None: it has none."""
+    path = Path(tokenizer_dir)
+    if path.is_file():
+        path = path.parent
+    config = path / "tokenizer_config.json"
+    found = json.loads(config.read_text()).get("chat_template") if config.is_file() else None
+    if isinstance(found, list):
+        found = next((t.get("template") for t in found if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not found and (path / "chat_template.jinja").is_file():
+        found = (path / "chat_template.jinja").read_text()
+    if not found and (path / "chat_template.json").is_file():
+        found = json.loads((path / "chat_template.json").read_text()).get("chat_template")
+    return found if isinstance(found, str) and found else None
+
+
 def _eos_id(path: Path, token_to_id) -> int | None:
     """The EOS id a tokenizer.json alone does not name: from tokenizer_config.json, else the model's
     generation_config.json / config.json."""

@@ -630,8 +630,11 @@ class VllmAdapter(Adapter):
     # "token_id:<id>"; `prompt_logprobs` gives teacher-forced logprobs by id (not with stream=True);
     # `ignore_eos` and continuous usage stats are honoured (vllm/entrypoints/openai/completion/protocol.py).
     # `--generation-config vllm` keeps the model's generation_config.json from setting sampling defaults.
+    # Chat: /v1/chat/completions renders the tokenizer's chat template; /tokenize takes the same messages
+    # through the same renderer (vllm/entrypoints/serve/tokenize), so a chat's ids are checked without a prefill.
     server_api = ServerApi(prompt_ids=True, ids_in_logprobs=True, prompt_logprobs="prompt_logprobs", ignore_eos=True,
                            batches=True, stream_usage=True, tokenize_path="/tokenize", health_path="/health",
+                           chat=True, chat_tokenize=True,
                            greedy_fields={"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
                                           "presence_penalty": 0.0, "frequency_penalty": 0.0})
 

@@ -40,29 +40,54 @@ def _records(path: Path) -> list:
     return out
 
 
-def read_sharegpt(path: str | Path) -> list[list[Turn]]:
-    """Every conversation with at least one user turn, its turns in order."""
-    path = Path(path)
+def _conversation(turns, where: str) -> list[Turn]:
+    """One record's turns (ShareGPT {from, value} or OpenAI {role, content}) as (role, text)."""
+    if not isinstance(turns, list):
+        raise DatasetError(f"{where} has no 'conversations' (ShareGPT) or 'messages' (OpenAI) list")
+    conv = []
+    for j, t in enumerate(turns):
+        who = t.get("from", t.get("role")) if isinstance(t, dict) else None
+        text = t.get("value", t.get("content")) if isinstance(t, dict) else None
+        if who not in _ROLES or not isinstance(text, str):
+            raise DatasetError(f"{where} turn {j} needs from/role in ({', '.join(sorted(_ROLES))}) "
+                               "and a string value/content")
+        conv.append((_ROLES[who], text))
+    return conv
+
+
+def conversations(records, source: str, field: str | None = None) -> list[list[Turn]]:
+    """Every conversation with at least one user turn, its turns in order; `field` names the turns'
+    list (default: `conversations`, else `messages`)."""
     convs = []
-    for i, rec in enumerate(_records(path)):
+    for i, rec in enumerate(records):
         if not isinstance(rec, dict):
-            raise DatasetError(f"{path}: record {i} is not an object")
-        turns = rec.get("conversations", rec.get("messages"))
-        if not isinstance(turns, list):
-            raise DatasetError(f"{path}: record {i} has no 'conversations' (ShareGPT) or 'messages' (OpenAI) list")
-        conv = []
-        for j, t in enumerate(turns):
-            who = t.get("from", t.get("role")) if isinstance(t, dict) else None
-            text = t.get("value", t.get("content")) if isinstance(t, dict) else None
-            if who not in _ROLES or not isinstance(text, str):
-                raise DatasetError(f"{path}: record {i} turn {j} needs from/role in ({', '.join(sorted(_ROLES))}) "
-                                   "and a string value/content")
-            conv.append((_ROLES[who], text))
+            raise DatasetError(f"{source}: record {i} is not an object")
+        turns = rec.get(field) if field else rec.get("conversations", rec.get("messages"))
+        conv = _conversation(turns, f"{source}: record {i}" + (f" field '{field}'" if field else ""))
         if any(role == "user" for role, _ in conv):
             convs.append(conv)
     if not convs:
-        raise DatasetError(f"{path}: no conversation with a user turn")
+        raise DatasetError(f"{source}: no conversation with a user turn")
     return convs
+
+
+def read_sharegpt(path: str | Path) -> list[list[Turn]]:
+    """Every conversation with at least one user turn, its turns in order."""
+    return conversations(_records(Path(path)), str(path))
+
+
+def prompt_item(rec, field: str, output_field: str | None, where: str) -> tuple[object, str | None]:
+    if not isinstance(rec, dict) or field not in rec:
+        raise DatasetError(f"{where} has no field '{field}'")
+    prompt = rec[field]
+    if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(x, int) for x in prompt))):
+        raise DatasetError(f"{where}: '{field}' must be text or a list of token ids")
+    ref = None
+    if output_field:
+        ref = rec.get(output_field)
+        if not isinstance(ref, str):
+            raise DatasetError(f"{where} has no text field '{output_field}' (the reference output)")
+    return prompt, ref
 
 
 def read_jsonl(path: str | Path, field: str, output_field: str | None = None) -> list[tuple[object, str | None]]:
@@ -76,16 +101,7 @@ def read_jsonl(path: str | Path, field: str, output_field: str | None = None) ->
             rec = json.loads(line)
         except json.JSONDecodeError as err:
             raise DatasetError(f"{path}: line {lineno} is not valid JSON ({err})") from None
-        if not isinstance(rec, dict) or field not in rec:
-            raise DatasetError(f"{path}: line {lineno} has no field '{field}'")
-        prompt = rec[field]
-        if not (isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(x, int) for x in prompt))):
-            raise DatasetError(f"{path}: line {lineno}: '{field}' must be text or a list of token ids")
-        ref = None
-        if output_field:
-            ref = rec.get(output_field)
-            if not isinstance(ref, str):
-                raise DatasetError(f"{path}: line {lineno} has no text field '{output_field}' (the reference output)")
+        prompt, ref = prompt_item(rec, field, output_field, f"{path}: line {lineno}")
         items.append((prompt, ref))
     if not items:
         raise DatasetError(f"{path}: holds no prompts")

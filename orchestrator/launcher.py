@@ -35,6 +35,7 @@ from orchestrator.matrix import Matrix, stable_dump
 from orchestrator import task_sets
 from orchestrator.store import LOGPROBS_SCHEMA, SAMPLES_SCHEMA, TASKS_SCHEMA
 from orchestrator.task_metrics import task_rows
+from orchestrator.chat import ChatRenderer, NoChatTemplate
 from orchestrator.workload import Tokenizer, scoring_prompts, text_prompts, timing_requests
 
 PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
@@ -116,21 +117,24 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
     as_text = serve and not api.prompt_ids   # a server that takes text only gets the prompts' text
     auto = m.measure.auto_repeats if m.measure.repeats == "auto" else None
     repeats = auto.max_repeats if auto else m.measure.repeats   # prompts are prepared for the most
+    # a chat workload: the model's own template renders the messages (NoChatTemplate: unsupported rows)
+    chat = ChatRenderer(_tokenizer_source(job), entry.trust_remote_code) if getattr(m.workload, "chat", False) else None
     spec_cells, longest = [], 0
     for c in cells:
         per_run = {"serve": m.serve.requests, "stream": m.measure.stream_requests}.get(g.mode, c.batch_size)
         n = m.measure.warmup * c.batch_size + repeats * per_run
         # a drawn or dataset workload: the cell's input_len / output_len cap (datasets) or name (drawn) lengths
         req = timing_requests(m.workload, tok, n, _cap(m, "input_lengths", c.input_len),
-                              _cap(m, "output_lengths", c.output_len), g.mode)
+                              _cap(m, "output_lengths", c.output_len), g.mode, chat)
         prompts, texts = req.prompts, None
-        if as_text:
+        if as_text and not chat:
             prompts, texts = text_prompts(tok, prompts)
         outs = req.output_lens or [c.output_len] * len(prompts)
         longest = max([longest] + [len(p) + o for p, o in zip(prompts, outs)])
         spec_cells.append(CellSpec(
             cell_id=c.cell_id, batch_size=c.batch_size, output_len=c.output_len, warmup=m.measure.warmup,
             repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
+            timing_messages=req.messages if serve else None,
             request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate,
             output_lens=req.output_lens, follows=req.follows, think_time_s=req.think_time_s,
             stream_requests=per_run if g.mode == "stream" else 0, notes=req.notes))
@@ -285,6 +289,8 @@ def unsupported_reason(job: GroupJob, python: str) -> str | None:
     if g.mode == "serve" and cls.server_api is None:
         return f"{g.framework} has no OpenAI-compatible server to run serve cells with" + (
             f": {cls.no_server_reason}" if cls.no_server_reason else "")
+    if g.mode == "serve" and getattr(job.matrix.workload, "chat", False) and not cls.server_api.chat:
+        return f"{g.framework}'s server is not driven through /v1/chat/completions here (chat workloads: vllm, llamacpp)"
     if g.mode == "stream" and not cls.streams:
         return f"{g.framework} has no stream mode: {cls.no_stream_reason}"
     if endpoint:
@@ -327,6 +333,10 @@ def run_group(job: GroupJob) -> list[CellResult]:
         tok = Tokenizer(_tokenizer_source(job), entry.trust_remote_code)
         tasks = task_sets.load_tasks(job.matrix.tasks)
         spec_all = build_spec(job, remaining, tok, tasks)
+    except NoChatTemplate as err:  # known only here, where a hub model's tokenizer is fetched
+        for c in remaining:
+            finish(c.cell_id, "unsupported", str(err))
+        return probes + [results[c.cell_id] for c in job.group.cells]
     except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
         for c in remaining:
             finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")

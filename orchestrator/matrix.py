@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters import ADAPTERS
 from adapters.base import QUANTIZATIONS, normalize_quantization
 from adapters.contract import RepeatsAuto
-from orchestrator import datasets, task_sets
+from orchestrator import chat, datasets, hf_datasets, task_sets
 from orchestrator.lengths import LengthDist
 from orchestrator.task_sets import TaskEntry
 
@@ -110,16 +110,42 @@ class ShareGptWorkload(_Strict):
     think_time_s: float = Field(0.0, ge=0, description="Multi-turn, serve cells: wait between a turn's end and "
                                 "the next turn of its conversation")
     max_turns: int | None = Field(None, ge=1, description="Most user turns taken per conversation")
+    chat: bool = Field(False, description="Render each request's messages with the model's chat template "
+                       "(offline, stream) and send them to /v1/chat/completions (serve); false: 'User: ...' text "
+                       "to /v1/completions")
     seed: int = 0
     cluster_only: bool = Field(False, description="The path exists only where the run happens: bench validate "
                                "does not open it")
 
 
-Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload, ShareGptWorkload], Field(discriminator="kind")]
+class HfWorkload(_Strict):
+    """A Hugging Face `datasets` dataset (the optional extra `datasets`): a hub id, a local dataset dir, or
+    a data file (parquet, json, jsonl, csv), read with datasets.load_dataset. Either `field` (prompts, as
+    kind jsonl) or `messages_field` (conversations, as kind sharegpt, with its multi-turn and chat options)."""
+
+    kind: Literal["hf"] = "hf"
+    name: str = Field(description="Hub id (fetched on the node that runs the cell), local dataset dir, or data file")
+    config: str | None = Field(None, description="The dataset's configuration (subset) name")
+    split: str = "train"
+    field: str | None = Field(None, description="Column holding the prompt text, or a list of token ids")
+    messages_field: str | None = Field(None, description="Column holding a conversation: [{from, value}] or "
+                                       "[{role, content}]")
+    output_field: str | None = Field(None, description="With field: column holding a reference output (each "
+                                     "request's output length is its token count, capped by output_len)")
+    multi_turn: bool = False
+    think_time_s: float = Field(0.0, ge=0)
+    max_turns: int | None = Field(None, ge=1)
+    chat: bool = Field(False, description="With messages_field: the model's chat template and "
+                       "/v1/chat/completions, as for kind sharegpt")
+    seed: int = 0
+
+
+Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload, ShareGptWorkload, HfWorkload],
+                     Field(discriminator="kind")]
 # fields added after cell ids existed: left out of a cell's canonical form at their defaults, so the
 # cells of an older matrix keep their ids
 _NEW_WORKLOAD_FIELDS = {"prefix_groups": 1, "input_lengths": None, "output_lengths": None, "output_field": None,
-                        "cluster_only": False}
+                        "cluster_only": False, "chat": False}
 _NEW_MEASURE_FIELDS = {"stream_requests": 64}
 
 
@@ -297,7 +323,7 @@ def _path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("synthetic", "jsonl", "text", "sharegpt") and out.endswith("workload"):
+        elif part in ("synthetic", "jsonl", "text", "sharegpt", "hf") and out.endswith("workload"):
             continue  # the discriminator tag pydantic adds is not part of the YAML path
         elif out.startswith("tasks[") and (part in ("str", "generation", "choice", "lm_eval")
                                             or str(part).startswith("tagged-union[")):
@@ -391,11 +417,55 @@ def _workload_problems(m: Matrix) -> list[str]:
         if w.input_lengths is not None and w.shared_prefix_len >= w.input_lengths.min:
             problems.append(f"workload.shared_prefix_len: {w.shared_prefix_len} tokens is not below the shortest "
                             f"drawn prompt (workload.input_lengths.min {w.input_lengths.min})")
+    elif isinstance(w, HfWorkload):
+        problems += hf_datasets.problems(w, "workload")
     elif not w.cluster_only:
         why = datasets.check(w.kind, w.path, getattr(w, "field", "text"), getattr(w, "output_field", None))
         if why:
             problems.append(f"workload.path: {why}")
-    return problems
+    return problems + _chat_problems(m, w, "workload")
+
+
+def _chat_problems(m: Matrix, w, where: str) -> list[str]:
+    """A chat workload needs a chat template: checked here for local tokenizers (a hub model's is checked
+    on the node, where a model without one gives `unsupported` rows)."""
+    if not getattr(w, "chat", False):
+        return []
+    out = []
+    for name in dict.fromkeys(m.axes.model):
+        if name not in m.models:
+            continue
+        entry = m.model_entry(name)
+        src = entry.tokenizer or entry.source
+        if src.startswith("builtin:"):
+            continue   # the built-in models carry a chat template (orchestrator/tiny_model.py)
+        if chat.has_local_template(src) is False:
+            key = "tokenizer" if entry.tokenizer else "source"
+            out.append(f"{where}.chat: model '{name}' has no chat template (models.{name}.{key}: {src} has no "
+                       "chat_template in tokenizer_config.json, no chat_template.jinja); drop chat (the "
+                       f"conversations go as 'User: ...' text), or give models.{name}.tokenizer a tokenizer dir "
+                       "with a chat template")
+    if isinstance(w, HfWorkload) and not w.messages_field:
+        out.append(f"{where}.chat: chat needs conversations: set {where}.messages_field (the column of "
+                   "[{role, content}] turns), not field")
+    return out
+
+
+def deferred_checks(m: Matrix) -> list[str]:
+    """What bench validate cannot check on this machine, said rather than passed over: hub datasets and the
+    chat templates of hub models are looked at on the node that runs the cells."""
+    w, out = m.workload, []
+    if isinstance(w, HfWorkload) and not hf_datasets.is_local(w.name):
+        out.append(f"workload.name: '{w.name}' is not a local path: a hub dataset, fetched (and its fields "
+                   "checked) on the node that runs the cells, not here")
+    if getattr(w, "chat", False):
+        for name in dict.fromkeys(m.axes.model):
+            entry = m.model_entry(name) if name in m.models else None
+            src = entry and (entry.tokenizer or entry.source)
+            if src and not src.startswith("builtin:") and chat.has_local_template(src) is None:
+                out.append(f"workload.chat: model '{name}' ({src}) is not local: its chat template is checked on "
+                           "the node (none there: unsupported rows)")
+    return out
 
 
 def _search_problems(m: Matrix) -> list[str]:

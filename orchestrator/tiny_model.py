@@ -19,7 +19,8 @@ from pathlib import Path
 
 BUILTIN = {"tiny": "llama", "tiny-qwen2": "qwen2"}
 # Bump whenever the build changes what it writes: it is part of the cache fingerprint.
-BUILD_VERSION = "tiny-1"
+# tiny-2: tokenizer_config.json carries CHAT_TEMPLATE (the weights are the same as tiny-1's).
+BUILD_VERSION = "tiny-2"
 
 DATA_DIR = Path(__file__).parent / "data"
 VOCAB_SIZE = 512
@@ -34,6 +35,14 @@ SEQ_LEN = 128
 BATCH = 12
 STEPS = 200
 LR = 5e-3
+
+# A ChatML-style chat template for chat workloads. The markers are plain text (the byte-level BPE encodes
+# any bytes), and a turn ends with EOS, which the model learned to emit after a paragraph, so a served
+# reply can stop by itself. Not byte-equal to llama-cpp-python's built-in "chatml" template, so its
+# server renders this one (from the GGUF's tokenizer.chat_template) rather than its own.
+CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+                 "+ eos_token + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                 "{% endif %}")
 
 
 def corpus_text() -> str:
@@ -91,6 +100,7 @@ def _save_tokenizer(tok, out_dir: Path) -> None:
             "add_eos_token": False,
             "clean_up_tokenization_spaces": False,  # decode must give back the exact text
             "model_max_length": 1024,
+            "chat_template": CHAT_TEMPLATE,
         },
     )
 
@@ -239,7 +249,7 @@ def default_cache_root() -> Path:
 
 def fingerprint(arch: str) -> str:
     h = hashlib.sha256()
-    for part in (BUILD_VERSION.encode(), (DATA_DIR / "corpus.txt").read_bytes(), arch.encode()):
+    for part in (BUILD_VERSION.encode(), (DATA_DIR / "corpus.txt").read_bytes(), arch.encode(), CHAT_TEMPLATE.encode()):
         h.update(len(part).to_bytes(8, "little") + part)
     return h.hexdigest()[:12]
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from adapters.tokenizer import Tokenizer
-from orchestrator import datasets, lengths
-from orchestrator.matrix import Measure, ShareGptWorkload, SyntheticWorkload, Workload
+from orchestrator import datasets, hf_datasets, lengths
+from orchestrator.chat import ChatRenderer
+from orchestrator.matrix import HfWorkload, Measure, ShareGptWorkload, SyntheticWorkload, Workload
 
 
 def builtin_text(name: str) -> str:
@@ -42,6 +43,7 @@ class Requests:
     follows: list[int] | None = None
     think_time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    messages: list[list[dict]] | None = None   # chat workloads: each prompt's messages (prompts: their template ids)
 
 
 def timing_prompts(workload: Workload, tok: Tokenizer, n: int, input_len: int) -> list[list[int]]:
@@ -50,14 +52,17 @@ def timing_prompts(workload: Workload, tok: Tokenizer, n: int, input_len: int) -
 
 
 def timing_requests(workload: Workload, tok: Tokenizer, n: int, input_len: int, output_len: int,
-                    mode: str) -> Requests:
+                    mode: str, chat: ChatRenderer | None = None) -> Requests:
     """n requests. Request i is the same for every batch size and engine of a run (and of a mode: only
-    the order of multi-turn conversations differs, see `_sessions`)."""
+    the order of multi-turn conversations differs, see `_sessions`). A chat workload needs `chat`, the
+    model's template."""
     if isinstance(workload, SyntheticWorkload):
         return _synthetic(workload, tok, n, input_len, output_len)
-    if isinstance(workload, ShareGptWorkload):
-        return _sharegpt(workload, tok, n, input_len, output_len, mode)
-    if workload.kind == "text":
+    if isinstance(workload, ShareGptWorkload) or (isinstance(workload, HfWorkload) and workload.messages_field):
+        return _sharegpt(workload, tok, n, input_len, output_len, mode, chat)
+    if isinstance(workload, HfWorkload):
+        items = hf_datasets.items(workload)
+    elif workload.kind == "text":
         items = [(t, None) for t in datasets.read_text(workload.path)]
     else:
         items = datasets.read_jsonl(workload.path, workload.field, workload.output_field)
@@ -101,59 +106,79 @@ def _synthetic(w: SyntheticWorkload, tok: Tokenizer, n: int, input_len: int, out
 _LABELS = {"system": "System: ", "user": "User: ", "assistant": "Assistant: "}
 
 
-def _sessions(w: ShareGptWorkload, tok: Tokenizer, input_len: int, output_len: int) -> tuple[list, int]:
-    """Per conversation, its requests as (prompt ids, output length). Turns are rendered as 'Role: text\n'
-    (no chat template) and encoded piece by piece, so turn k+1's prompt starts with turn k's prompt and
-    reply, token for token: what a prefix cache can reuse. Returns the sessions and the turns dropped
-    because they would not fit input_len."""
-    convs = datasets.read_sharegpt(w.path)
+def _sessions(w, tok: Tokenizer, input_len: int, output_len: int, chat: ChatRenderer | None) -> tuple[list, int]:
+    """Per conversation, its requests as (prompt ids, output length, messages or None). Without chat,
+    turns are rendered as 'Role: text\n' and encoded piece by piece, so turn k+1's prompt starts with
+    turn k's prompt and reply, token for token: what a prefix cache can reuse. With chat, turn k+1's
+    messages are turn k's + the reply + the next question, rendered whole by the model's template.
+    Returns the sessions and the turns dropped because they would not fit input_len."""
+    convs = hf_datasets.conversations(w) if isinstance(w, HfWorkload) else datasets.read_sharegpt(w.path)
     order = np.random.default_rng(w.seed).permutation(len(convs)).tolist()
     sessions, dropped = [], 0
     for c in order:
-        turns, context, session = convs[c], [], []
+        turns, context, session, messages = convs[c], [], [], []
         users = [i for i, (role, _) in enumerate(turns) if role == "user"]
         users = users[: (w.max_turns or len(users)) if w.multi_turn else 1]
         pos, prompt = 0, None
         for u in users:
             for j, (role, text) in enumerate(turns[pos:u + 1], pos):
+                messages.append({"role": role, "content": text})
+                if chat:
+                    continue
                 if prompt is not None and j == pos and role == "assistant":   # the reply after the last prompt
                     context = prompt + tok.encode(text + "\n")
                 else:
                     context = context + tok.encode(_LABELS[role] + text + "\n")
             pos = u + 1
             reply = turns[pos][1] if pos < len(turns) and turns[pos][0] == "assistant" else None
-            prompt = context + tok.encode(_LABELS["assistant"])
+            prompt = chat.ids(messages) if chat else context + tok.encode(_LABELS["assistant"])
             if len(prompt) > input_len:
                 dropped += len(users) - len(session)
                 break
             out = min(output_len, max(1, len(tok.encode(reply)))) if reply is not None else output_len
-            session.append((prompt, out))
+            session.append((prompt, out, list(messages) if chat else None))
         if session:
             sessions.append(session)
     if not sessions:
-        raise ValueError(f"workload.path: no conversation of {w.path} has a first turn within input_len {input_len}")
+        where = "workload.name" if isinstance(w, HfWorkload) else "workload.path"
+        raise ValueError(f"{where}: no conversation of {getattr(w, 'name', None) or w.path} has a first turn "
+                         f"within input_len {input_len}")
     return sessions, dropped
 
 
-def _sharegpt(w: ShareGptWorkload, tok: Tokenizer, n: int, input_len: int, output_len: int, mode: str) -> Requests:
-    sessions, dropped = _sessions(w, tok, input_len, output_len)
+def _chat_note(chat: ChatRenderer, sessions: list) -> str:
+    """How the template renders multi-turn context: does turn k+1 extend turn k's ids (what a prefix cache
+    reuses)? A template may re-render earlier turns (e.g. drop reasoning), and then it does not."""
+    pairs = [(a[0], b[0]) for s in sessions for a, b in zip(s, s[1:])]
+    extend = sum(b[:len(a)] == a for a, b in pairs)
+    return ("chat: messages rendered with the model's chat template, generation prompt added"
+            + (f"; {extend} of {len(pairs)} later turns start with the previous turn's prompt ids" if pairs else ""))
+
+
+def _sharegpt(w, tok: Tokenizer, n: int, input_len: int, output_len: int, mode: str,
+              chat: ChatRenderer | None) -> Requests:
+    if w.chat and chat is None:
+        raise ValueError("a chat workload needs the model's chat template (timing_requests(..., chat=...))")
+    sessions, dropped = _sessions(w, tok, input_len, output_len, chat if w.chat else None)
     multi = w.multi_turn and mode == "serve"
     if multi:   # conversation by conversation: each turn right after the one it follows
-        flat = [(p, o, int(t > 0)) for s in sessions for t, (p, o) in enumerate(s)]
+        flat = [(p, o, int(t > 0), m) for s in sessions for t, (p, o, m) in enumerate(s)]
     else:       # turn by turn (every first turn, then every second ...): later turns come in later batches
         most = max(len(s) for s in sessions)
-        flat = [(s[t][0], s[t][1], 0) for t in range(most) for s in sessions if t < len(s)]
+        flat = [(*s[t][:2], 0, s[t][2]) for t in range(most) for s in sessions if t < len(s)]
     picked = [flat[i % len(flat)] for i in range(n)]
-    follows = [f if i % len(flat) else 0 for i, (_, _, f) in enumerate(picked)]
-    req = Requests([p for p, _, _ in picked], [o for _, o, _ in picked], follows if multi else None,
-                   w.think_time_s if multi else 0.0)
+    follows = [f if i % len(flat) else 0 for i, (_, _, f, _) in enumerate(picked)]
+    req = Requests([p for p, _, _, _ in picked], [o for _, o, _, _ in picked], follows if multi else None,
+                   w.think_time_s if multi else 0.0, messages=[m for *_, m in picked] if w.chat else None)
     turns = [len(s) for s in sessions]
-    req.notes.append(f"sharegpt: {len(sessions)} conversations, {sum(turns)} requests ({'multi-turn' if w.multi_turn else 'first turns'}"
+    req.notes.append(f"{w.kind}: {len(sessions)} conversations, {sum(turns)} requests ({'multi-turn' if w.multi_turn else 'first turns'}"
                      f"{'' if multi or not w.multi_turn else ', sent turn by turn without waits outside serve cells'}), "
                      f"turns per conversation {min(turns)}-{max(turns)}; prompt lengths "
                      f"{lengths.describe([len(p) for p in req.prompts])}; output lengths "
                      f"{lengths.describe(req.output_lens)}" + (f"; {dropped} turns dropped beyond input_len {input_len}"
                                                                if dropped else ""))
+    if w.chat:
+        req.notes.append(_chat_note(chat, sessions))
     return req
 
 

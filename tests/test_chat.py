@@ -1,0 +1,149 @@
+"""Chat workloads without a benchmark run: the built-in model's chat template (in its tokenizer and in its
+GGUF, rendered to the same ids by llama-cpp-python), multi-turn messages, what `bench validate` says about
+a model without a template, the `unsupported` rows where only the node can tell, and the request bodies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from adapters.server_process import ServerApi, completion_body, completion_path
+from adapters.tokenizer import chat_template
+from orchestrator import tiny_model as tiny_build
+from orchestrator.chat import ChatRenderer, NoChatTemplate
+from orchestrator.matrix import MatrixError, ShareGptWorkload, parse_matrix
+from orchestrator.workload import Tokenizer, timing_requests
+from tests.conftest import ROOT, bench_cmd
+
+SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
+MSGS = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "When do you open?"}]
+
+
+@pytest.fixture(scope="module")
+def no_template(tiny_model, tmp_path_factory):
+    """The tiny model with its chat template taken out (a local model without one)."""
+    d = tmp_path_factory.mktemp("no-template") / "tiny-plain"
+    shutil.copytree(tiny_model, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_builtin_model_has_a_chatml_style_template(tiny_model):
+    assert chat_template(tiny_model) == tiny_build.CHAT_TEMPLATE
+    r, tok = ChatRenderer(str(tiny_model)), Tokenizer(str(tiny_model))
+    ids = r.ids(MSGS)
+    assert tok.decode(ids) == ("<|im_start|>system\nYou are brief.</s>\n<|im_start|>user\nWhen do you open?</s>\n"
+                               "<|im_start|>assistant\n")
+    assert ids.count(tok.eos_id) == 2    # a turn ends with EOS, as a special token, not its text
+    # the cache key moves with the template: a tiny model cached before it had one is rebuilt
+    assert tiny_model.name.endswith(tiny_build.fingerprint("llama")) and tiny_build.BUILD_VERSION == "tiny-2"
+
+
+def test_gguf_carries_the_template_and_llama_cpp_renders_the_same_ids(tiny_model, cache_dir):
+    import llama_cpp
+    from llama_cpp import llama_chat_format
+
+    from adapters.gguf_convert import gguf_for
+
+    path, _ = gguf_for(str(tiny_model), "fp32", cache_dir)
+    llm = llama_cpp.Llama(str(path), n_ctx=256, verbose=False)
+    try:
+        assert llm.metadata["tokenizer.chat_template"] == tiny_build.CHAT_TEMPLATE
+        assert llm.chat_format == "chat_template.default"   # no chat_format given: the GGUF's own template
+        # what its chat handler does: render with the GGUF's template, tokenize with specials, no BOS
+        fmt = llama_chat_format.Jinja2ChatFormatter(template=tiny_build.CHAT_TEMPLATE, eos_token="</s>", bos_token="<s>")
+        res = fmt(messages=MSGS)
+        ids = llm.tokenize(res.prompt.encode(), add_bos=not res.added_special, special=True)
+    finally:
+        llm.close()
+    assert ids == ChatRenderer(str(tiny_model)).ids(MSGS)
+
+
+def test_multi_turn_messages_grow_by_the_reply_and_the_next_question(tiny_model):
+    tok, chat = Tokenizer(str(tiny_model)), ChatRenderer(str(tiny_model))
+    w = ShareGptWorkload(path=SHAREGPT, multi_turn=True, chat=True)
+    req = timing_requests(w, tok, 20, 320, 16, "serve", chat)
+    assert req.messages is not None and len(req.messages) == len(req.prompts) == 20
+    for i, k in enumerate(req.follows):
+        assert req.prompts[i] == chat.ids(req.messages[i])
+        if k:   # the next turn: the previous turn's messages + its reply + the next user question
+            prev, cur = req.messages[i - k], req.messages[i]
+            assert cur[:len(prev)] == prev and [m["role"] for m in cur[len(prev):]] == ["assistant", "user"]
+            assert req.prompts[i][:len(req.prompts[i - k])] == req.prompts[i - k]   # a prefix cache can reuse it
+    assert any(n.startswith("chat: messages rendered with the model's chat template") and "later turns start with "
+               "the previous turn's prompt ids" in n for n in req.notes)
+    # offline: the same renderings, turn by turn; without chat, the old 'User: ...' text
+    off = timing_requests(w, tok, 20, 320, 16, "offline", chat)
+    assert all(p == chat.ids(m) for p, m in zip(off.prompts, off.messages)) and off.follows is None
+    plain = timing_requests(ShareGptWorkload(path=SHAREGPT, multi_turn=True), tok, 20, 320, 16, "offline")
+    assert plain.messages is None and "User: " in tok.decode(plain.prompts[0])
+    with pytest.raises(ValueError, match="needs the model's chat template"):
+        timing_requests(w, tok, 4, 320, 16, "offline")
+
+
+def _matrix(source: str, **workload) -> dict:
+    return {"models": {"m": source}, "axes": {"framework": ["hf"], "model": ["m"]},
+            "workload": {"kind": "sharegpt", "path": SHAREGPT, "chat": True, **workload}}
+
+
+def test_validate_rejects_chat_on_a_local_model_without_a_template(no_template, tiny_model, tmp_path):
+    with pytest.raises(MatrixError) as err:
+        parse_matrix(_matrix(str(no_template)))
+    assert "workload.chat: model 'm' has no chat template (models.m.source: " in str(err.value)
+    assert "drop chat" in str(err.value) and "models.m.tokenizer" in str(err.value)
+    parse_matrix(_matrix("builtin:tiny"))                                   # the built-in ones have one
+    parse_matrix({**_matrix(str(no_template)), "models": {"m": {"source": str(no_template),
+                                                                "tokenizer": str(tiny_model)}}})
+    parse_matrix({**_matrix(str(no_template)), "workload": {"kind": "sharegpt", "path": SHAREGPT}})   # no chat
+    # through the CLI: exit 2, the YAML path; a hub model is said to be checked on the node
+    (tmp_path / "m.yaml").write_text(json.dumps(_matrix(str(no_template))))
+    out = subprocess.run(bench_cmd("validate", str(tmp_path / "m.yaml")), capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "workload.chat: model 'm' has no chat template" in out.stderr
+    (tmp_path / "h.yaml").write_text(json.dumps(_matrix("someorg/some-model")))
+    out = subprocess.run(bench_cmd("validate", str(tmp_path / "h.yaml")), capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "its chat template is checked on the node" in " ".join((out.stdout + out.stderr).split())
+
+
+def test_no_template_on_the_node_is_unsupported_rows(no_template, tmp_path):
+    """Where only the node can tell (a hub model): every chat cell is `unsupported` with the reason, and no
+    engine starts. Here a local model is let through validation by building the matrix without it."""
+    from orchestrator.cells import expand, group
+    from orchestrator.launcher import GroupJob, run_group
+    from orchestrator.matrix import Matrix
+
+    m = Matrix.model_validate(_matrix(str(no_template)))
+    (g,) = group(expand(m))
+    rows = run_group(GroupJob("r", g, m, "cpu", "python3", str(tmp_path)))
+    assert [r.row["status"] for r in rows] == ["unsupported"]
+    assert "has no chat template" in rows[0].row["reason"]
+    with pytest.raises(NoChatTemplate):
+        ChatRenderer(str(no_template))
+
+
+def test_chat_bodies_and_the_chat_endpoint():
+    api = ServerApi(prompt_ids=True, ids_in_logprobs=False, prompt_logprobs=None, ignore_eos=True, batches=True,
+                    stream_usage=True, greedy_fields={"top_k": -1})
+    body = completion_body(api, MSGS, 8, 0, True, "m")
+    assert body["messages"] == MSGS and "prompt" not in body and completion_path(body) == "/v1/chat/completions"
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["ignore_eos"] and body["top_k"] == -1 and body["max_tokens"] == 8
+    assert completion_path(completion_body(api, [1, 2, 3], 8, 0, True, "m")) == "/v1/completions"
+    with pytest.raises(ValueError, match="no logprobs"):
+        completion_body(api, MSGS, 8, 0, False, "m", logprobs=2)
+
+
+def test_chat_workload_keeps_old_cell_ids():
+    from orchestrator.cells import expand
+
+    base = {"models": {"t": "builtin:tiny"}, "axes": {"framework": ["hf"], "model": ["t"]},
+            "workload": {"kind": "sharegpt", "path": SHAREGPT}}
+    a = expand(parse_matrix(base))[0].cell_id
+    b = expand(parse_matrix({**base, "workload": {**base["workload"], "chat": False}}))[0].cell_id
+    c = expand(parse_matrix({**base, "workload": {**base["workload"], "chat": True}}))[0].cell_id
+    assert a == b != c

