@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # on a CUDA host every engine environment gets NVML (nvidia-ml-py): GPU memory figures need it
 comma  := ,
 NVML   := $(if $(shell command -v nvidia-smi 2>/dev/null),nvidia-ml-py,)
-EXTRAS := hf,llamacpp,serve,lm_eval,test$(if $(NVML),$(comma)gpu)
+EXTRAS := hf,llamacpp,serve,lm_eval,datasets,test$(if $(NVML),$(comma)gpu)
 
 .PHONY: setup smoke test env-vllm browser gpu-wheels lmdeploy-src clean
 

@@ -147,3 +147,15 @@ def test_chat_workload_keeps_old_cell_ids():
     b = expand(parse_matrix({**base, "workload": {**base["workload"], "chat": False}}))[0].cell_id
     c = expand(parse_matrix({**base, "workload": {**base["workload"], "chat": True}}))[0].cell_id
     assert a == b != c
+
+
+def test_servers_not_driven_through_chat_are_unsupported(tmp_path):
+    from orchestrator.cells import expand, group
+    from orchestrator.launcher import GroupJob, unsupported_reason
+
+    m = parse_matrix({**_matrix("builtin:tiny"), "axes": {"framework": ["trtllm", "vllm", "llamacpp"], "model": ["m"],
+                                                          "mode": ["serve"]}})
+    reasons = {g.framework: unsupported_reason(GroupJob("r", g, m, "cpu", "python3", str(tmp_path)), "python3")
+               for g in group(expand(m))}
+    assert "not driven through /v1/chat/completions" in reasons["trtllm"]
+    assert not any("chat" in (reasons[fw] or "") for fw in ("vllm", "llamacpp"))
