@@ -34,6 +34,8 @@ class ChatRenderer:
     def __init__(self, source: str, trust_remote_code: bool = False):
         from transformers import AutoTokenizer
 
+        if Path(source).is_file():   # a .gguf: its tokenizer dir beside it, as adapters.tokenizer reads it
+            source = str(Path(source).parent)
         self._tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         if not self._tok.chat_template:
             raise NoChatTemplate(f"workload.chat: the model's tokenizer ({source}) has no chat template, so its "

@@ -456,8 +456,8 @@ def deferred_checks(m: Matrix) -> list[str]:
     chat templates of hub models are looked at on the node that runs the cells."""
     w, out = m.workload, []
     if isinstance(w, HfWorkload) and not hf_datasets.is_local(w.name):
-        out.append(f"workload.name: '{w.name}' is not a local path: a hub dataset, fetched (and its fields "
-                   "checked) on the node that runs the cells, not here")
+        out.append(f"workload.name: '{w.name}' is not a local path: a hub dataset (or a path on the cluster), "
+                   "loaded (and its fields checked) on the node that runs the cells, not here")
     if getattr(w, "chat", False):
         for name in dict.fromkeys(m.axes.model):
             entry = m.model_entry(name) if name in m.models else None

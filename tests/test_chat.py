@@ -22,15 +22,18 @@ SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
 MSGS = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "When do you open?"}]
 
 
+def without_template(model_dir, dst):
+    """A copy of a model dir with its chat template taken out (a local model without one)."""
+    shutil.copytree(model_dir, dst)
+    cfg = json.loads((dst / "tokenizer_config.json").read_text())
+    del cfg["chat_template"]
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return dst
+
+
 @pytest.fixture(scope="module")
 def no_template(tiny_model, tmp_path_factory):
-    """The tiny model with its chat template taken out (a local model without one)."""
-    d = tmp_path_factory.mktemp("no-template") / "tiny-plain"
-    shutil.copytree(tiny_model, d)
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    del cfg["chat_template"]
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return d
+    return without_template(tiny_model, tmp_path_factory.mktemp("no-template") / "tiny-plain")
 
 
 def test_builtin_model_has_a_chatml_style_template(tiny_model):

@@ -15,6 +15,7 @@ from orchestrator.launcher import PROJECT_ROOT
 from orchestrator.matrix import ShareGptWorkload
 from orchestrator.workload import Tokenizer, timing_requests
 from tests.conftest import ROOT
+from tests.test_chat import MSGS, without_template
 
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
@@ -88,3 +89,28 @@ def test_served_chat_matches_the_templates_ids(chat_run, tiny_model, framework):
     else:   # llama.cpp's server cannot ignore EOS, and the template ends a turn with EOS
         assert 0 < row.output_tokens <= sum(outs)
     assert row.ttft_ms_p50 > 0 and "multi-turn" in row.notes
+
+
+def test_a_server_rendering_otherwise_is_a_stated_mismatch(tiny_model, tmp_path):
+    """llama-cpp-python on a GGUF without a chat template falls back to its own "llama-2" format: the served
+    cell's check says MISMATCH (never hides it), and the server's counts become the prompt lengths."""
+    from adapters.contract import ServeSpec
+    from adapters.gguf_convert import gguf_for
+    from adapters.served_cells import Target, _chat_lengths
+    from tests.test_serve import API, start_llamacpp
+
+    plain = without_template(tiny_model, tmp_path / "tiny-plain")
+    path, _ = gguf_for(str(plain), "fp32", str(tmp_path / "cache"))
+    chats = [MSGS, MSGS + [{"role": "assistant", "content": "At seven."}, {"role": "user", "content": "Sunday?"}]]
+    ids = [ChatRenderer(str(tiny_model)).ids(m) for m in chats]
+    notes: list[str] = []
+    srv = start_llamacpp(str(path), tmp_path / "llama.log")
+    try:
+        target = Target(srv.url, API, "tiny", None, None, ServeSpec(requests=1, time_limit_s=30, arrival="constant",
+                                                                      request_timeout_s=60))
+        lengths = _chat_lengths(target, chats + chats[:1], ids + ids[:1], notes)
+    finally:
+        srv.stop()
+    assert notes[0].startswith("chat: MISMATCH: the server's chat template (the usage of a 1-token "
+                               "/v1/chat/completions) rendered 2 of 2 distinct chats"), notes
+    assert lengths[0] == lengths[2] and lengths[0] != len(ids[0]) and lengths[1] != len(ids[1])

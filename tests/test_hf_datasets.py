@@ -73,7 +73,7 @@ def test_validate_says_a_hub_dataset_is_fetched_on_the_node(tmp_path):
                          env=os.environ | OFFLINE)
     assert out.returncode == 0, out.stderr
     said = " ".join(out.stdout.split())
-    assert "not checked here: workload.name: 'someorg/some-dataset' is not a local path: a hub dataset, fetched" in said
+    assert "not checked here: workload.name: 'someorg/some-dataset' is not a local path: a hub dataset" in said
 
 
 def test_bench_run_of_an_hf_cell(tiny_model, tmp_path):
