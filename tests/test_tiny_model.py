@@ -54,6 +54,7 @@ def test_checkpoint_files_and_config(tiny):
     assert gen["eos_token_id"] == cfg["eos_token_id"]
     tok_cfg = json.loads((tiny / "tokenizer_config.json").read_text())
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"  # a name transformers 4 knows
+    assert tok_cfg["chat_template"] == tiny_model.CHAT_TEMPLATE   # chat workloads (tests/test_chat.py)
     assert all(f.stat().st_mode & 0o044 == 0o044 for f in tiny.iterdir())  # readable by all
 
 
