@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,8 @@ class GroupJob:
     python: str
     cache_dir: str
     tries: int = 0          # times the scheduler has sent this group to Ray
+    ledger: Any = None      # work stealing (orchestrator/ledger.py): the driver's ledger actor, and this part's id
+    part_id: str = ""
 
 
 class CellResult(NamedTuple):
@@ -300,11 +302,26 @@ def unsupported_reason(job: GroupJob, python: str) -> str | None:
 
 
 def run_group(job: GroupJob) -> list[CellResult]:
-    """Run every cell of the group; always returns exactly one row per cell."""
+    """Run every cell of the group; returns exactly one row per cell, but for the cells the driver moved to
+    another node while this part ran (work stealing: their rows come from there)."""
+    if job.ledger is None:
+        return _run_group(job, None)
+    from orchestrator.ledger import PartChannel
+
+    channel = PartChannel(job.ledger, job.part_id)
+    try:
+        return _run_group(job, channel)
+    finally:
+        channel.close()
+        shutil.rmtree(channel.claims_dir, ignore_errors=True)
+
+
+def _run_group(job: GroupJob, channel) -> list[CellResult]:
     by_id = {c.cell_id: c for c in job.group.cells}
     results: dict[str, CellResult] = {}
     probes: list[CellResult] = []      # SLO-search probes: rows of their own, stored before their search's
     remaining = list(job.group.cells)
+    gone = channel.withdrawn if channel else set()   # cells given up to another node: not ours to row
     python = job.python or sys.executable
     attempt = 0
 
@@ -327,6 +344,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
         tok = Tokenizer(_tokenizer_source(job), entry.trust_remote_code)
         tasks = task_sets.load_tasks(job.matrix.tasks)
         spec_all = build_spec(job, remaining, tok, tasks)
+        if channel:
+            spec_all.claims_dir = channel.claims_dir
     except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
         for c in remaining:
             finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")
@@ -336,7 +355,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
     while remaining:
         attempt += 1
         work = Path(tempfile.mkdtemp(prefix="bench-group-"))
-        ids = {c.cell_id for c in remaining}
+        ids = {c.cell_id for c in remaining} - gone
         spec = spec_all.model_copy(update={"cells": [s for s in spec_all.cells if s.cell_id in ids]})
         (work / "spec.json").write_text(spec.model_dump_json())
         log = open(work / "output.log", "wb")
@@ -351,17 +370,25 @@ def run_group(job: GroupJob) -> list[CellResult]:
             nonlocal current, loaded
             if isinstance(ev, Loaded):
                 loaded = ev
+                if channel:
+                    channel.report("load", ev.load_s or 0.0)
             elif isinstance(ev, CellStart):
                 current = ev.cell_id
+                if channel:
+                    channel.report("start", time.time())
             elif isinstance(ev, CellDone):
                 cid = ev.cell_id
                 record = CellRecord.model_validate_json((work / f"{cid}.json").read_text())
+                if channel:
+                    channel.report("done", record.duration_s or 0.0)
                 task_table, not_run = _task_table(job.run_id, cid, work / f"{cid}.tasks.json", tasks, tok)
                 record.missing.update(not_run)
                 finish(cid, "ok", extra=_measured(loaded, record), lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"),
                        tasks=task_table, samples=_sample_table(job.run_id, cid, work / f"{cid}.samples.npz"))
                 current = None
             elif isinstance(ev, (CellFailed, CellUnsupported)):
+                if channel:
+                    channel.report("done", 0.0)
                 finish(ev.cell_id, "failed" if isinstance(ev, CellFailed) else "unsupported",
                        _with_traceback(ev), extra=_load_facts(loaded))
                 current = None
@@ -380,6 +407,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
                     deadline = time.monotonic() + m.run.cell_timeout_s
             if exited:
                 break
+            if channel:
+                channel.poll()
             if time.monotonic() > deadline:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -388,7 +417,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
             time.sleep(POLL_S)
         log.close()
         tail = _tail(work / "output.log")
-        pending = [c for c in remaining if c.cell_id not in results]
+        pending = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
         if timed_out:
             what = f"cell timeout {m.run.cell_timeout_s:g}s" if current else f"load timeout {m.run.load_timeout_s:g}s"
             victims = [current] if current else [c.cell_id for c in pending]
@@ -401,8 +430,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
             for cid in victims:
                 finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=_load_facts(loaded))
         shutil.rmtree(work, ignore_errors=True)
-        remaining = [c for c in remaining if c.cell_id not in results]
-    return probes + [results[c.cell_id] for c in job.group.cells]
+        remaining = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
+    return probes + [results[c.cell_id] for c in job.group.cells if c.cell_id not in gone]
 
 
 def probe_id(search_id: str, probe: int) -> str:

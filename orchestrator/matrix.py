@@ -255,6 +255,8 @@ class Run(_Strict):
     node_retries: int = Field(2, ge=0, description="Times a group is run again elsewhere when its node dies")
     split_groups: bool = Field(True, description="Cut an engine group estimated to outlast the rest of the run into "
                                "parts on several nodes (each part loads the engine once)")
+    steal_cells: bool = Field(True, description="Once nothing waiting can use a node, move the unstarted cells of the "
+                              "part projected to end last there (it loads the engine again; each cell runs once)")
 
 
 class Matrix(_Strict):
