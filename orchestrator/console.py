@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.cells import load_label
@@ -70,13 +71,14 @@ def _has_workloads(df) -> bool:
 
 def _workload(r) -> str:
     v = r.get("workload") if isinstance(r, dict) else getattr(r, "workload", None)
-    return v if isinstance(v, str) else "-"
+    return escape(v) if isinstance(v, str) else "-"
 
 
 def _config(r: dict) -> str:
     """framework/model/quantization/flags, and ' [workload]' for a cell of a named workload."""
     wl = r.get("workload")
-    return f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}" + (f" [{wl}]" if isinstance(wl, str) else "")
+    # escaped: rich would read '[name]' as markup
+    return escape(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}" + (f" [{wl}]" if isinstance(wl, str) else ""))
 
 
 def _telemetry_columns(df) -> list[str]:
@@ -137,7 +139,7 @@ def matrix_table(title: str, cells: list) -> Table:
         if col:
             table.add_column(col)
     for c in cells:
-        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, *([c.workload] if named else []),
+        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, *([escape(c.workload)] if named else []),
                       c.mode, str(c.batch_size), "search" if c.search else _rate(c.request_rate), str(c.input_len),
                       str(c.output_len))
     return table

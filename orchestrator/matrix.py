@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -325,7 +325,8 @@ def axis_values(m: Matrix, axis: str) -> list:
     return getattr(m.axes, axis)
 
 
-_WORKLOAD_KINDS = ("synthetic", "jsonl", "text", "sharegpt")
+# every workload kind (the discriminator's values), from the Workload union: a kind added there is known here
+_WORKLOAD_KINDS = tuple(k for cls in get_args(get_args(Workload)[0]) for k in get_args(cls.model_fields["kind"].annotation))
 
 
 def _path(loc: tuple) -> str:
@@ -436,8 +437,8 @@ def _workload_problems(m: Matrix) -> list[str]:
         # the axis applies to the workloads that do not draw these lengths; with none left it sweeps nothing
         drawing = [p for p, w in run if getattr(w, f"{axis[:-4]}_lengths", None) is not None]
         if m.workloads and axis in m.axes.model_fields_set and run and len(drawing) == len(run):
-            problems.append(f"axes.{axis}: every workload draws these lengths ({', '.join(p + '.' + axis[:-4] + '_lengths' for p in drawing)}); "
-                            f"leave the axis out")
+            where = ", ".join(f"{p}.{axis[:-4]}_lengths" for p in drawing)
+            problems.append(f"axes.{axis}: every workload draws these lengths ({where}); leave the axis out")
     return problems
 
 

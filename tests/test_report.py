@@ -652,6 +652,9 @@ def test_report_telemetry_and_searches(tmp_path):
     the named workloads told apart, and every empty figure's reason; the SLO-search panel: per configuration
     the maximum met and the first miss, then every probe with its interval; report.md the same tables."""
     html_path, md_path = write_report(_serving_run(tmp_path / "serving"), tmp_path / "out" / "report.html")
+    # bench show names the workload in the search's config too (escaped: rich would take '[prefix]' for markup)
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "serving")], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0 and "vllm/tiny/fp32/default [prefix] in=256 out=16" in shown.output, shown.output
     text = html_path.read_text()
     rows = {(r["telemetry-table-config"][1], r["telemetry-table-load"][1]): r for r in _table(text, "telemetry-table")}
     assert set(rows) == {("vllm/tiny/fp32/default/serve [prefix]", "c=4"), ("vllm/tiny/fp32/default/serve [chat]", "c=4"),
