@@ -30,11 +30,12 @@ def load_searches(root: str | Path, df: pd.DataFrame) -> SearchLayer | None:
 
     try:
         cells = RunStore(root).read_cells()
-        found, probes = searches.summaries(cells), searches.probes(cells)
+        found = searches.summaries(cells)
+        if not len(found):
+            return None
+        probes = searches.probes(cells)
     except Exception as e:  # noqa: BLE001 - reported on the page, not raised
         return SearchLayer(pd.DataFrame(), pd.DataFrame(), f"{type(e).__name__}: {first_line(str(e), 400)}")
-    if not len(found):
-        return None
     labels = df.drop_duplicates("cell_id").set_index("cell_id")["config"] if "config" in df else pd.Series(dtype=object)
     found = found.assign(config=[labels.get(c) or f"{fw}/{m}/{q}/{fl}" for c, fw, m, q, fl in zip(
         *(found[k] for k in ("cell_id", "framework", "model", "quantization", "flags")))])

@@ -30,8 +30,9 @@ def probes(cells: pd.DataFrame) -> pd.DataFrame:
         return cells.iloc[0:0]
     made = summaries(cells).set_index("cell_id")["search_probes"]
     p = cells[is_probe(cells)]
-    p = p[[sid in made.index and n < (made[sid] if made[sid] == made[sid] else 0)
-           for sid, n in zip(p["search_id"], p["search_probe"])]]
+    # a boolean Series, not a list: an empty list would select no columns instead of no rows
+    p = p[pd.Series([sid in made.index and n < (made[sid] if made[sid] == made[sid] else 0)
+                     for sid, n in zip(p["search_id"], p["search_probe"])], index=p.index, dtype=bool)]
     return p.sort_values(["search_id", "search_probe"])
 
 

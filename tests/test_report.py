@@ -703,5 +703,6 @@ def test_report_telemetry_of_offline_cells(report):
     """A real run's hf cells: no engine telemetry, and the panel says why for each figure."""
     html_path, md_path = report
     text = html_path.read_text()
-    assert 'id="telemetry"' in text and "Not measured, and why" in text and "prefix-cache hit rate: " in text
+    missing = re.search(r"<details id='telemetry-missing'>(.*?)</details>", text, re.S).group(1)
+    assert 'id="telemetry"' in text and re.search(r"<li>prefix-cache hit rate[^<]*: [^<]+\(3 cells: hf/tiny", missing)
     assert 'id="searches"' not in text and "### SLO search" not in md_path.read_text()
