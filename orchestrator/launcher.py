@@ -87,7 +87,8 @@ def base_row(job: GroupJob, cell: Cell) -> dict:
         "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
         "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
         "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
-        "workload": json.dumps(stable_dump(m.workload), sort_keys=True), "device": job.device,
+        "workload": cell.workload, "workload_json": json.dumps(stable_dump(m.workload_of(cell.workload)), sort_keys=True),
+        "device": job.device,
         "warmup": m.measure.warmup, "group_tries": job.tries,
         "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
         "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
@@ -123,8 +124,9 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
         per_run = {"serve": m.serve.requests, "stream": m.measure.stream_requests}.get(g.mode, c.batch_size)
         n = m.measure.warmup * c.batch_size + repeats * per_run
         # a drawn or dataset workload: the cell's input_len / output_len cap (datasets) or name (drawn) lengths
-        req = timing_requests(m.workload, tok, n, _cap(m, "input_lengths", c.input_len),
-                              _cap(m, "output_lengths", c.output_len), g.mode)
+        w = m.workload_of(c.workload)
+        req = timing_requests(w, tok, n, _cap(w, "input_lengths", c.input_len), _cap(w, "output_lengths", c.output_len),
+                              g.mode)
         prompts, texts = req.prompts, None
         if as_text:
             prompts, texts = text_prompts(tok, prompts)
@@ -135,7 +137,8 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
             request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate,
             output_lens=req.output_lens, follows=req.follows, think_time_s=req.think_time_s,
-            stream_requests=per_run if g.mode == "stream" else 0, notes=req.notes))
+            stream_requests=per_run if g.mode == "stream" else 0,
+            notes=([f"workload: {c.workload}"] if c.workload else []) + req.notes))
     scoring = scoring_prompts(m.measure, tok)
     task_specs = task_sets.task_specs(tasks, tok, _tokenizer_source(job), entry.trust_remote_code,
                                       max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
@@ -154,13 +157,14 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             top_k=m.measure.top_k, greedy_tokens=m.measure.greedy_tokens, repeats=m.measure.score_repeats),
         serve=None if not serve else ServeSpec(
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
-            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)),
+            # one seed per server (arrivals, request seeds): the first cell's workload's, where workloads differ
+            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload_of(cells[0].workload), "seed", 0)),
         tasks=task_specs, sampling=_sampling_spec(m, scoring))
 
 
-def _cap(m: Matrix, field: str, axis_value: int) -> int:
+def _cap(workload, field: str, axis_value: int) -> int:
     """The most tokens a request may have: a drawn distribution's upper end, else the axis value."""
-    dist = getattr(m.workload, field, None)
+    dist = getattr(workload, field, None)
     return dist.upper if dist is not None else axis_value
 
 
