@@ -14,7 +14,8 @@ import numpy as np
 from adapters.base import Unsupported
 from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, TASK_OUTPUTS, CellDone, CellFailed, CellRecord,
                                CellSpec, CellStart, CellUnsupported, GroupUnsupported, LoadFailed, TaskOutput,
-                               TimedRun, TokenScores, WorkerEvent, claim_cell)
+                               TimedRun, TokenScores, WorkerEvent)
+from adapters.claims import claim_cell
 from adapters.intervals import relative_half_width
 
 T = TypeVar("T")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterable, Literal, Sequence, Union
 
@@ -210,18 +209,7 @@ class GroupSpec(_Model):
     serve: ServeSpec | None = None
     tasks: list[TaskSpec] = Field(default_factory=list)    # run by every cell after its timings and logprobs
     sampling: SamplingSpec | None = None                   # seeded samples, after the logprobs
-    claims_dir: str | None = None    # set: a cell runs only if this worker claims it there first (claim_cell)
-
-
-def claim_cell(claims_dir: str, cell_id: str) -> bool:
-    """Claim a cell in claims_dir: True for the one caller that creates its file, False for every later one.
-    The worker claims each cell before it starts it; the launcher claims the cells the driver moves to
-    another node (work stealing), so a cell runs on one node or the other, never both (O_EXCL is atomic)."""
-    try:
-        os.close(os.open(os.path.join(claims_dir, cell_id), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
+    claims_dir: str | None = None    # set: a cell runs only if this worker claims it there first (adapters.claims.claim_cell)
 
 
 # ------------------------------------------------------------------------------------------------

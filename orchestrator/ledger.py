@@ -3,7 +3,7 @@
 A running part's task reports its progress there (engine loaded, each cell's start and duration), and
 the driver reads it to project when each part will end (orchestrator/dispatch.py `steal`). To move a
 part's unstarted tail to an idle node, the driver asks for those cells; the part's task claims each of
-them in its claims directory (adapters.contract.claim_cell), where its engine worker claims every
+them in its claims directory (adapters.claims.claim_cell), where its engine worker claims every
 cell before starting it, and answers with the ones it got: a cell runs on one node or the other,
 never both, and only the part that ran it returns its row. A part that ends answers what is still
 asked of it with nothing (`close`), so the driver never waits on a part that is gone. The actor runs
@@ -19,7 +19,7 @@ from typing import Callable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from adapters.contract import claim_cell
+from adapters.claims import claim_cell
 from orchestrator.dispatch import Dispatcher, Progress, Work
 
 POLL_S = 0.5        # how often a running part looks for cells asked of it
