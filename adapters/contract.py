@@ -556,7 +556,8 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
               slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None) -> CellMetrics:
     """The one place every latency, throughput and goodput figure is computed, offline and served alike.
 
-    Per ok request: TTFT = first chunk - sent; TPOT = (last chunk - first chunk) / (output tokens - 1);
+    Per ok request: TTFT = first chunk - sent; TPOT = (last chunk - first chunk) / (output tokens - 1)
+    (none for a request whose tokens all came in one chunk);
     ITL = the gaps between consecutive chunks (a chunk of several tokens is one gap, never zeros);
     e2e = last chunk - sent; queue = sent - scheduled (served arrivals only). Per run: throughputs over
     the run's wall time. Goodput: ok requests within both SLOs over every request the runs meant to
@@ -590,7 +591,10 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
                 paired.append((t, r.engine_ttft_s * 1e3))
             e2e.append((r.chunk_times[-1] - r.sent) * 1e3)
             e = e2e[-1]
-            p = (r.chunk_times[-1] - r.chunk_times[0]) * 1e3 / (r.output_tokens - 1) if r.output_tokens > 1 else None
+            # one chunk holding every token measures no time per token (its decode hides inside TTFT): no TPOT,
+            # never a zero
+            multi = r.output_tokens > 1 and len(r.chunk_times) > 1
+            p = (r.chunk_times[-1] - r.chunk_times[0]) * 1e3 / (r.output_tokens - 1) if multi else None
             if p is not None:
                 tpot.append(p)
             itl.extend(np.diff(r.chunk_times) * 1e3)
@@ -631,7 +635,7 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
     if not itl and ttft:
         missing.setdefault("itl_ms", "every request came back in one chunk (or had one token)")
     if not tpot and ttft:
-        missing.setdefault("tpot_ms", "no request had more than one output token")
+        missing.setdefault("tpot_ms", "no request had more than one output token in more than one chunk")
     if prompt_total is None:
         missing.setdefault("total_tok_s", "prompt lengths not known for every request")
         total_s = []

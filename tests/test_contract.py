@@ -102,6 +102,12 @@ def test_multi_token_chunks_are_one_itl_gap_never_zeros():
     assert m.ttft_ms == [pytest.approx(100.0)] and m.e2e_ms == [pytest.approx(400.0)]
     assert m.tpot_ms == [pytest.approx(300.0 / 4)] and m.chunk_tokens_mean == pytest.approx(5 / 3)
     assert m.output_tokens == 5 and m.output_tok_s == pytest.approx(5.0)
+    # every token of a reply in one chunk (a server that buffered the stream): no time per token was
+    # measured, so no TPOT, never a zero
+    one = summarize([_run([[(0.1, 4)], [(0.1, 2), (0.3, 2)]])])
+    assert one.tpot_ms == [pytest.approx(200.0 / 3)] and one.tpot_ms_p50 == pytest.approx(200.0 / 3)
+    none = summarize([_run([[(0.1, 4)]])])
+    assert none.tpot_ms_p50 is None and "more than one chunk" in none.missing["tpot_ms"]
 
 
 def test_unmeasured_times_are_null_with_a_reason_never_a_number():
