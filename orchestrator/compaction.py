@@ -236,22 +236,25 @@ def _compact(store: RunStore) -> dict:
         tmp.unlink(missing_ok=True)
     lay = Layout.scan(store.root)
     record = lay.record
-    # interrupted writes: a per-cell side table file without its cells row is never read
-    orphans = [f"{name}/framework={fw}/{cid}.parquet" for name, files in lay.percell_side.items()
-               for fw, cid in files if lay.percell.get(cid) != fw]
-    stats = {"generation": lay.generation, "cells_folded": len(lay.percell), "frameworks": [], "seconds": 0.0}
-    if not lay.percell:
-        for rel in orphans:
+    # every per-cell file (earlier versions) and every journal file is folded here or stale: none is
+    # read after the commit (a per-cell side file without its cells row is an interrupted write)
+    old_files = [f"cells/framework={fw}/{cid}.parquet" for fw, cid in lay.percell_files]
+    old_files += [f"{name}/framework={fw}/{cid}.parquet" for name, files in lay.percell_side.items() for fw, cid in files]
+    old_files += [str(p.relative_to(store.root)) for p in lay.journal_files]
+    live = {**lay.percell, **{cid: rec.framework for cid, rec in lay.journal.items()}}   # cell_id -> framework
+    stats = {"generation": lay.generation, "cells_folded": len(live), "frameworks": [], "seconds": 0.0}
+    if not live:
+        for rel in old_files:   # orphans and empty journals only
             (store.root / rel).unlink(missing_ok=True)
         return stats
 
     gen = lay.generation + 1
     new = {"cells": dict(record.get("cells") or {}), **{name: dict(record.get(name) or {}) for name in SIDE_TABLES}}
     staged: dict[str, str] = {}
-    delete: list[str] = orphans
+    delete: list[str] = old_files
     baseline = (store.read_manifest().get("matrix") or {}).get("baseline") or {}
     by_fw: dict[str, list[str]] = {}
-    for cid, fw in lay.percell.items():
+    for cid, fw in live.items():
         by_fw.setdefault(fw, []).append(cid)
 
     with ThreadPoolExecutor(1, thread_name_prefix="compact-cells") as cells_writes:
@@ -263,26 +266,31 @@ def _compact(store: RunStore) -> dict:
             final_cells, stage_cells = (f"cells/{part}/{COMPACTED_PREFIX}{gen}.parquet",
                                         f"cells/{part}/{STAGING_PREFIX}{gen}.parquet")
 
-            # cells: the compacted rows not stored again, and the per-cell rows, in cell_id order
+            # cells: the compacted rows not stored again, then the per-cell and journal rows, in cell_id order
             parts = []
             old = lay.cells_parts.get(fw)
             if old is not None:
                 t = _read_cells_file(old)
                 parts.append(t.filter(pc.invert(pc.is_in(t["cell_id"], value_set=pa.array(ids, pa.string())))))
                 delete.append(record["cells"][fw])
-            parts.append(_read_cell_rows([str(lay.percell_paths[c]) for c in ids]))   # read in cell_id order
+            percell = [c for c in ids if c in lay.percell]
+            if percell:
+                parts.append(_read_cell_rows([str(lay.percell_paths[c]) for c in percell]))   # read in cell_id order
+            journal = [c for c in ids if c in lay.journal]
+            if journal:
+                parts.append(lay.journal_cells(CELLS_FILE_SCHEMA.names, journal).drop_columns(["framework"]))
             cells = pa.concat_tables(parts)
-            if old is not None:   # (a sorted copy of the table: only when two parts were merged)
+            if len(parts) > 1:   # (a sorted copy of the table: only when two parts were merged)
                 cells = cells.take(pc.sort_indices(cells["cell_id"]))
             first = _likely_references(cells, fw, baseline)
             # written while the side tables are read (the cells table is not touched again); one
             # framework's at a time, so at most two cells tables are held
             if written is not None:
                 written.result()
+            (store.root / "cells" / part).mkdir(parents=True, exist_ok=True)
             written = cells_writes.submit(pq.write_table, cells, str(store.root / stage_cells), compression="zstd")
             staged[final_cells] = stage_cells
             new["cells"][fw] = final_cells
-            delete += [f"cells/{part}/{c}.parquet" for c in ids]
             for name, side in SIDE_TABLES.items():
                 _compact_side(store, lay, name, side, fw, ids, (lambda cid: (cid not in first, cid)), gen, new[name],
                               staged, delete)
@@ -299,13 +307,17 @@ def _compact(store: RunStore) -> dict:
 def _compact_side(store: RunStore, lay: Layout, name: str, side: SideTable, fw: str, ids: list[str], order, gen: int,
                   live: dict, staged: dict, delete: list) -> None:
     """Side table `name` of framework `fw`: its compacted files' rows (less the cells stored again,
-    `ids`) merged with the per-cell files of the cells that have one, in `order`, into one new file."""
+    `ids`) merged with the per-cell files and journal records of the cells that have rows, in
+    `order`, into one new file."""
     newer = set(ids)
     percell = lay.percell_side[name]
     part = f"framework={fw}"
-    files = sorted(((c, str(percell[(fw, c)])) for c in ids if (fw, c) in percell), key=lambda x: order(x[0]))
+    files = sorted(((c, str(percell[(fw, c)])) for c in ids if c in lay.percell and (fw, c) in percell),
+                   key=lambda x: order(x[0]))
+    records = sorted((lay.journal[c] for c in ids if c in lay.journal and name in lay.journal[c].parts),
+                     key=lambda r: order(r.cell_id))
     old_parts = [(rel, info) for rel, info in sorted((lay.record.get(name) or {}).items()) if info.get("framework") == fw]
-    if not files and not any(c in newer for _, info in old_parts for c in info["cells"]):
+    if not files and not records and not any(c in newer for _, info in old_parts for c in info["cells"]):
         return   # nothing new, nothing stale: the framework's file stays as it is
     sources = []
     for rel, info in old_parts:
@@ -314,7 +326,7 @@ def _compact_side(store: RunStore, lay: Layout, name: str, side: SideTable, fw: 
         delete.append(rel)
         del live[rel]
     sources.append(_percell_cells(files, side.schema))
-    delete += [f"{name}/{part}/{c}.parquet" for c, _ in files]
+    sources.append(lay.journal_batches(name, records))
     final, stage = f"{name}/{part}/{COMPACTED_PREFIX}{gen}.parquet", f"{name}/{part}/{STAGING_PREFIX}{gen}.parquet"
     (store.root / name / part).mkdir(parents=True, exist_ok=True)
     writer = _Writer(str(store.root / stage), side)
