@@ -101,7 +101,7 @@ class JournalWriter:
     def append(self, cell_id: str, framework: str, batches: list[tuple[str, pa.RecordBatch]]) -> None:
         """One cell's rows, its side tables first and its cells row last, in one write()."""
         record = _encode({"cell_id": cell_id, "framework": framework},
-                         [(name, batch.serialize()) for name, batch in batches])
+                         [(name, _message(batch, compress=name != "cells")) for name, batch in batches])
         fd = None
         if self.path is not None:
             try:
@@ -118,6 +118,24 @@ class JournalWriter:
             self._write(fd, record)
         finally:
             os.close(fd)
+
+
+_LZ4 = ipc.IpcWriteOptions(compression="lz4")
+
+
+def _message(batch: pa.RecordBatch, compress: bool) -> pa.Buffer:
+    """The batch as one IPC message. Side tables are lz4-compressed (buffer by buffer, inside the
+    message: any IPC reader decompresses it): raw logprobs are ~5x their Parquet size, and a journal
+    that falls out of the page cache makes compaction wait on the disk. A cells row is left plain
+    (tiny, and 100,000 of them are decoded at once)."""
+    if not compress:
+        return batch.serialize()
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema, options=_LZ4) as w:
+        w.write_batch(batch)
+    reader = ipc.MessageReader.open_stream(sink.getvalue())
+    reader.read_next_message()   # the schema
+    return reader.read_next_message().serialize()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -144,6 +162,9 @@ def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
     records: list[Record] = []
     schemas: dict[str, pa.Schema] = {}
     with open(path, "rb") as f:
+        # the headers are spread over the whole file: have it read ahead in sequence (compaction reads
+        # it all next; out of the page cache, a seek per record waits on the disk each time)
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         if f.read(len(MAGIC)) != MAGIC:
             return schemas, records
         pos, seq = len(MAGIC), 0
