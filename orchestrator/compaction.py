@@ -1,9 +1,9 @@
-"""Compaction: a run's per-cell files folded into one cells file and one file per side table per framework.
+"""Compaction: a run's journal folded into one cells file and one file per side table per framework.
 
-`bench run` stores every cell as small files (cells/framework=<fw>/<cell_id>.parquet and its rows of
-each side table, store.SIDE_TABLES: logprobs, ...), written atomically, so a killed run resumes
-without duplicates. A reader then pays one Parquet footer per file (~1 ms): 100,000 cells are
-minutes of footers before any maths. So a run is compacted when it ends (and with `bench compact RUN`):
+`bench run` stores every cell as one record of the run's journal (orchestrator/journal.py), so a
+killed run resumes without duplicates; run dirs of earlier versions hold a Parquet file per cell and
+table instead (still read and folded here). Readers want a few large, sorted, compressed files, so
+a run is compacted when it ends (and with `bench compact RUN`):
 
     cells/framework=<fw>/compacted-<g>.parquet      every cell of <fw>, sorted by cell_id
     logprobs/framework=<fw>/compacted-<g>.parquet   their logprobs, grouped by cell: the cells an
@@ -19,26 +19,29 @@ minutes of footers before any maths. So a run is compacted when it ends (and wit
 
 Compaction <g> (under the run dir's writer lock; the driver is the only writer):
   1. finish or undo what an interrupted compaction left (recover)
-  2. per framework with per-cell files: write the new cells file and side table files under hidden
-     staging names (.compacting-<g>...): the old compacted rows less the cells stored again since,
-     merged with the per-cell files in that order, streamed (memory is a bounded window of files
-     and a row group; the framework's cells table is held whole, to sort it)
+  2. per framework with cells in the journal (or per-cell files): write the new cells file and side
+     table files under hidden staging names (.compacting-<g>...): the old compacted rows less the
+     cells stored again since, merged with the journal's records (read one cell at a time) and the
+     per-cell files in that order, streamed (memory is a bounded window and a row group; the
+     framework's cells table is held whole, to sort it)
   3. commit: write compacted.json (temp file + rename), naming the new files, the staging names
-     they still have, and the files that are no longer live (the folded per-cell files, the
-     replaced compacted files)
+     they still have, and the files that are no longer live (the folded journal and per-cell
+     files, the replaced compacted files)
   4. rename the staging files to their names, delete the files no longer live, and rewrite
      compacted.json without those lists
 A kill before 3 leaves the run as it was (the staging files are hidden and removed by the next
-writer); a kill after 3 leaves a committed compaction whose per-cell files are still there: they
+writer); a kill after 3 leaves a committed compaction whose journal files are still there: they
 hold the same rows and win, so readers see each cell once; the next writer finishes step 4.
-A cell stored again after a compaction is a per-cell file again and wins until the next one.
+Compaction never writes into a journal file (it reads and deletes them), so a hard-linked copy of
+a run dir compacts without touching the original. A cell stored again after a compaction is a
+journal record again and wins until the next one.
 Frameworks without per-cell files keep their compacted files as they are.
 
-Speed: 100,000 cells are ~200,000 small files, and reading them is most of the work (a one-row
-cells file is ~80 column chunks: ~1 ms of CPU to decode, whatever it holds). bulk_parquet reads
-them in order, several DuckDB scans at once, a bounded window ahead, and encodes each row group
-in a thread while the next files are read; the cells file is written while the side tables are
-read. Nothing goes through pandas or a Python loop per row or per file.
+Speed: the journal's records decode without parsing a Parquet footer each (a one-row cells file
+is ~80 column chunks, ~1 ms of CPU to open: 100,000 cells in per-cell files were ~2 minutes of
+footers). What is left is decoding the records, ordering them, and encoding the Parquet output (a
+row group encoded by a thread while the next records are read). Per-cell files of earlier
+versions are read with bulk_parquet (several DuckDB scans at once).
 """
 
 from __future__ import annotations
