@@ -2,6 +2,8 @@
 #   make smoke   installs, runs matrices/smoke.yaml and prints its summary
 #   make test    installs and runs the tests
 PYTHON ?= python3
+# the two environments install side by side (pip is mostly one core; this machine has two)
+MAKEFLAGS += --jobs=2
 VENV   := .venv
 BIN    := $(VENV)/bin
 # on a CUDA host every engine environment gets NVML (nvidia-ml-py): GPU memory figures need it

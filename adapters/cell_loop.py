@@ -15,6 +15,7 @@ from adapters.base import Unsupported
 from adapters.contract import (LOGPROB_COLUMNS, LOGPROB_KINDS, TASK_OUTPUTS, CellDone, CellFailed, CellRecord,
                                CellSpec, CellStart, CellUnsupported, GroupUnsupported, LoadFailed, TaskOutput,
                                TimedRun, TokenScores, WorkerEvent)
+from adapters.claims import claim_cell
 from adapters.intervals import relative_half_width
 
 T = TypeVar("T")
@@ -110,12 +111,14 @@ class Measured(NamedTuple):
 
 
 def run_cells(cells: list[CellSpec], measure: Callable[[CellSpec], Measured],
-              events: Events, out: Path, check: Callable[[], None] = lambda: None) -> None:
+              events: Events, out: Path, check: Callable[[], None] = lambda: None, claims_dir: str | None = None) -> None:
     """Each cell in turn: its record, logprob rows and task outputs on disk, or in the events why not.
     `check` runs after each cell (and before a failure is blamed on it): it may end the worker, as serve
-    mode's does when its server has died."""
+    mode's does when its server has died. With `claims_dir`, a cell another node took over is skipped."""
     for cell in cells:
         cid = cell.cell_id
+        if claims_dir and not claim_cell(claims_dir, cid):
+            continue
         events.emit(CellStart(cell_id=cid))
         started = time.perf_counter()
         try:

@@ -209,6 +209,7 @@ class GroupSpec(_Model):
     serve: ServeSpec | None = None
     tasks: list[TaskSpec] = Field(default_factory=list)    # run by every cell after its timings and logprobs
     sampling: SamplingSpec | None = None                   # seeded samples, after the logprobs
+    claims_dir: str | None = None    # set: a cell runs only if this worker claims it there first (adapters.claims.claim_cell)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -339,7 +339,8 @@ def serve_group(spec: GroupSpec, adapter: Adapter, events: Events, out: Path, pr
     try:
         # a failure because the server died is a crash, not an error: check_alive ends the worker
         run_cells(spec.cells, lambda cell: run_served_cell(target, cell, spec.scoring, spec.tasks, spec.sampling, memory,
-                                                           out, energy), events, out, target.check_alive)
+                                                           out, energy), events, out, target.check_alive,
+                  spec.claims_dir)
     finally:
         if target.server:
             target.server.stop()

@@ -192,7 +192,7 @@ def main(spec_path: str, out_dir: str) -> int:
     energy = EnergyMeter(load.device)
     run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy,
                                                 stream),
-              events, out)
+              events, out, claims_dir=spec.claims_dir)
     adapter.close()
     memory.stop()
     events.emit(End())

@@ -31,7 +31,8 @@ so they add up to the total:
   group overhead          the total minus engine import + load and cells: the goal, under 2 s
 Off that path (the launcher does them while the child runs on): outputs -> Arrow (_measured and
 _logprob_table) and the event polling lag (mean, cell_done written -> seen). Per run, not per group:
-ray.init, and `bench run` end to end (wall time minus the stored load_s and duration_s).
+ray.init, and `bench run` end to end (wall time minus the stored load_s and duration_s); a run's
+pieces (CLI start, ray.init, compaction, exit ...) one by one, before/after: benchmarks/run_cost.py.
 
     .venv/bin/python benchmarks/fixed_cost.py                  # hf, llamacpp, vllm
     .venv/bin/python benchmarks/fixed_cost.py --engines hf,llamacpp --repeats 3

@@ -69,7 +69,7 @@ from pathlib import Path
 # this checkout's scheduler, not whichever lossless-bench is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator import model_size, placement  # noqa: E402
-from orchestrator.dispatch import Dispatcher, Work  # noqa: E402
+from orchestrator.dispatch import Dispatcher, Progress, Work  # noqa: E402
 from orchestrator.estimate import GroupFacts, History, estimate_groups  # noqa: E402
 from orchestrator.matrix import Run  # noqa: E402
 
@@ -452,27 +452,67 @@ def estimates(groups: list[Group], sizing: str = "local", history: bool = False)
 
 
 def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells: list[tuple[float, list[float]]],
-                      split: bool = True) -> tuple[float, float, int]:
+                      split: bool = True, steal: bool = True) -> tuple[float, float, int]:
     """The dispatcher with these per-group estimates (load, cells) against the true durations;
-    returns (makespan, GPU-seconds used, parts run)."""
+    returns (makespan, GPU-seconds used, parts run). With `steal`, whenever parts end (and so at every
+    point where the driver looks), the driver's progress of each running part (Progress: its load and
+    finished cells as measured, the running cell's start) goes to the dispatcher's `steal`, as the
+    scheduler passes what the parts' tasks report; a withdrawal takes effect at once (the real one
+    waits for the victim's next poll, under a second, against cells of many seconds)."""
     works = [Work(g, g.need, load, tuple(cells)) for g, (load, cells) in zip(groups, loads_cells)]
-    d = Dispatcher(cluster_nodes(cluster), works, split_groups=split)
+    d = Dispatcher(cluster_nodes(cluster), works, split_groups=split, steal_cells=steal)
     events, seq, used, makespan, parts = [], itertools.count(), 0.0, 0.0, 0
+    began: dict[Work, float] = {}
+    version: dict[Work, int] = {}
+    ran: dict[tuple[int, int], int] = {}     # (group, cell) -> times run: exactly once, stolen or not
+
+    def end_of(part: Work) -> float:
+        g = part.key
+        return began[part] + g.load_s + sum(g.cell_s[i] for i in part.cells)   # the truth, hidden from d
+
+    def progress(part: Work, now: float) -> Progress:
+        g, t = part.key, began[part] + part.key.load_s
+        if now < t:
+            return Progress(began[part])
+        done = []
+        for i in part.cells:
+            if t + g.cell_s[i] > now:
+                return Progress(began[part], g.load_s, done, t)
+            done.append(g.cell_s[i])
+            t += g.cell_s[i]
+        return Progress(began[part], g.load_s, done)
+
+    def push(part: Work) -> None:
+        version[part] = version.get(part, 0) + 1
+        heapq.heappush(events, (end_of(part), next(seq), version[part], part))
+
+    def run(part: Work, now: float) -> None:
+        nonlocal parts
+        began[part] = now
+        parts += 1
+        push(part)
 
     def start(now: float) -> None:
-        nonlocal used, parts
         for part, _ in d.step():
-            g = part.key
-            took = g.load_s + sum(g.cell_s[i] for i in part.cells)   # the truth, hidden from d
-            used += took * part.need.gpus
-            parts += 1
-            heapq.heappush(events, (now + took, next(seq), part))
+            run(part, now)
+        if steal and d.can_steal():
+            for victim, cells, node in d.steal(now, {p: progress(p, now) for p in d.running}):
+                thief = d.stolen(victim, cells, node)   # nothing of the tail has begun: all of it is withdrawn
+                push(victim)                            # it ends sooner now
+                run(thief, now)
 
     start(0.0)
     while events:
-        makespan, _, part = heapq.heappop(events)
-        d.finished(part)
-        start(makespan)
+        now, _, v, part = heapq.heappop(events)
+        if v != version[part]:
+            continue
+        makespan = now
+        used += (now - began[part]) * part.need.gpus
+        for i in part.cells:
+            ran[(part.key.gid, i)] = ran.get((part.key.gid, i), 0) + 1
+        d.finished(part, progress(part, now))
+        start(now)
+    assert len(ran) == sum(g.n_cells for g in groups) and set(ran.values()) == {1}, "a cell ran twice or never"
     return makespan, used, parts
 
 
@@ -504,7 +544,8 @@ def policies(groups: list[Group], seed: int = 0) -> dict:
     }
 
 
-def compare(groups: list[Group], cluster: list[NodeType], seed: int = 0, only: list[str] | None = None) -> list[Result]:
+def compare(groups: list[Group], cluster: list[NodeType], seed: int = 0, only: list[str] | None = None,
+            steal: bool = True) -> list[Result]:
     placed = [g for g in groups if g.eligible]
     bound, _ = lower_bound(placed, cluster)
     bound_split, _ = split_lower_bound(placed, cluster)
@@ -516,7 +557,7 @@ def compare(groups: list[Group], cluster: list[NodeType], seed: int = 0, only: l
         if kind == "today":
             (makespan, used), parts = simulate(plan, cluster), len(placed)
         else:
-            makespan, used, parts = simulate_dispatch(placed, cluster, plan)
+            makespan, used, parts = simulate_dispatch(placed, cluster, plan, steal=steal)
         out.append(Result(name, gpus, len(placed), parts, sum(g.n_cells for g in placed), makespan, bound,
                           bound_split, busy=used / (gpus * makespan)))
     return out
@@ -555,6 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", metavar="A-B", help="several workloads (seeds A..B): each policy's ratios, one column a seed")
     p.add_argument("--history-noise", type=float, default=0.1,
                    help="sigma of the run-to-run LogNormal between the earlier run's measurements and the truth")
+    p.add_argument("--no-steal", action="store_true", help="the dispatcher without run-time work stealing (run.steal_cells: false)")
     p.add_argument("--from-run", metavar="DIR", help="draw groups and durations from a measured run's cells table")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
@@ -563,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         first, last = (int(x) for x in a.seeds.split("-"))
         print(f"cluster:  {describe_cluster(cluster)}; {a.cells} cells, seeds {first}-{last}\n")
         print(seeds_table({seed: compare(synthetic_workload(a.cells, cluster, seed, history_noise=a.history_noise),
-                                         cluster, seed) for seed in range(first, last + 1)}))
+                                         cluster, seed, steal=not a.no_steal) for seed in range(first, last + 1)}))
         print(f"\n({time.perf_counter() - t0:.1f} s)")
         return 0
     if a.from_run:
@@ -582,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     (b, by), (bs, bys) = lower_bound(placed, cluster), split_lower_bound(placed, cluster)
     print(f"bounds:   whole groups {b:.0f} s ({by}); split groups {bs:.0f} s ({bys})")
     print()
-    print(table(compare(groups, cluster, a.seed)))
+    print(table(compare(groups, cluster, a.seed, steal=not a.no_steal)))
     print(f"\n({time.perf_counter() - t0:.1f} s)")
     return 0
 

@@ -10,7 +10,8 @@ How the CLI calls it (no engine is involved, so it can be re-run with other sett
 `bench gate` checks these verdicts against a policy file: orchestrator/gate.py.
 
 Baseline: the selector's axes are fixed, the others are the cell's own. Without such a cell at the
-cell's batch size and lengths, the baseline config's batch-1 cell is used, else its smallest batch;
+cell's batch size and lengths, the baseline config's batch-1 cell is used, else its smallest batch
+(of the cell's own workload first);
 `baseline_match` says "exact" or which fallback. The baseline cell is compared with itself.
 Without arguments the baseline selector and the tolerances come from manifest.json ("matrix").
 parse_tolerances(text, base) overrides fields of `base` (the defaults when None).
@@ -85,7 +86,9 @@ from orchestrator.store import CELLS_SCHEMA, LOGPROBS_SCHEMA, RunStore
 VERDICTS = ("identical", "lossless", "near-lossless", "lossy")
 _CONFIG_AXES = ("framework", "model", "quantization", "flags", "mode")
 _INT_AXES = ("batch_size", "input_len", "output_len")
-_LOAD_AXES = (*_INT_AXES, "request_rate")   # where no baseline cell matches, these may fall back
+# where no baseline cell matches, these may fall back (every workload scores the same prompts; the
+# fallback is named in baseline_match, since its speed is another workload's)
+_LOAD_AXES = (*_INT_AXES, "request_rate", "workload")
 _LN_FLOOR = math.log(1e-12)  # probabilities are floored at 1e-12 inside the KL
 _DUCKDB_MEMORY = "3GB"       # the whole analysis must stay under 4 GiB
 
@@ -151,7 +154,7 @@ def _settings(root: Path, baseline: dict | None, tolerances: Tolerances | None) 
 
 # The cells columns the analysis returns; per-request lists and JSON blobs stay in the store.
 _CELL_COLUMNS = [c for c in CELLS_SCHEMA.names if c not in (
-    "flags_json", "workload", "ttft_ms", "tpot_ms", "e2e_ms", "engine_ttft_ms", "versions", "engine_args")]
+    "flags_json", "workload_json", "ttft_ms", "tpot_ms", "e2e_ms", "engine_ttft_ms", "versions", "engine_args")]
 
 
 @contextlib.contextmanager
@@ -471,8 +474,8 @@ def _pick_baseline(cands: list, want: dict, sel: dict) -> tuple[str | None, str]
     def diff(c) -> list[str]:
         return [a for a in _LOAD_AXES if _axis_value(a, getattr(c, a)) != want[a]]
 
-    best = min(cands, key=lambda c: (bool(diff(c)), "input_len" in diff(c) or "output_len" in diff(c),
-                                     c.batch_size != 1, c.batch_size, c.input_len, c.output_len, c.cell_id))
+    best = min(cands, key=lambda c: (bool(diff(c)), "workload" in diff(c),
+                                     "input_len" in diff(c) or "output_len" in diff(c), c.batch_size != 1, c.batch_size, c.input_len, c.output_len, c.cell_id))
     if not diff(best):
         return best.cell_id, "exact"
     return best.cell_id, ("fallback: baseline " + ", ".join(f"{a}={getattr(best, a)}" for a in diff(best))

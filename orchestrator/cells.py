@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import normalize_quantization
-from orchestrator.matrix import AXES, Matrix, MatrixError, SyntheticWorkload, stable_dump
+from orchestrator.matrix import AXES, Matrix, MatrixError, SyntheticWorkload, axis_values, stable_dump
 
 
 def _hash(obj: Any) -> str:
@@ -37,6 +37,7 @@ class Cell:
     mode: str = "offline"
     request_rate: float | None = None      # serve cells: requests/s (inf: closed loop); offline, search: None
     search: bool = False                   # a serve cell whose load is searched (serve.search)
+    workload: str | None = None            # the named workload it runs (None: the matrix's single workload section)
     cell_id: str = ""
     engine_key: str = ""
 
@@ -70,7 +71,9 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     if values["mode"] == "stream":   # the engine's own cap on running requests is set at load
         engine["max_running"] = values["batch_size"]
     canonical = engine | {a: values[a] for a in ("batch_size", "input_len", "output_len")} | {
-        "workload": stable_dump(m.workload), "measure": stable_dump(m.measure)}
+        "workload": stable_dump(m.workload_of(values["workload"])), "measure": stable_dump(m.measure)}
+    if values["workload"] is not None:   # a named workload: its name too (a single section's ids stay as they were)
+        canonical["workload_name"] = values["workload"]
     search = serve and m.serve.search is not None
     if serve:
         canonical |= {"request_rate": values["request_rate"], "serve": serve_settings(m)}
@@ -78,7 +81,7 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
                 batch_size=values["batch_size"], input_len=values["input_len"],
                 output_len=values["output_len"], options=options, mode=values["mode"],
                 request_rate=float(values["request_rate"]) if serve and not search else None, search=search,
-                cell_id=_hash(canonical), engine_key=_hash(engine))
+                workload=values["workload"], cell_id=_hash(canonical), engine_key=_hash(engine))
 
 
 def serve_settings(m: Matrix) -> dict[str, Any]:
@@ -104,7 +107,7 @@ def _point(m: Matrix, values: dict[str, Any]) -> dict[str, Any]:
         values["request_rate"] = None  # the search chooses it
         if m.serve.search.variable == "concurrency":   # and the concurrency: one search per configuration
             values["batch_size"] = int(m.serve.search.high)
-    w = m.workload
+    w = m.workload_of(values["workload"])
     if isinstance(w, SyntheticWorkload):   # drawn lengths: the row names their mean
         for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
             if dist is not None:
@@ -126,16 +129,15 @@ def matches(values: dict[str, Any], rule: dict[str, Any]) -> bool:
 
 def expand(m: Matrix) -> list[Cell]:
     """Every axis combination, minus `exclude`, plus `include`, in a stable order without duplicates."""
-    axes = m.axes
     combos = []
-    for values in itertools.product(*(getattr(axes, a) for a in AXES)):
+    for values in itertools.product(*(axis_values(m, a) for a in AXES)):
         point = _point(m, dict(zip(AXES, values)))
         if _applies(m, point) or any(matches(point, rule) for rule in m.exclude):
             continue
         combos.append(point)
     problems = []
     for i, rule in enumerate(m.include):
-        point = _point(m, {a: rule.get(a, getattr(axes, a)[0]) for a in AXES})
+        point = _point(m, {a: rule.get(a, axis_values(m, a)[0]) for a in AXES})
         why = _applies(m, point)
         if why:
             problems.append(f"include[{i}].{why[0]}: {why[1]}")

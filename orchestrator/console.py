@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.cells import load_label
@@ -63,6 +64,23 @@ def _rate(rate) -> str:
     return "closed" if rate == float("inf") else f"{rate:g}/s"
 
 
+def _has_workloads(df) -> bool:
+    """Cells of named workloads (matrix workloads): the tables then name each cell's workload."""
+    return "workload" in df and df["workload"].notna().any()
+
+
+def _workload(r) -> str:
+    v = r.get("workload") if isinstance(r, dict) else getattr(r, "workload", None)
+    return escape(v) if isinstance(v, str) else "-"
+
+
+def _config(r: dict) -> str:
+    """framework/model/quantization/flags, and ' [workload]' for a cell of a named workload."""
+    wl = r.get("workload")
+    # escaped: rich would read '[name]' as markup
+    return escape(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}" + (f" [{wl}]" if isinstance(wl, str) else ""))
+
+
 def _telemetry_columns(df) -> list[str]:
     """The engine-telemetry and energy columns a table shows: only where some cell measured them."""
     return [name for name, col in (("prefix hit", "prefix_cache_hit_rate"), ("preempt", "preemptions"),
@@ -89,17 +107,19 @@ def summary_table(df, title: str) -> Table:
     table = Table(title=title)
     serve = "mode" in df and (df["mode"] == "serve").any()
     extra = _telemetry_columns(df)
-    for col in ("framework", "model", "quant", "flags", "mode" if serve else None, "batch" if not serve else "load",
+    named = _has_workloads(df)
+    for col in ("framework", "model", "quant", "flags", "workload" if named else None, "mode" if serve else None,
+                "batch" if not serve else "load",
                 "status", "load s", "TTFT p50 ms", *extra, "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB",
                 "errors" if serve else None, "reason"):
         if col:
             table.add_column(col, overflow="fold")
-    df = df.sort_values(["framework", "model", "quantization", "flags", "mode", "batch_size", "request_rate"],
-                        na_position="first")
+    df = df.sort_values(["framework", "model", "quantization", "flags", *(["workload"] if named else []), "mode",
+                         "batch_size", "request_rate"], na_position="first")
     for r in df.itertuples():
         color = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         reason = r.reason.splitlines()[0][:80] if isinstance(r.reason, str) and r.reason else ""
-        head = [r.framework, r.model, r.quantization, r.flags] + (
+        head = [r.framework, r.model, r.quantization, r.flags] + ([_workload(r)] if named else []) + (
             [r.mode, load_label(r.mode, r.batch_size, r.request_rate, r.load)] if serve else [str(r.batch_size)])
         tail = [_fmt(r.errors, ".0f")] if serve else []
         table.add_row(*head,
@@ -113,11 +133,15 @@ def summary_table(df, title: str) -> Table:
 def matrix_table(title: str, cells: list) -> Table:
     """`bench validate`: the expanded cells of a matrix."""
     table = Table(title=title)
-    for col in ("cell_id", "framework", "model", "quant", "flags", "mode", "batch", "rate", "in", "out"):
-        table.add_column(col)
+    named = any(c.workload for c in cells)
+    for col in ("cell_id", "framework", "model", "quant", "flags", "workload" if named else None, "mode", "batch",
+                "rate", "in", "out"):
+        if col:
+            table.add_column(col)
     for c in cells:
-        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, c.mode, str(c.batch_size),
-                      "search" if c.search else _rate(c.request_rate), str(c.input_len), str(c.output_len))
+        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, *([escape(c.workload)] if named else []),
+                      c.mode, str(c.batch_size), "search" if c.search else _rate(c.request_rate), str(c.input_len),
+                      str(c.output_len))
     return table
 
 
@@ -160,11 +184,12 @@ def compare_table(df: pd.DataFrame) -> Table:
     # (the other telemetry is in bench show: this table is wide already)
     extra = [c for c in _telemetry_columns(df) if c in ("prefix hit", "J/tok")]
     ttft = ["TTFT p50 ms"] if "prefix hit" in extra else []
-    for col in ("framework", "model", "quant", "flags", "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
+    named = ["workload"] if _has_workloads(df) else []
+    for col in ("framework", "model", "quant", "flags", *named, "load" if serve else "batch", "verdict", "kl_mean", "max_abs",
                 "noise", "top1", "greedy", "ppl_rel", *layers, "speedup [95% CI] call", *ttft, *extra, "mem saved",
                 "reason"):
         t.add_column(col, justify="right" if col not in ("verdict", "tasks", "sampling", "reason", "framework", "model",
-                                                         "flags", "load") else "left", overflow="fold",
+                                                         "flags", "workload", "load") else "left", overflow="fold",
                      no_wrap=col == "load")   # a load point reads whole ("poisson 8/s, c<=4"), never folded
     for r in df.to_dict("records"):
         load = load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")) if serve else str(r["batch_size"])
@@ -172,7 +197,8 @@ def compare_table(df: pd.DataFrame) -> Table:
         speed = "" if not _finite(r["speedup"]) else \
             f"{r['speedup']:.2f}x [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}] {call}".rstrip()
         greedy = "" if not _finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
-        t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]), load,
+        t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]),
+                  *[_workload(r) for _ in named], load,
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
                   num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"),
                   *[{"tasks": _task_cell, "sampling": _sampling_cell}[name](r) for name in layers],
@@ -263,8 +289,7 @@ def against_table(df: pd.DataFrame, new: str, old: str) -> Table:
                      overflow="fold")
     for r in df.to_dict("records"):
         mem = f"x{r['mem_ratio']:.3f}" if _finite(r.get("mem_ratio")) else ""
-        t.add_row(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}",
-                  load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")),
+        t.add_row(_config(r), load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")),
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", *([_task_cell(r)] if layers else []), ratio(r, "tok_s"),
                   ratio(r, "ttft_p99"),
                   ratio(r, "tpot_p50"), mem, str(r["reason"]))
@@ -293,8 +318,7 @@ def history_table(df: pd.DataFrame, title: str) -> Table:
                      overflow="fold")
     for _, g in df.groupby("cell_id", sort=False):
         for i, r in enumerate(g.to_dict("records")):
-            name = (f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']} "
-                    + load_label(r["mode"], r["batch_size"], r["request_rate"])) if i == 0 else ""
+            name = (_config(r) + " " + load_label(r["mode"], r["batch_size"], r["request_rate"])) if i == 0 else ""
             t.add_row(name, str(r["run"]), str(r["started"] or "")[:19], f"[{_STYLE.get(r['verdict'], '')}]{r['verdict']}[/]",
                       _fmt(r["output_tok_s"]), _fmt(r["ttft_ms_p50"], ".2f"),
                       format(r["kl_mean"], ".2g") if _finite(r["kl_mean"]) else "", str(r["changed"] or ""))
@@ -346,12 +370,6 @@ def _text(v) -> str:
     return v if isinstance(v, str) else ""
 
 
-def _load_value(variable: str, v) -> str:
-    if v is None or v != v:
-        return "-"
-    return f"{v:g}/s" if variable == "rate" else f"c={v:g}"
-
-
 def search_table(summaries: pd.DataFrame, probes: pd.DataFrame) -> Table:
     """`bench show` and `bench compare`: per searched configuration, the highest load meeting the SLOs,
     the first load above it that missed and what it missed (orchestrator/searches.py)."""
@@ -361,18 +379,13 @@ def search_table(summaries: pd.DataFrame, probes: pd.DataFrame) -> Table:
     for col in ("config", "search", "SLOs (judge)", "max met", "first miss", "probes", "requests/probe", "missed there"):
         t.add_column(col, overflow="fold")
     for r in summaries.to_dict("records"):
-        slos = searches.json_dict(r.get("search_slos"))
-        stated = [f"{k.replace('_p99_ms', ' p99')}<={slos[k]:g}ms" for k in ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms")
-                  if slos.get(k) is not None] + ([f"goodput>={slos['goodput']:g}"] if slos.get("goodput") else [])
-        mine = probes[probes.search_id == r["cell_id"]]
-        per = sorted({int(x) for x in mine.requests_planned.dropna()})
-        var = r.get("search_variable") or slos.get("variable", "rate")
+        var = searches.variable(r)
         status = "" if r["status"] == "ok" else f"[red]{r['status']}[/] "
-        t.add_row(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']} in={r['input_len']} out={r['output_len']}",
-                  load_label(r["mode"], r["batch_size"], None, r.get("load")),
-                  ", ".join(stated) + f" ({slos.get('judge', 'point')})",
-                  status + _load_value(var, r.get("search_max")), _load_value(var, r.get("search_fail")),
-                  _fmt(r.get("search_probes"), ".0f"), ",".join(map(str, per)) or "-", _text(r.get("search_missed")))
+        t.add_row(f"{_config(r)} in={r['input_len']} out={r['output_len']}",
+                  load_label(r["mode"], r["batch_size"], None, r.get("load")), searches.slos_text(r),
+                  status + searches.load_text(var, r.get("search_max")), searches.load_text(var, r.get("search_fail")),
+                  _fmt(r.get("search_probes"), ".0f"), searches.requests_per_probe(r["cell_id"], probes),
+                  _text(r.get("search_missed")))
     return t
 
 
@@ -384,18 +397,10 @@ def probe_table(probes: pd.DataFrame) -> Table:
     for col in ("search", "#", "load", "n", "TTFT p99 ms", "TPOT p99 ms", "e2e p99 ms", "goodput", "meets", "missed"):
         t.add_column(col, overflow="fold")
     for r in probes.to_dict("records"):
-        c = searches.checks(r)
-
-        def cell(figure: str, key: str) -> str:
-            v = r.get(f"{figure}_p99")
-            if key not in c:
-                return _fmt(v, ".1f")
-            lo, hi = (_fmt(c[key][e], ".1f") if c[key][e] is not None else "inf" for e in ("lo", "hi"))
-            return f"{_fmt(v, '.1f')} [{lo}, {hi}]"
-
         meets = "[green]yes[/]" if r["search_meets"] else "[red]no[/]"
         t.add_row(r["search_id"][:8], str(int(r["search_probe"])),
                   load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")), _fmt(r.get("requests"), ".0f"),
-                  cell("ttft_ms", "ttft_p99_ms"), cell("tpot_ms", "tpot_p99_ms"), cell("e2e_ms", "e2e_p99_ms"),
-                  _fmt(r.get("goodput"), ".3f"), meets, _text(r.get("search_missed")))
+                  searches.p99_text(r, "ttft_ms", "ttft_p99_ms"), searches.p99_text(r, "tpot_ms", "tpot_p99_ms"),
+                  searches.p99_text(r, "e2e_ms", "e2e_p99_ms"), _fmt(r.get("goodput"), ".3f"), meets,
+                  _text(r.get("search_missed")))
     return t

@@ -38,7 +38,7 @@ SPEED = (
     ("tpot_p99", "tpot_ms_p99", "tpot_ms_p99_runs", False),
 )
 # provenance compared between the two cells of a pair (JSON columns are compared key by key)
-_PROVENANCE = ("model_fingerprint", "versions", "engine_args", "host", "workload", "flags_json", "device",
+_PROVENANCE = ("model_fingerprint", "versions", "engine_args", "host", "workload_json", "flags_json", "device",
                "mem_source", "batch_mode")
 
 

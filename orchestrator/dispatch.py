@@ -24,6 +24,15 @@ Nodes fall into types: nodes offering the same resources (GPUs, CPUs, env_<frame
  5. Place. The first part in that order that fits a node of its home type with free room goes to the
     one it fills most (best fit: whole nodes stay free for wide parts); a node type with no home work
     left takes other types' parts it can run.
+ 6. Steal (at run time, `steal`/`stolen`). Once no waiting part could use a node with free units, it
+    takes the unstarted tail of a running part it can host, the one projected to end last: what is
+    left of its load and running cell plus its unstarted cells, each estimate scaled by measured /
+    estimated over everything the run has measured (loads and cells apart) and, for the cells, by
+    the part's own measured speed (worth PRIOR_CELLS cells against that). The tail moved is the one
+    that ends victim and thief soonest, the thief paying the config's load again (as measured where
+    the victim loaded); only when that beats the victim's projected end by MIN_GAIN_S and MIN_GAIN
+    of what it has left. The caller asks the victim for those cells; the ones it gives up (it may
+    have started some meanwhile) become a part of their own on that node.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ from orchestrator.placement import Need, fits
 NOT_A_TYPE = ("memory", "object_store_memory")
 LONG = 0.5          # a part over LONG x T is long
 MAX_POOLS = 4096    # node-type sets the bound looks at (all unions of the sets groups can use, up to this)
+PRIOR_CELLS = 2.0   # a running part's own measured speed counts against the run's calibration as this many cells
+MIN_GAIN_S, MIN_GAIN = 5.0, 0.05   # a steal must end the victim's work this much sooner (s; share of what it has left)
 MAX_ROUNDS = 20     # of raising T until the parts cut at T, with their extra loads, fit within it
 
 
@@ -68,6 +79,23 @@ class Work:
                     tuple(self.cells[i] for i in indices), self.splittable)
 
 
+@dataclass
+class Progress:
+    """What the driver has seen of a running part, on its own clock (seconds): its task began at
+    `started`, its engine loaded in `load_s` (None: still loading), its first len(cell_s) cells (in the
+    part's order) took cell_s, and the cell running now began at `cell_since` (None: none runs)."""
+
+    started: float
+    load_s: float | None = None
+    cell_s: list[float] = field(default_factory=list)
+    cell_since: float | None = None
+
+    @property
+    def begun(self) -> int:
+        """Cells started (finished or running): the rest can still be taken by another node."""
+        return len(self.cell_s) + (self.cell_since is not None)
+
+
 def node_type(resources: dict[str, float]) -> tuple:
     return tuple(sorted((k, round(v, 3)) for k, v in resources.items()
                         if k not in NOT_A_TYPE and not k.startswith("node:") and v))
@@ -91,8 +119,17 @@ def split(work: Work, limit: float) -> list[Work]:
         k += 1
 
 
+def rank(p: Work, bound: float, units: float) -> tuple:
+    long = p.seconds > LONG * bound
+    return (0, -p.seconds) if long else (1, -p.seconds * math.sqrt(max(units, 1e-9)))
+
+
 class Dispatcher:
-    def __init__(self, nodes: dict[str, dict[str, float]], works: list[Work], split_groups: bool = True):
+    def __init__(self, nodes: dict[str, dict[str, float]], works: list[Work], split_groups: bool = True,
+                 steal_cells: bool = True):
+        self.steal_cells = steal_cells
+        self.stealing: dict[Work, str] = {}   # victim -> node reserved for its thief, until `stolen`
+        self.seen = [0.0, 0.0, 0.0, 0.0]      # finished parts: estimated, measured load s; estimated, measured cell s
         self.unit = "GPU" if any(w.need.gpus for w in works) else "CPU"
         self.total: dict[str, dict[str, float]] = {}
         self.free: dict[str, dict[str, float]] = {}
@@ -116,8 +153,7 @@ class Dispatcher:
                 break
             self.bound = min(with_cuts, self.bound * 1.1)
         for p in self.parts:
-            long = p.seconds > LONG * self.bound
-            p.rank = (0, -p.seconds) if long else (1, -p.seconds * math.sqrt(max(self.units(p.need), 1e-9)))
+            p.rank = rank(p, self.bound, self.units(p.need))
         self._assign_homes(self.parts)
 
     # -- nodes and types ---------------------------------------------------------------------------
@@ -229,19 +265,14 @@ class Dispatcher:
         return best[1] if best else None
 
     def _take(self, p: Work, node: str) -> str:
-        for k, v in p.need.as_resources().items():
-            self.free[node][k] = self.free[node].get(k, 0.0) - v
-        if self.free[node].get(self.unit, 0.0) <= 1e-9:
-            self.open.discard(node)
-        self.running[p] = node
+        self.running[p] = self._take_units(p.need, node)
         return node
 
-    def finished(self, p: Work) -> None:
-        node = self.running.pop(p)
-        if node in self.free:
-            for k, v in p.need.as_resources().items():
-                self.free[node][k] += v
-            self.open.add(node)
+    def finished(self, p: Work, progress: Progress | None = None) -> None:
+        """p ended; with its progress, what it measured calibrates the estimates of the parts still running."""
+        if progress is not None:
+            self._observe(p, progress, self.seen)
+        self._give_back(p.need, self.running.pop(p))
 
     def requeue(self, p: Work) -> bool:
         """A part lost with its node (or its worker): back to waiting, homed on a type that is still
@@ -254,6 +285,132 @@ class Dispatcher:
             return False
         self._push(p, self.home.get(p) if self.home.get(p) in types else max(types, key=self.capacity.get))
         return True
+
+    # -- stealing cells at run time -------------------------------------------------------------------
+
+    def steal(self, now: float, progress: dict[Work, Progress]) -> list[tuple[Work, tuple[int, ...], str]]:
+        """Once nothing waiting can use a node with free units, it takes the unstarted tail of a running part
+        projected to end late: (victim, its cells to withdraw, node). The node's units are taken until
+        `stolen` says which of those cells the victim gave up (it may have started some meanwhile)."""
+        if not self.can_steal():
+            return []
+        usable = self._usable()
+        k_load, k_cell = self._calibration(progress)
+        ends = {}
+        for p, pr in progress.items():
+            if p in self.running and p not in self.stealing and p.splittable and pr.begun < len(p.cells):
+                ends[p] = self._projected_end(p, pr, now, k_load, k_cell)
+        by_need: dict[Need, list[Work]] = {}     # the victims, latest end first, by what they ask of a node
+        for p in sorted(ends, key=lambda p: -ends[p][0]):
+            by_need.setdefault(p.need, []).append(p)
+        cuts: dict[Work, tuple | None] = {}
+        out = []
+        for node in sorted(self.open, key=lambda n: (-self.free[n].get(self.unit, 0.0), n)):
+            if self.type_of[node] in usable:
+                continue
+            best = None
+            for need, victims in by_need.items():
+                if self.type_of[node] not in self.types_for(need) or not fits(need, self.free[node]):
+                    continue
+                while victims and (victims[0] in self.stealing or not cuts.setdefault(
+                        victims[0], self._best_cut(victims[0], progress[victims[0]], now, ends[victims[0]], k_load))):
+                    victims.pop(0)
+                if victims and (best is None or ends[victims[0]][0] > ends[best][0]):
+                    best = victims[0]
+            if best is not None:
+                self.stealing[best] = self._take_units(best.need, node)
+                out.append((best, cuts[best], node))
+        return out
+
+    def _usable(self) -> set[tuple]:
+        """Node types some waiting part could run on."""
+        return {t for (home, need), h in self.pending.items() if h for t in self.types_for(need)}
+
+    def could_steal(self) -> bool:
+        """Two parts of some group could ever run at once (else there is no node to steal to)."""
+        return self.steal_cells and any(
+            sum(math.floor(self.total[n].get(self.unit, 0.0) / max(self.units(need), 1e-9) + 1e-9)
+                for n in self.total if fits(need, self.total[n])) >= 2 for need in {p.need for p in self.parts if p.splittable})
+
+    def can_steal(self) -> bool:
+        """A node has free units no waiting part could use, and parts are running."""
+        if not self.steal_cells or not self.running:
+            return False
+        usable = self._usable()
+        return any(self.type_of[n] not in usable for n in self.open)
+
+    def stolen(self, victim: Work, withdrawn: tuple[int, ...], node: str) -> Work | None:
+        """The victim gave up `withdrawn` (cell indices of its group): they become a part running on `node`
+        (None, and the node's units back, when it gave up none)."""
+        self.stealing.pop(victim, None)
+        gone = set(withdrawn)
+        if not gone:
+            self._give_back(victim.need, node)
+            return None
+        keep = [i for i, c in enumerate(victim.cells) if c not in gone]
+        take = [i for i, c in enumerate(victim.cells) if c in gone]
+        thief = victim.part(take)
+        victim.cells, victim.cell_s = tuple(victim.cells[i] for i in keep), tuple(victim.cell_s[i] for i in keep)
+        self.running[thief] = node
+        return thief
+
+    def _observe(self, p: Work, pr: Progress, into: list[float]) -> None:
+        if pr.load_s is not None:
+            into[0] += p.load_s
+            into[1] += pr.load_s
+        into[2] += sum(p.cell_s[:len(pr.cell_s)])
+        into[3] += sum(pr.cell_s)
+
+    def _calibration(self, progress: dict[Work, Progress]) -> tuple[float, float]:
+        """measured / estimated over every load and cell seen so far (1 before any): the estimates' bias."""
+        seen = list(self.seen)
+        for p, pr in progress.items():
+            if p in self.running:
+                self._observe(p, pr, seen)
+        return (seen[1] / seen[0] if seen[0] > 0 else 1.0), (seen[3] / seen[2] if seen[2] > 0 else 1.0)
+
+    def _projected_end(self, p: Work, pr: Progress, now: float, k_load: float, k_cell: float) -> tuple[float, float, list[float]]:
+        """(when p is projected to end, when its begun cells are, its unstarted cells' seconds): its own
+        measured speed, weighted as PRIOR_CELLS cells at the run's calibration, corrects its estimates."""
+        done = len(pr.cell_s)
+        est_done = sum(p.cell_s[:done])
+        mean = sum(p.cell_s) / max(len(p.cell_s), 1)
+        k = (sum(pr.cell_s) + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
+        if pr.load_s is None:
+            at = now + max(p.load_s * k_load - (now - pr.started), 0.0)
+        else:
+            at = now
+        if pr.cell_since is not None:
+            at += max(p.cell_s[done] * k - (now - pr.cell_since), 0.0)
+        rest = [c * k for c in p.cell_s[pr.begun:]]
+        return at + sum(rest), at, rest
+
+    def _best_cut(self, p: Work, pr: Progress, now: float, end: tuple, k_load: float) -> tuple[int, ...] | None:
+        """The tail whose move ends both parts soonest, when that beats the victim's end by enough to pay a load."""
+        whole, at, rest = end
+        load = pr.load_s if pr.load_s is not None else p.load_s * k_load   # a measured load of this config
+        best, keep, tail, kept = whole, None, sum(rest), 0.0
+        for j in range(len(rest)):    # the victim keeps rest[:j], the thief loads and runs rest[j:]
+            finish = max(at + kept, now + load + tail - kept)
+            if finish < best:
+                best, keep = finish, j
+            kept += rest[j]
+        if keep is None or whole - best < max(MIN_GAIN_S, MIN_GAIN * (whole - now)):
+            return None
+        return tuple(p.cells[pr.begun + keep:])
+
+    def _take_units(self, need: Need, node: str) -> str:
+        for k, v in need.as_resources().items():
+            self.free[node][k] = self.free[node].get(k, 0.0) - v
+        if self.free[node].get(self.unit, 0.0) <= 1e-9:
+            self.open.discard(node)
+        return node
+
+    def _give_back(self, need: Need, node: str) -> None:
+        if node in self.free:
+            for k, v in need.as_resources().items():
+                self.free[node][k] += v
+            self.open.add(node)
 
     def idle(self) -> bool:
         return not self.running and not any(self.pending.values())

@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,8 @@ class GroupJob:
     python: str
     cache_dir: str
     tries: int = 0          # times the scheduler has sent this group to Ray
+    ledger: Any = None      # work stealing (orchestrator/ledger.py): the driver's ledger actor, and this part's id
+    part_id: str = ""
 
 
 class CellResult(NamedTuple):
@@ -85,7 +87,8 @@ def base_row(job: GroupJob, cell: Cell) -> dict:
         "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
         "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
         "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
-        "workload": json.dumps(stable_dump(m.workload), sort_keys=True), "device": job.device,
+        "workload": cell.workload, "workload_json": json.dumps(stable_dump(m.workload_of(cell.workload)), sort_keys=True),
+        "device": job.device,
         "warmup": m.measure.warmup, "group_tries": job.tries,
         "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
         "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
@@ -121,8 +124,9 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
         per_run = {"serve": m.serve.requests, "stream": m.measure.stream_requests}.get(g.mode, c.batch_size)
         n = m.measure.warmup * c.batch_size + repeats * per_run
         # a drawn or dataset workload: the cell's input_len / output_len cap (datasets) or name (drawn) lengths
-        req = timing_requests(m.workload, tok, n, _cap(m, "input_lengths", c.input_len),
-                              _cap(m, "output_lengths", c.output_len), g.mode)
+        w = m.workload_of(c.workload)
+        req = timing_requests(w, tok, n, _cap(w, "input_lengths", c.input_len), _cap(w, "output_lengths", c.output_len),
+                              g.mode)
         prompts, texts = req.prompts, None
         if as_text:
             prompts, texts = text_prompts(tok, prompts)
@@ -133,7 +137,8 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
             request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate,
             output_lens=req.output_lens, follows=req.follows, think_time_s=req.think_time_s,
-            stream_requests=per_run if g.mode == "stream" else 0, notes=req.notes))
+            stream_requests=per_run if g.mode == "stream" else 0,
+            notes=([f"workload: {c.workload}"] if c.workload else []) + req.notes))
     scoring = scoring_prompts(m.measure, tok)
     task_specs = task_sets.task_specs(tasks, tok, _tokenizer_source(job), entry.trust_remote_code,
                                       max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
@@ -152,13 +157,14 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             top_k=m.measure.top_k, greedy_tokens=m.measure.greedy_tokens, repeats=m.measure.score_repeats),
         serve=None if not serve else ServeSpec(
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
-            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload, "seed", 0)),
+            # one seed per server (arrivals, request seeds): the first cell's workload's, where workloads differ
+            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload_of(cells[0].workload), "seed", 0)),
         tasks=task_specs, sampling=_sampling_spec(m, scoring))
 
 
-def _cap(m: Matrix, field: str, axis_value: int) -> int:
+def _cap(workload, field: str, axis_value: int) -> int:
     """The most tokens a request may have: a drawn distribution's upper end, else the axis value."""
-    dist = getattr(m.workload, field, None)
+    dist = getattr(workload, field, None)
     return dist.upper if dist is not None else axis_value
 
 
@@ -300,11 +306,26 @@ def unsupported_reason(job: GroupJob, python: str) -> str | None:
 
 
 def run_group(job: GroupJob) -> list[CellResult]:
-    """Run every cell of the group; always returns exactly one row per cell."""
+    """Run every cell of the group; returns exactly one row per cell, but for the cells the driver moved to
+    another node while this part ran (work stealing: their rows come from there)."""
+    if job.ledger is None:
+        return _run_group(job, None)
+    from orchestrator.ledger import PartChannel
+
+    channel = PartChannel(job.ledger, job.part_id)
+    try:
+        return _run_group(job, channel)
+    finally:
+        channel.close()
+        shutil.rmtree(channel.claims_dir, ignore_errors=True)
+
+
+def _run_group(job: GroupJob, channel) -> list[CellResult]:
     by_id = {c.cell_id: c for c in job.group.cells}
     results: dict[str, CellResult] = {}
     probes: list[CellResult] = []      # SLO-search probes: rows of their own, stored before their search's
     remaining = list(job.group.cells)
+    gone = channel.withdrawn if channel else set()   # cells given up to another node: not ours to row
     python = job.python or sys.executable
     attempt = 0
 
@@ -327,6 +348,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
         tok = Tokenizer(_tokenizer_source(job), entry.trust_remote_code)
         tasks = task_sets.load_tasks(job.matrix.tasks)
         spec_all = build_spec(job, remaining, tok, tasks)
+        if channel:
+            spec_all.claims_dir = channel.claims_dir
     except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
         for c in remaining:
             finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")
@@ -336,7 +359,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
     while remaining:
         attempt += 1
         work = Path(tempfile.mkdtemp(prefix="bench-group-"))
-        ids = {c.cell_id for c in remaining}
+        ids = {c.cell_id for c in remaining} - gone
         spec = spec_all.model_copy(update={"cells": [s for s in spec_all.cells if s.cell_id in ids]})
         (work / "spec.json").write_text(spec.model_dump_json())
         log = open(work / "output.log", "wb")
@@ -351,17 +374,25 @@ def run_group(job: GroupJob) -> list[CellResult]:
             nonlocal current, loaded
             if isinstance(ev, Loaded):
                 loaded = ev
+                if channel:
+                    channel.report("load", ev.load_s or 0.0)
             elif isinstance(ev, CellStart):
                 current = ev.cell_id
+                if channel:
+                    channel.report("start", time.time())
             elif isinstance(ev, CellDone):
                 cid = ev.cell_id
                 record = CellRecord.model_validate_json((work / f"{cid}.json").read_text())
+                if channel:
+                    channel.report("done", record.duration_s or 0.0)
                 task_table, not_run = _task_table(job.run_id, cid, work / f"{cid}.tasks.json", tasks, tok)
                 record.missing.update(not_run)
                 finish(cid, "ok", extra=_measured(loaded, record), lp=_logprob_table(job.run_id, cid, work / f"{cid}.npz"),
                        tasks=task_table, samples=_sample_table(job.run_id, cid, work / f"{cid}.samples.npz"))
                 current = None
             elif isinstance(ev, (CellFailed, CellUnsupported)):
+                if channel:
+                    channel.report("done", 0.0)
                 finish(ev.cell_id, "failed" if isinstance(ev, CellFailed) else "unsupported",
                        _with_traceback(ev), extra=_load_facts(loaded))
                 current = None
@@ -380,6 +411,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
                     deadline = time.monotonic() + m.run.cell_timeout_s
             if exited:
                 break
+            if channel:
+                channel.poll()
             if time.monotonic() > deadline:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -388,7 +421,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
             time.sleep(POLL_S)
         log.close()
         tail = _tail(work / "output.log")
-        pending = [c for c in remaining if c.cell_id not in results]
+        pending = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
         if timed_out:
             what = f"cell timeout {m.run.cell_timeout_s:g}s" if current else f"load timeout {m.run.load_timeout_s:g}s"
             victims = [current] if current else [c.cell_id for c in pending]
@@ -401,8 +434,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
             for cid in victims:
                 finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=_load_facts(loaded))
         shutil.rmtree(work, ignore_errors=True)
-        remaining = [c for c in remaining if c.cell_id not in results]
-    return probes + [results[c.cell_id] for c in job.group.cells]
+        remaining = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
+    return probes + [results[c.cell_id] for c in job.group.cells if c.cell_id not in gone]
 
 
 def probe_id(search_id: str, probe: int) -> str:

@@ -5,6 +5,7 @@ No host names, user names or absolute paths: results are meant to be shared.
 
 from __future__ import annotations
 
+import functools
 import platform
 from importlib import metadata
 
@@ -48,6 +49,11 @@ def _gpus() -> list[dict]:
         return []
 
 
+@functools.cache   # the same for the run's start and end writes (24 metadata look-ups, NVML, /proc)
+def _driver_facts() -> tuple[dict, dict]:
+    return host(), {p: v for p in _PACKAGES if (v := _version(p))}
+
+
 def host() -> dict:
     return {"os": platform.platform(), "machine": platform.machine(), "python": platform.python_version(),
             "cpu": _cpu_model(), "cpu_count": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
@@ -58,13 +64,14 @@ def write(store: RunStore, m: Matrix, text: str, cells: list[Cell], started: str
     previous = store.read_manifest()
     sessions = [s for s in previous.get("sessions", []) if s.get("started") != started]
     sessions.append({"started": started, "ended": ended})
+    facts, versions = _driver_facts()
     store.write_manifest({
         "schema_version": SCHEMA_VERSION,
         "run_id": store.run_id,
         "matrix_text": text,
         "matrix": m.model_dump(mode="json"),
         "cells": [{"cell_id": c.cell_id, "engine_key": c.engine_key, **c.axes()} for c in cells],
-        "host": host(),
-        "driver_versions": {p: v for p in _PACKAGES if (v := _version(p))},
+        "host": facts,
+        "driver_versions": versions,
         "sessions": sessions,
     })

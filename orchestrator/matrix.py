@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -19,7 +19,8 @@ from orchestrator import datasets, task_sets
 from orchestrator.lengths import LengthDist
 from orchestrator.task_sets import TaskEntry
 
-AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate")
+AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate",
+        "workload")
 MODES = ("offline", "serve", "stream")
 DEFAULT_FLAGS = "default"
 
@@ -71,6 +72,8 @@ class Axes(_Strict):
     request_rate: list[Annotated[float, Field(gt=0)]] = Field([math.inf], description="Serve cells: requests/s "
                                                               "arriving (see serve.arrival), at most batch_size in "
                                                               "flight; .inf: a closed loop of batch_size requests")
+    workload: list[str] | None = Field(None, description="Names of `workloads` entries, each cell running one "
+                                       "(default: every entry, in order); none with a single `workload` section")
 
 
 class SyntheticWorkload(_Strict):
@@ -255,6 +258,12 @@ class Run(_Strict):
     node_retries: int = Field(2, ge=0, description="Times a group is run again elsewhere when its node dies")
     split_groups: bool = Field(True, description="Cut an engine group estimated to outlast the rest of the run into "
                                "parts on several nodes (each part loads the engine once)")
+    steal_cells: bool = Field(True, description="Once nothing waiting can use a node, move the unstarted cells of the "
+                              "part projected to end last there (it loads the engine again; each cell runs once)")
+
+
+def _synthetic_kind(v):
+    return {"kind": "synthetic", **v} if isinstance(v, dict) and "kind" not in v else v
 
 
 class Matrix(_Strict):
@@ -264,7 +273,10 @@ class Matrix(_Strict):
     flags: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="framework -> flag-set name -> engine options")
     include: list[dict[str, Any]] = Field(default_factory=list, description="Extra cells: one value per axis")
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="Cells matching every key are dropped; a value may be a list")
-    workload: Workload = Field(default_factory=SyntheticWorkload)
+    workload: Workload = Field(default_factory=SyntheticWorkload, description="The one workload of every cell "
+                               "(or give named `workloads` and the `workload` axis instead)")
+    workloads: dict[str, Workload] | None = Field(None, description="Named workloads, a `workload` axis of the "
+                                                  "matrix: each cell runs the one its axis value names")
     measure: Measure = Field(default_factory=Measure)
     baseline: dict[str, Any] = Field(default_factory=lambda: {"framework": "hf", "quantization": "fp32", "flags": DEFAULT_FLAGS,
                                                               "mode": "offline"},
@@ -280,7 +292,22 @@ class Matrix(_Strict):
     @field_validator("workload", mode="before")
     @classmethod
     def _synthetic_by_default(cls, v):
-        return {"kind": "synthetic", **v} if isinstance(v, dict) and "kind" not in v else v
+        return _synthetic_kind(v)
+
+    @field_validator("workloads", mode="before")
+    @classmethod
+    def _each_synthetic_by_default(cls, v):
+        return {k: _synthetic_kind(w) for k, w in v.items()} if isinstance(v, dict) else v
+
+    def workload_of(self, name: str | None) -> Workload:
+        """A cell's workload: the named entry, or the single `workload` section (name None)."""
+        return self.workload if name is None else self.workloads[name]
+
+    def named_workloads(self) -> list[tuple[str, Workload]]:
+        """(YAML path, workload) of every workload the cells run, for per-workload checks."""
+        if not self.workloads:
+            return [("workload", self.workload)]
+        return [(f"workloads.{n}", self.workloads[n]) for n in axis_values(self, "workload") if n in self.workloads]
 
     def model_entry(self, name: str) -> ModelEntry:
         entry = self.models[name]
@@ -292,12 +319,24 @@ class Matrix(_Strict):
         return sets
 
 
+def axis_values(m: Matrix, axis: str) -> list:
+    """An axis' values; the workload axis defaults to every named workload, and is [None] (one cell each)
+    with a single `workload` section."""
+    if axis == "workload":
+        return list(m.axes.workload or m.workloads or [None])
+    return getattr(m.axes, axis)
+
+
+# every workload kind (the discriminator's values), from the Workload union: a kind added there is known here
+_WORKLOAD_KINDS = tuple(k for cls in get_args(get_args(Workload)[0]) for k in get_args(cls.model_fields["kind"].annotation))
+
+
 def _path(loc: tuple) -> str:
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("synthetic", "jsonl", "text", "sharegpt") and out.endswith("workload"):
+        elif part in _WORKLOAD_KINDS and (out.endswith("workload") or (i == 2 and loc[0] == "workloads")):
             continue  # the discriminator tag pydantic adds is not part of the YAML path
         elif out.startswith("tasks[") and (part in ("str", "generation", "choice", "lm_eval")
                                             or str(part).startswith("tagged-union[")):
@@ -378,23 +417,52 @@ def _check_semantics(m: Matrix) -> list[str]:
 
 
 def _workload_problems(m: Matrix) -> list[str]:
+    """One workload section or named ones with their axis; then every workload the cells run on its own."""
+    problems = []
+    names = list(m.workloads or ())
+    if m.workloads is not None and "workload" in m.model_fields_set:
+        problems.append("workloads: give either workload (one workload for every cell) or workloads (named, "
+                        "with the workload axis), not both")
+    if m.workloads is not None and not names:
+        problems.append("workloads: no workload named (give at least one, or use the single workload section)")
+    if m.axes.workload is not None and m.workloads is None:
+        problems.append("axes.workload: the axis names entries of workloads, and the matrix defines none "
+                        "(a single workload section needs no axis)")
+    for i, name in enumerate(m.axes.workload or ()):
+        if m.workloads is not None and name not in m.workloads:
+            problems.append(f"axes.workload[{i}]: unknown workload '{name}' (defined in workloads: "
+                            f"{_known(names) or 'none'})")
+    run = m.named_workloads()
+    for path, w in run:
+        problems += _one_workload_problems(m, path, w)
+    for axis in ("input_len", "output_len"):
+        # the axis applies to the workloads that do not draw these lengths; with none left it sweeps nothing
+        drawing = [p for p, w in run if getattr(w, f"{axis[:-4]}_lengths", None) is not None]
+        if m.workloads and axis in m.axes.model_fields_set and run and len(drawing) == len(run):
+            where = ", ".join(f"{p}.{axis[:-4]}_lengths" for p in drawing)
+            problems.append(f"axes.{axis}: every workload draws these lengths ({where}); leave the axis out")
+    return problems
+
+
+def _one_workload_problems(m: Matrix, path: str, w) -> list[str]:
     """Lengths drawn by the workload leave no fixed-length axis to sweep; a local file must exist and parse."""
-    w, problems = m.workload, []
+    problems = []
     if isinstance(w, SyntheticWorkload):
         for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
-            if dist is not None and axis in m.axes.model_fields_set:
+            # with several workloads the axis is the other workloads' (this one's cells name the mean)
+            if dist is not None and axis in m.axes.model_fields_set and path == "workload":
                 problems.append(f"axes.{axis}: the workload draws these lengths (workload.{axis[:-4]}_lengths); "
                                 f"leave the axis out, or drop workload.{axis[:-4]}_lengths for a fixed sweep")
         if w.prefix_groups > 1 and not w.shared_prefix_len:
-            problems.append("workload.prefix_groups: prefix groups need workload.shared_prefix_len > 0 (the "
+            problems.append(f"{path}.prefix_groups: prefix groups need {path}.shared_prefix_len > 0 (the "
                             "tokens each group's requests share)")
         if w.input_lengths is not None and w.shared_prefix_len >= w.input_lengths.min:
-            problems.append(f"workload.shared_prefix_len: {w.shared_prefix_len} tokens is not below the shortest "
-                            f"drawn prompt (workload.input_lengths.min {w.input_lengths.min})")
+            problems.append(f"{path}.shared_prefix_len: {w.shared_prefix_len} tokens is not below the shortest "
+                            f"drawn prompt ({path}.input_lengths.min {w.input_lengths.min})")
     elif not w.cluster_only:
         why = datasets.check(w.kind, w.path, getattr(w, "field", "text"), getattr(w, "output_field", None))
         if why:
-            problems.append(f"workload.path: {why}")
+            problems.append(f"{path}.path: {why}")
     return problems
 
 
@@ -448,7 +516,7 @@ def _check_rule(m: Matrix, rule: dict, path: str, need_all: bool, allow_lists: b
     if need_all:
         # an include entry may leave an axis out only where that axis has a single value
         for axis in AXES:
-            if axis not in rule and len(getattr(m.axes, axis)) != 1:
+            if axis not in rule and len(axis_values(m, axis)) != 1:
                 problems.append(f"{path}: missing axis '{axis}' (the axis has several values, so the cell is ambiguous)")
     return problems
 
@@ -466,6 +534,8 @@ def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
         return f"unknown mode {v!r} (known: {_known(MODES)})"
     if axis == "request_rate" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
         return f"expected a positive number of requests/s (.inf: a closed loop), got {v!r}"
+    if axis == "workload" and (not m.workloads or v not in m.workloads):
+        return f"unknown workload {v!r} (defined in workloads: {_known(m.workloads or ()) or 'none'})"
     if axis == "flags":
         defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
         if v not in defined:

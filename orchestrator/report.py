@@ -4,7 +4,8 @@
 Numbers come from `orchestrator.analysis.analyse` (verdicts, KL, noise floors, speedups, perplexity),
 `orchestrator.task_verdicts` (the task layer: each task's score and its paired change against the
 baseline), `orchestrator.sampling_verdicts` (the sampling layer, orchestrator/report_sampling.py) and the
-stored cells table (versions). When the analysis cannot run, the report still renders the speed
+stored cells table (versions, engine telemetry and energy: orchestrator/report_telemetry.py; SLO
+searches: orchestrator/report_searches.py). When the analysis cannot run, the report still renders the speed
 numbers and says why the quality columns are empty. With --against, OLD is analysed too and paired
 with this run (orchestrator/report_data.py: load_against); without it the report is what it was.
 """
@@ -17,6 +18,7 @@ from orchestrator.report_data import load
 from orchestrator.report_html import render_html
 from orchestrator.report_md import render_markdown
 from orchestrator.report_sampling import load_sampling
+from orchestrator.report_searches import load_searches
 from orchestrator.store import is_run_dir
 
 
@@ -42,6 +44,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
     md_path = html_path.with_suffix(".md")
     df, manifest, err, tasks = load(root)
     sampling = load_sampling(root, manifest)
+    searches = load_searches(root, df)
     name = str(manifest.get("run_id") or root.name)
     vs = None
     if against is not None:
@@ -50,8 +53,10 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
         vs = load_against(df, root, Path(against), match)
     from orchestrator.store import atomic_write_text
 
-    atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling))
-    atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling))
+    atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling,
+                                             searches=searches))
+    atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling,
+                                               searches=searches))
     for p in (html_path, md_path):  # a temporary file is private; a report is for sharing
         p.chmod(0o644)
     return html_path, md_path

@@ -112,12 +112,13 @@ def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, dict, s
             df[col] = "n/a" if col == "verdict" else np.nan
     if "status_reason" not in df.columns:
         df["status_reason"] = None
-    df = df.sort_values(["framework", "model", "quantization", "flags", "batch_size", "input_len", "output_len"],
-                        ignore_index=True)
+    df = df.sort_values(["framework", "model", "quantization", "flags", *(["workload"] if "workload" in df else []),
+                         "batch_size", "input_len", "output_len"], ignore_index=True, na_position="first")
     # column-wise, not a row-wise join (that alone took 18 s at 100k cells)
     df["config"] = (df["framework"].astype(str) + "/" + df["model"].astype(str) + "/"
                     + df["quantization"].astype(str) + "/" + df["flags"].astype(str)) if len(df) else ""
     df["config"] += np.where(df["mode"].isin(["serve", "stream"]), "/" + df["mode"].astype(str), "") if len(df) else ""
+    df["config"] += _workload_suffix(df)
     df["load_label"] = [load_label(m, b, r, a) for m, b, r, a in zip(df["mode"], df.batch_size, df.request_rate, df.load)]
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
     df["label"] = [f"{c} {lo}" + (f" in{i}/out{o}" if multi_len else "")
@@ -143,11 +144,21 @@ class Against:
     tasks: TaskLayer | None = None  # compare_task_runs: each NEW cell's tasks against its partner in OLD
 
 
+def _workload_suffix(df: pd.DataFrame) -> Any:
+    """' [name]' for a cell of a named workload (matrix workloads): each workload is its own config,
+    since its speed is its own; '' for the single workload section."""
+    if not len(df) or "workload" not in df:
+        return ""
+    name = df["workload"]
+    return np.where(name.notna(), " [" + name.astype(str) + "]", "")
+
+
 def _labels(df: pd.DataFrame) -> None:
     """config, load_label and label columns, as `load` makes them, on a frame with the axes."""
     mode = df["mode"].fillna("offline") if "mode" in df else pd.Series("offline", index=df.index)
     df["config"] = (df["framework"].astype(str) + "/" + df["model"].astype(str) + "/" + df["quantization"].astype(str)
                     + "/" + df["flags"].astype(str) + np.where(mode.isin(["serve", "stream"]), "/" + mode.astype(str), "")) if len(df) else ""
+    df["config"] += _workload_suffix(df)
     arrival = df["load"] if "load" in df else pd.Series(None, index=df.index)
     df["load_label"] = [load_label(m, int(b), r if _finite(r) else None, a if isinstance(a, str) else None)
                         for m, b, r, a in zip(mode, df.batch_size, df.request_rate, arrival)]

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from orchestrator import report_data, report_sampling
+from orchestrator import report_data, report_sampling, report_searches, report_telemetry
 from orchestrator.report_data import (TASK_VERDICT_ORDER, TEST_NAMES, VERDICT_ORDER, _against_counts, _call, _ci,
                                       _finite, _judged, _moved, _moved_items, _num, _p, _ratio, _sci, _speed,
                                       _status_counts, _task_verdict_counts, _text, _ttft, _verdict_counts, _why,
@@ -429,7 +429,7 @@ document.body.setAttribute('data-plots', Array.prototype.filter.call(document.qu
 Column = tuple[str, str, str, Callable[[dict], Any], Callable[[dict], str], str]
 
 
-def _columns(multi_len: bool, with_tasks: bool = False) -> list[Column]:
+def _columns(multi_len: bool, with_tasks: bool = False, with_workload: bool = False) -> list[Column]:
     rank = {v: i for i, v in enumerate(VERDICT_ORDER)}
     cols: list[Column] = [
         ("framework", "framework", "", lambda r: r["framework"], lambda r: r["framework"], ""),
@@ -437,6 +437,11 @@ def _columns(multi_len: bool, with_tasks: bool = False) -> list[Column]:
         ("quant", "quant", "quantization", lambda r: r["quantization"], lambda r: r["quantization"], ""),
         ("flags", "flags", "the flag-set name; its options are in the row's tooltip",
          lambda r: r["flags"], lambda r: r["flags"], ""),
+    ]
+    if with_workload:
+        cols.append(("workload", "workload", "the named workload the cell ran (matrix workloads)",
+                     lambda r: _text(r.get("workload")), lambda r: _text(r.get("workload")), ""))
+    cols += [
         ("load", "load", "batch N: an offline static batch; c=N: a served closed loop of N requests in flight; "
          "a served rate: requests/s arriving, at most N in flight", lambda r: f"{r['mode']}:{int(r['batch_size']):06d}:"
          f"{r['request_rate'] if _finite(r['request_rate']) else 0:012.3f}", lambda r: r["load_label"], ""),
@@ -489,7 +494,8 @@ def _columns(multi_len: bool, with_tasks: bool = False) -> list[Column]:
 
 def _cells_table(df: pd.DataFrame) -> str:
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
-    cols = _columns(multi_len, with_tasks="task_verdict" in df and df.task_verdict.notna().any())
+    cols = _columns(multi_len, with_tasks="task_verdict" in df and df.task_verdict.notna().any(),
+                    with_workload=report_telemetry.has_workloads(df))
     head = "".join(f'<th data-key="{k}" title="{_esc(tip)}">{_esc(h)}</th>' for k, h, tip, *_ in cols)
     body = []
     for r in df.to_dict("records"):
@@ -795,6 +801,49 @@ def _sampling_panel(layer: Any, df: pd.DataFrame, manifest: dict) -> str:
     return "\n".join(parts)
 
 
+def _telemetry_panel(df: pd.DataFrame) -> str:
+    """Engine telemetry and energy per ok cell, the prefix-cache hit rate beside TTFT, and why a figure is
+    empty (orchestrator/report_telemetry.py defines the columns, shared with report.md)."""
+    parts = ['<h2 id="telemetry">Engine telemetry and energy</h2>']
+    recs, note = report_telemetry.rows(df)
+    if not recs:
+        return parts[0] + "<p class='muted' id='no-telemetry'>No cell ran ok: nothing was measured.</p>"
+    if note:
+        parts.append(f"<p class='muted'><b>{_esc(note)}</b></p>")
+    parts.append(f"<p class='muted'>{_esc(report_telemetry.EXPLANATION)}</p>")
+    if report_telemetry.measured(recs):
+        cols = report_telemetry.columns(report_telemetry.has_workloads(df))
+        parts.append(_sortable("telemetry-table", cols, recs, lambda r: "#333",
+                               lambda r: f"cell {r['cell_id']}"))
+    else:
+        parts.append("<p class='muted' id='no-telemetry'>No cell measured any of these figures.</p>")
+    why = report_telemetry.not_measured(recs)
+    if why:
+        shown = why[:report_data.MAX_LISTED]
+        more = f"<li>… and {len(why) - len(shown)} more reasons</li>" if len(why) > len(shown) else ""
+        parts.append("<details id='telemetry-missing'><summary>Not measured, and why</summary><ul>"
+                     + "".join(f"<li>{_esc(w)}</li>" for w in shown) + more + "</ul></details>")
+    return "\n".join(parts)
+
+
+def _search_panel(layer: Any) -> str:
+    """SLO searches: per configuration the highest load meeting every SLO, then every probe
+    (orchestrator/report_searches.py defines the columns, shared with report.md)."""
+    parts = ['<h2 id="searches">SLO search</h2>']
+    if layer.error:
+        return parts[0] + f'<div class="banner">The searches could not be read: {_esc(layer.error)}</div>'
+    parts.append(f"<p class='muted'>{_esc(report_searches.EXPLANATION)}</p>")
+    parts.append(_sortable("search-table", report_searches.summary_columns(layer.probes),
+                           layer.summaries.to_dict("records"),
+                           lambda r: "#333", lambda r: f"search {r['cell_id']}"))
+    if len(layer.probes):
+        parts.append("<h3>Probes</h3>")
+        parts.append(_sortable("probe-table", report_searches.probe_columns(), layer.probes.to_dict("records"),
+                               lambda r: "#1a7f37" if r.get("search_meets") else "#d73027",
+                               lambda r: f"probe {r['cell_id']} of search {r['search_id']}"))
+    return "\n".join(parts)
+
+
 def _kv(rows: list[tuple[str, Any]]) -> str:
     return '<table class="kv">' + "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in rows) + "</table>"
 
@@ -835,9 +884,10 @@ def _duration(s: dict) -> str:
 
 
 def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
-                against: Any = None, tasks: Any = None, sampling: Any = None) -> str:
+                against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None) -> str:
     """The page; against (a report_data.Against) adds the moves from OLD to the quality plot and the
-    section with this run against OLD; tasks (a report_data.TaskLayer) the task quality axes and panel."""
+    section with this run against OLD; tasks (a report_data.TaskLayer) the task quality axes and panel;
+    searches (a report_searches.SearchLayer) the SLO-search panel."""
     import plotly
     import plotly.offline
 
@@ -914,6 +964,9 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     parts.append(_task_panel(tasks, df, manifest, against))
     if sampling is not None:
         parts.append(_sampling_panel(sampling, df, manifest))
+    parts.append(_telemetry_panel(df))
+    if searches is not None:
+        parts.append(_search_panel(searches))
 
     # throughput and latency
     parts.append("<h2>Throughput and latency vs batch size</h2>")
@@ -953,7 +1006,8 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
                                               ("matrix", matrix.get("name", "?")),
                                               ("schema version", manifest.get("schema_version", "?")),
                                               ("cells planned / stored", f"{len(manifest.get('cells') or [])} / {len(df)}"),
-                                              ("workload", json.dumps(matrix.get("workload") or {})),
+                                              ("workload", json.dumps(matrix.get("workloads")
+                                                                      or matrix.get("workload") or {})),
                                               ("baseline", json.dumps(baseline)),
                                               ("tolerances", json.dumps(tolerances))])
                  + f"<h3>Sessions</h3><table><thead><tr><th>started</th><th>ended</th><th>took</th></tr></thead>{sess}</table></div>")

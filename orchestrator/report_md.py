@@ -1,6 +1,8 @@
 """report.md: status and verdict counts, the verdict/speedup table and the cells that are not ok,
 for a pull request or an issue; the task layer (one compact table, every task's cells against the
-baseline); the sampling layer (a row per cell with samples); with --against OLD, the table of this run against OLD as well, and its tasks against OLD."""
+baseline); the sampling layer (a row per cell with samples); engine telemetry and energy (a row per ok cell,
+the prefix-cache hit rate beside TTFT, and why a figure is empty); the SLO searches (per configuration, then
+every probe); with --against OLD, the table of this run against OLD as well, and its tasks against OLD."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from orchestrator import report_data, report_sampling
+from orchestrator import report_data, report_sampling, report_searches, report_telemetry
 from orchestrator.report_data import (TEST_NAMES, _against_counts, _call, _ci, _judged, _moved,
                                       _moved_items, _num, _p, _ratio, _sci, _speed, _status_counts, _task_verdict_counts,
                                       _text, _ttft, _ttft_disagrees, _verdict_counts, _why, against_rows, first_line,
@@ -20,7 +22,7 @@ def _md(v: Any) -> str:
 
 
 def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
-                    against: Any = None, tasks: Any = None, sampling: Any = None) -> str:
+                    against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None) -> str:
     matrix = manifest.get("matrix") or {}
     baseline = matrix.get("baseline") or {}
     sc = ", ".join(f"{n} {s}" for s, n in _status_counts(df).items() if n)
@@ -34,7 +36,9 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
     if analysis_error:
         out += [f"> The analysis could not run: {_md(analysis_error)}", ""]
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
-    head = ["framework", "model", "quant", "flags", "batch"] + (["in", "out"] if multi_len else []) + [
+    named = report_telemetry.has_workloads(df)
+    head = ["framework", "model", "quant", "flags"] + (["workload"] if named else []) + ["batch"] + (
+        ["in", "out"] if multi_len else []) + [
         "status", "verdict"] + (["tasks"] if with_tasks else []) + [
         "KL mean", "noise KL", "greedy", "speedup [95% CI]", "out tok/s", "TTFT p50 ms", "TPOT p50 ms", "reason"]
     shown, note = table_cells(df)
@@ -42,7 +46,8 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
         out += [f"> {note}", ""]
     out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in shown.to_dict("records"):
-        row = [r["framework"], r["model"], r["quantization"], r["flags"], r["batch_size"]] + (
+        row = [r["framework"], r["model"], r["quantization"], r["flags"]] + (
+            [_text(r.get("workload"))] if named else []) + [r["batch_size"]] + (
             [r["input_len"], r["output_len"]] if multi_len else []) + [
             r["status"], f"**{r['verdict']}**" if r["verdict"] in ("lossy",) else r["verdict"]] + (
             [_task_word(r.get("task_verdict"))] if with_tasks else []) + [_sci(r["kl_mean"]),
@@ -72,6 +77,9 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
         out += _tasks(tasks, "the baseline")
     if sampling is not None:
         out += ["", "### Sampling", "", *_sampling(sampling, df, manifest)]
+    out += ["", "### Engine telemetry and energy", "", *_telemetry(df)]
+    if searches is not None:
+        out += ["", "### SLO search", "", *_searches(searches)]
     if against is not None:
         out += ["", *_against(against)]
         vs = against.tasks
@@ -95,6 +103,41 @@ def _sampling(layer: Any, df: pd.DataFrame, manifest: dict) -> list[str]:
         cells = [text(r) for _, _, _, text, _ in cols]
         cells[-2] = f"**{cells[-2]}**" if cells[-2] == "different" else cells[-2]
         out.append("| " + " | ".join(_md(x) for x in cells) + " |")
+    return out
+
+
+def _table(cols: list, records: list[dict]) -> list[str]:
+    """A markdown table of (key, header, sort value, text, css class) columns."""
+    out = ["| " + " | ".join(h for _, h, *_ in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    return out + ["| " + " | ".join(_md(text(r)) for _, _, _, text, _ in cols) + " |" for r in records]
+
+
+def _telemetry(df: pd.DataFrame) -> list[str]:
+    """A row per ok cell (orchestrator/report_telemetry.py's columns), then why a figure is empty."""
+    recs, note = report_telemetry.rows(df)
+    if not recs:
+        return ["No cell ran ok: nothing was measured."]
+    out = [f"> {note}", ""] if note else []
+    out += [report_telemetry.EXPLANATION, ""]
+    if report_telemetry.measured(recs):
+        out += _table(report_telemetry.columns(report_telemetry.has_workloads(df)), recs)
+    else:
+        out += ["No cell measured any of these figures."]
+    why = report_telemetry.not_measured(recs)
+    if why:
+        out += ["", "Not measured, and why:", ""] + [f"- {_md(w)}" for w in why[:report_data.MAX_LISTED]]
+        out += [f"- … and {len(why) - report_data.MAX_LISTED} more reasons"] if len(why) > report_data.MAX_LISTED else []
+    return out
+
+
+def _searches(layer: Any) -> list[str]:
+    """Per searched configuration, then every probe (orchestrator/report_searches.py's columns)."""
+    if layer.error:
+        return [f"> The searches could not be read: {_md(layer.error)}"]
+    out = [report_searches.EXPLANATION, ""]
+    out += _table(report_searches.summary_columns(layer.probes), layer.summaries.to_dict("records"))
+    if len(layer.probes):
+        out += ["", "Probes:", ""] + _table(report_searches.probe_columns(), layer.probes.to_dict("records"))
     return out
 
 

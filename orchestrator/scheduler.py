@@ -23,9 +23,11 @@ from orchestrator import model_size, placement, reaper
 from orchestrator.dispatch import Dispatcher, Work
 from orchestrator.estimate import GroupFacts, History, estimate_groups
 from orchestrator.launcher import CellResult, GroupJob, base_row, run_group
+from orchestrator.ledger import Stealing
 
 Rows = list[CellResult]
 REFRESH_S = 30.0   # how often to look for nodes that joined the cluster
+STEAL_POLL_S = 1.0  # how often to look at the running parts' progress while a node could steal
 
 
 def init_ray(address: str | None = None) -> None:
@@ -114,17 +116,28 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
     estimates = estimate_groups([facts(j) for j in runnable], history)
     works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s), splittable=not _shared_server(j))
              for j, e in zip(runnable, estimates)]
-    dispatcher = Dispatcher(nodes, works, split_groups=runnable[0].matrix.run.split_groups)
+    run = runnable[0].matrix.run
+    dispatcher = Dispatcher(nodes, works, split_groups=run.split_groups, steal_cells=run.steal_cells)
     parts: dict[Work, GroupJob] = {}
     pending: dict = {}
+    stealing = Stealing(dispatcher, lambda part, i: part.key.group.cells[i].cell_id) if dispatcher.could_steal() else None
 
     def submit(part: Work, node: str) -> None:
         job = parts.setdefault(part, part_job(part.key, part))
+        if stealing is not None:
+            stealing.register(part, job)
         job.tries += 1
         need = part.need
         task = _gpu_group_task if need.gpus else _group_task
         affinity = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
         pending[task.options(**need.ray_options(), scheduling_strategy=affinity).remote(job)] = (job, part)
+
+    def start_thief(victim: Work, thief: Work) -> None:
+        # the victim, if sent again after a node loss, runs only the cells it kept
+        tries = parts[victim].tries
+        parts[victim] = part_job(victim.key, victim)
+        parts[victim].tries = tries
+        submit(thief, dispatcher.running[thief])
 
     def give_up(part: Work, why: str) -> None:
         job = parts.setdefault(part, part_job(part.key, part))
@@ -142,17 +155,27 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
             looked = time.monotonic()
         for part, node in dispatcher.step():
             submit(part, node)
-        if not pending:
+        if stealing is not None:
+            for victim, thief in stealing.poll():
+                start_thief(victim, thief)
+        if not pending and not (stealing and stealing.waiting):
             # nothing runs and nothing more could start: what still waits has no node left to run on
             dispatcher.lost += [e[2] for h in dispatcher.pending.values() for e in h]
             report_lost()
             return
-        done, _ = ray.wait(list(pending), num_returns=1, timeout=REFRESH_S)
+        looking = stealing is not None and (stealing.waiting or dispatcher.can_steal())
+        wait = STEAL_POLL_S if looking else REFRESH_S
+        if not pending:       # only answers to wait for
+            time.sleep(wait)
+            continue
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
         for ref in done:
             job, part = pending.pop(ref)
             try:
                 rows = ray.get(ref)
             except Exception as err:  # the task's worker or node died; run_group itself never raises
+                if stealing is not None:
+                    stealing.lost(job.part_id)
                 if job.tries <= job.matrix.run.node_retries:
                     dispatcher.set_nodes(alive_nodes())   # placed again on the nodes left after the loss
                     dispatcher.requeue(part)
@@ -163,6 +186,9 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
                                                   f"{type(err).__name__}: {str(err)[-1500:]}")
             else:
                 dispatcher.finished(part)
+                thief = stealing.finished(part, {r.row["cell_id"] for r in rows}) if stealing else None
+                if thief is not None:
+                    start_thief(part, thief)
             on_done(job, rows)
 
 

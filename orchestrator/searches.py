@@ -30,8 +30,9 @@ def probes(cells: pd.DataFrame) -> pd.DataFrame:
         return cells.iloc[0:0]
     made = summaries(cells).set_index("cell_id")["search_probes"]
     p = cells[is_probe(cells)]
-    p = p[[sid in made.index and n < (made[sid] if made[sid] == made[sid] else 0)
-           for sid, n in zip(p["search_id"], p["search_probe"])]]
+    # a boolean Series, not a list: an empty list would select no columns instead of no rows
+    p = p[pd.Series([sid in made.index and n < (made[sid] if made[sid] == made[sid] else 0)
+                     for sid, n in zip(p["search_id"], p["search_probe"])], index=p.index, dtype=bool)]
     return p.sort_values(["search_id", "search_probe"])
 
 
@@ -48,3 +49,39 @@ def json_dict(text) -> dict:
     except ValueError:
         return {}
     return v if isinstance(v, dict) else {}
+
+
+def slos_text(row: dict) -> str:
+    """The SLOs a search was run against, and how a p99 was judged: 'ttft p99<=300ms, goodput>=0.9 (point)'."""
+    slos = json_dict(row.get("search_slos"))
+    stated = [f"{k.replace('_p99_ms', ' p99')}<={slos[k]:g}ms" for k in ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms")
+              if slos.get(k) is not None] + ([f"goodput>={slos['goodput']:g}"] if slos.get("goodput") else [])
+    return ", ".join(stated) + f" ({slos.get('judge', 'point')})"
+
+
+def variable(row: dict) -> str:
+    return row.get("search_variable") or json_dict(row.get("search_slos")).get("variable", "rate")
+
+
+def load_text(variable: str, v) -> str:
+    """A searched load: '8/s' (rate) or 'c=4' (concurrency); '-' for none."""
+    if v is None or v != v:
+        return "-"
+    return f"{v:g}/s" if variable == "rate" else f"c={v:g}"
+
+
+def requests_per_probe(search_id: str, probes: pd.DataFrame) -> str:
+    mine = probes[probes.search_id == search_id]
+    return ",".join(map(str, sorted({int(x) for x in mine.requests_planned.dropna()}))) or "-"
+
+
+def p99_text(row: dict, figure: str, key: str) -> str:
+    """A probe's p99 of `figure` (ttft_ms, tpot_ms, e2e_ms) with its interval where its SLO was checked:
+    '120.3 [98.1, 160.0]' (an interval without an upper end: 'inf')."""
+    v = row.get(f"{figure}_p99")
+    text = "-" if v is None or v != v else f"{v:.1f}"
+    c = checks(row)
+    if key not in c:
+        return text
+    lo, hi = (f"{c[key][e]:.1f}" if c[key][e] is not None else "inf" for e in ("lo", "hi"))
+    return f"{text} [{lo}, {hi}]"

@@ -63,7 +63,7 @@ CELLS_SCHEMA = pa.schema([
     ("request_rate", _f64),               # serve: requests/s arriving (inf: a closed loop); offline: null
     ("load", pa.string()),                # batch (offline static batch) | closed | constant | poisson
     ("endpoint", pa.string()),            # serve: the given server's base URL; null when the cell started its own
-    ("workload", pa.string()),            # JSON of the workload section
+    ("workload", pa.string()),            # the named workload (matrix workloads); null: the single workload section
     ("device", pa.string()),
     ("node_id", pa.string()),             # the Ray node that ran the cell
     ("status", pa.string()),              # ok | unsupported | failed | crashed | timeout
@@ -141,6 +141,7 @@ CELLS_SCHEMA = pa.schema([
     ("search_fail", _f64),                # the lowest load above it that missed (null: none up to high did)
     ("search_probes", pa.int32()),        # probes made
     ("search_slos", pa.string()),         # JSON: the search config (SLOs, bounds, judge)
+    ("workload_json", pa.string()),       # JSON of the cell's workload section (before it: in `workload`)
 ])
 
 def _logprobs_schema() -> pa.Schema:
@@ -452,6 +453,22 @@ def read_cell_files(paths: list[str], columns: list[str]) -> pa.Table:
     return pa.concat_tables(out) if out else schema.empty_table()
 
 
+def _upgrade_workload(t: pa.Table) -> pa.Table:
+    """Rows stored before named workloads held the workload section's JSON in `workload` and had no
+    `workload_json`: read them as the single section's rows of today (name null, JSON in workload_json)."""
+    import pyarrow.compute as pc
+
+    if "workload_json" not in t.column_names:
+        return t
+    old = pc.is_null(t["workload_json"])
+    if not pc.any(old).as_py():
+        return t
+    fixed_json = pc.if_else(old, t["workload"], t["workload_json"])
+    fixed_name = pc.if_else(old, pa.nulls(t.num_rows, pa.string()), t["workload"])
+    t = t.set_column(t.column_names.index("workload_json"), "workload_json", fixed_json)
+    return t.set_column(t.column_names.index("workload"), "workload", fixed_name)
+
+
 def read_commit(root: Path) -> dict:
     path = Path(root) / COMMIT_FILE
     return json.loads(path.read_text()) if path.exists() else {}
@@ -561,6 +578,8 @@ class Layout:
         out_schema = pa.schema([CELLS_SCHEMA.field(c) for c in names])
         read = [c for c in names if c != "framework"]
         read += [] if "cell_id" in read else ["cell_id"]
+        if {"workload", "workload_json"} & set(read):   # both: a row of before named workloads is upgraded
+            read += [c for c in ("workload", "workload_json") if c not in read]
         tables = []
         newer = pa.array(sorted(self.newer), pa.string())
         for fw, path in sorted(self.cells_parts.items()):
@@ -576,7 +595,7 @@ class Layout:
             tables.append(self.journal_cells(read))
         if not tables:
             return out_schema.empty_table()
-        return pa.concat_tables(tables).select(names).cast(out_schema)
+        return _upgrade_workload(pa.concat_tables(tables)).select(names).cast(out_schema)
 
     def logprob_files(self) -> dict[str, Path]:
         return self.side_files("logprobs")

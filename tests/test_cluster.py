@@ -113,3 +113,28 @@ def test_a_group_that_would_bind_the_makespan_is_split_across_nodes_and_each_cel
     assert set(df.node_id) == {n.node_id for n in nodes}        # the parts ran on both nodes
     assert df.load_s.nunique() == 3                              # each part loaded the engine itself
     assert set(store.read_logprobs(["cell_id"]).column("cell_id").to_pylist()) == set(df.cell_id)
+
+
+def test_an_idle_node_steals_the_unstarted_cells_of_a_running_group_and_each_runs_once(cluster, write_matrix, tmp_path):
+    nodes = [cluster.add_node(num_cpus=1, resources={env_resource("hf"): 10}) for _ in range(2)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["axes"] |= {"batch_size": [1, 2, 3, 4]}                # one hf engine group of four cells
+    # no cuts before the run: the group starts whole on one node, the other node has nothing to do
+    data["run"] |= {"device": "cpu", "env_resources": True, "cpus_per_group": 1, "split_groups": False,
+                    "steal_cells": True}
+    path = write_matrix(data)
+    cells = expand(load_matrix(path)[0])
+    assert len({c.engine_key for c in cells}) == 1
+
+    store = run_matrix(path, tmp_path / "run")
+    df = store.read_cells()
+    print(df[["batch_size", "status", "node_id", "load_s", "group_tries"]].to_string())
+    # the idle node took the group's unstarted tail while its engine loaded: each cell has one row and
+    # ran on one node, each part loading the engine itself
+    assert len(df) == 4 and df.cell_id.is_unique and set(df.cell_id) == {c.cell_id for c in cells}
+    assert set(df.status) == {"ok"} and set(df.group_tries) == {1}
+    assert set(df.node_id) == {n.node_id for n in nodes}
+    assert df.load_s.nunique() >= 2     # a part that ends first may steal again from the thief
+    assert set(store.read_logprobs(["cell_id"]).column("cell_id").to_pylist()) == set(df.cell_id)

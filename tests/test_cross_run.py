@@ -3,10 +3,12 @@ one matrix that differ in ways the cell ids do not see.
 
   A   the reference run       A2  the same again: its drift from A is the run-to-run noise (--noise-run)
   A3  the same a third time: noise alone must not fail the gate
-  B   the model rebuilt in place from another seed (same path, same config: only its fingerprint differs)
+  B   the model rebuilt in place from another seed (same path, same config: only its fingerprint differs),
+      batch 1 only: A's batch-2 cells are listed as only in OLD, never dropped (one run for both: a run
+      costs a minute of the suite)
   C   every engine pinned to one CPU core that three busy processes also use: a speed regression (one core
-      alone is not one here: hf's two torch threads on two shared cores are slower than one thread)
-  D   batch 1 only: A's batch-2 cells are listed as only in OLD, never dropped
+      alone is not one here: hf's two torch threads on two shared cores are slower than one thread; half a
+      core was too little under a busy host's noise)
 """
 
 from __future__ import annotations
@@ -70,9 +72,8 @@ def runs(ray_local, tmp_path_factory):
     small = copy.deepcopy(data)
     small["axes"]["batch_size"] = [1]
     (d / "small.yaml").write_text(yaml.safe_dump(small))
-    out["D"] = run_matrix(d / "small.yaml", d / "D").root
     build_tiny_model(model, seed=1)     # same path, same config, other weights
-    out["B"] = run_matrix(matrix, d / "B").root
+    out["B"] = run_matrix(d / "small.yaml", d / "B").root
     return out
 
 
@@ -108,7 +109,8 @@ def test_a_repeat_of_a_run_matches_it_and_passes_the_gate(runs):
 
 def test_a_rebuilt_model_is_caught_and_named(runs):
     df = compare_runs(runs["B"], runs["A"])
-    assert len(df) == 4 and df.only_in.isna().all()
+    df = df[df.only_in.isna()]
+    assert len(df) == 2 and set(df.batch_size) == {1}
     assert "identical" not in set(df.verdict) and "n/a" not in set(df.verdict)
     for changed in df.changed:
         assert "model_fingerprint:" in changed, changed
@@ -144,14 +146,14 @@ def test_one_busy_core_is_a_speed_regression_the_gate_fails(runs, tmp_path):
 
 
 def test_cells_in_one_run_only_are_listed(runs):
-    df = compare_runs(runs["D"], runs["A"])
+    df = compare_runs(runs["B"], runs["A"])
     gone = df[df.only_in == "old"]
     assert sorted(gone.framework) == ["hf", "llamacpp"] and set(gone.batch_size) == {2}
     assert all("only in OLD" in r for r in gone.reason)
-    df = compare_runs(runs["A"], runs["D"])
+    df = compare_runs(runs["A"], runs["B"])
     assert sorted(df[df.only_in == "new"].framework) == ["hf", "llamacpp"]
     # a gate over cells OLD does not have cannot pass them
-    proc = _gate(runs["A"], runs["D"], _policy(runs))
+    proc = _gate(runs["A"], runs["B"], _policy(runs))
     assert proc.returncode == 1 and "only in NEW" in proc.stdout
 
 
@@ -181,11 +183,13 @@ def test_history_shows_one_point_per_run_and_what_changed(runs, tmp_path):
     for name in ("A", "A2", "B"):      # in the order they ran
         (root / name).symlink_to(runs[name], target_is_directory=True)
     df = history(root)
-    assert df.groupby("cell_id").size().tolist() == [3] * 4
+    sizes = df.groupby(["cell_id", "batch_size"]).size()
+    assert len(sizes) == 4 and {b: n for (_, b), n in sizes.items()} == {1: 3, 2: 2}  # B has batch 1 only
     for _, g in df.groupby("cell_id"):
-        assert g.run.tolist() == ["A", "A2", "B"]
+        assert g.run.tolist() == ["A", "A2", "B"][:len(g)]
         assert g.changed.iloc[0] == "first run" and g.changed.iloc[1] == ""
-        assert "model_fingerprint" in g.changed.iloc[2]
+        if len(g) == 3:
+            assert "model_fingerprint" in g.changed.iloc[2]
     proc = subprocess.run(bench_cmd("history", str(root), "--config", "framework=hf"), cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     print(proc.stdout)

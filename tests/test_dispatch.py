@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from orchestrator.dispatch import Dispatcher, Work, node_type, split
+from orchestrator.dispatch import Dispatcher, Progress, Work, node_type, split
 from orchestrator.placement import Need
 
 GPU1, GPU8 = Need(cpus=1, gpus=1), Need(cpus=1, gpus=8)
@@ -120,3 +120,39 @@ def test_nodes_that_join_take_waiting_work():
     assert len(d.step()) == 1
     d.set_nodes({"a": node(8), "new": {**node(8), "memory": 5e10}})   # another node of the same type
     assert [n for _, n in d.step()] == ["new"]
+
+
+def test_an_idle_node_steals_the_unstarted_tail_of_the_part_projected_to_end_last():
+    # one node of 2 GPUs; a whole group of 1 GPU (load 5 s, four cells of 10 s) and nothing else to run
+    d = Dispatcher({"a": node(2)}, [Work("g", GPU1, 5.0, (10.0,) * 4)], split_groups=False)
+    (victim, n), = d.step()
+    assert d.step() == [] and d.can_steal()
+    # at 15 s: loaded in 5, one cell took 10, the second runs since 15; cells 2 and 3 have not begun
+    seen = {victim: Progress(0.0, 5.0, [10.0], 15.0)}
+    (v, cells, thief_node), = d.steal(15.0, seen)
+    # the victim would end at 45; a thief loads (5 s, as measured) and takes the last cell: both end at 30
+    assert v is victim and cells == (3,) and thief_node == "a"
+    assert d.free["a"]["GPU"] == 0 and d.steal(15.0, seen) == []    # its units are held, asked once
+    thief = d.stolen(victim, cells, thief_node)
+    assert thief.cells == (3,) and victim.cells == (0, 1, 2) and d.running[thief] == "a"
+    d.finished(thief)
+    # nothing given up (the victim had started the cell meanwhile): the node's units come back
+    seen = {victim: Progress(0.0, 5.0, [10.0], 15.0)}
+    victim.cell_s = (10.0, 10.0, 30.0)      # a slow config: its last cell is estimated long
+    (v, cells, _), = d.steal(15.0, seen)
+    assert cells == (2,)
+    assert d.stolen(victim, (), "a") is None and d.free["a"]["GPU"] == 1 and victim.cells == (0, 1, 2)
+
+
+def test_no_steal_while_waiting_work_could_use_the_node_or_when_it_does_not_pay_a_load():
+    d = Dispatcher({"a": node(2)}, [Work("g", GPU1, 5.0, (10.0,) * 4), Work("h", GPU1, 1.0, (1.0,)),
+                                    Work("i", GPU1, 1.0, (1.0,))], split_groups=False)
+    started = d.step()
+    assert len(started) == 2 and not d.can_steal()       # "i" waits: the node is not idle
+    seen = {p: Progress(0.0) for p, _ in started}
+    assert d.steal(0.0, seen) == []
+    # a part whose engine takes longer to load than its cells run is not worth a second load
+    d2 = Dispatcher({"a": node(2)}, [Work("g", GPU1, 100.0, (1.0,) * 4)], split_groups=False)
+    (p, _), = d2.step()
+    assert d2.steal(0.0, {p: Progress(0.0)}) == []
+    assert not Dispatcher({"a": node(1)}, [Work("g", GPU1, 5.0, (10.0,) * 4)]).could_steal()

@@ -602,3 +602,107 @@ def test_report_task_layer_against(task_run, tmp_path):
     assert len(_md_table(md, "### Tasks against old")) == 6
     # the in-run panel is still there
     assert _table(text, "task-0")[0]["task-0-verdict"][1] == "regressed"
+
+
+def _serving_run(root: Path) -> Path:
+    """A run made by hand of served cells of two named workloads: vLLM with its telemetry (prefix-cache hits
+    and queries, preemptions, KV-cache and queue maxima; energy null with the reason), llama.cpp with every
+    figure null and its reasons, and vLLM's SLO search of the prefix workload with three probes."""
+    from orchestrator.store import RunStore
+
+    store = RunStore(root)
+    store.write_manifest({"run_id": root.name, "matrix": {
+        "name": "serving", "baseline": {"framework": "vllm", "workload": "prefix"}, "tolerances": {},
+        "workloads": {"prefix": {"kind": "synthetic", "shared_prefix_len": 64, "prefix_groups": 2},
+                      "chat": {"kind": "sharegpt", "path": "chats.json"}}}})
+    no_energy = {"energy_j": "no RAPL zone is readable", "energy_j_per_token": "no RAPL zone is readable"}
+    base = dict(run_id=root.name, model="tiny", quantization="fp32", flags="default", batch_size=4, input_len=256,
+                output_len=16, mode="serve", request_rate=float("inf"), load="closed", status="ok", peak_mem_bytes=1000,
+                workload_json="{}")   # as the launcher stores it (a row without it is read as one of before workloads)
+    rows = [dict(base, cell_id="v-prefix", framework="vllm", engine_key="v", workload="prefix", ttft_ms_p50=20.0,
+                 ttft_ms_p99=41.5, output_tok_s=500.0, prefix_cache_queries=1024, prefix_cache_hits=384,
+                 prefix_cache_hit_rate=0.375, preemptions=0, kv_cache_usage_max=0.125, requests_waiting_max=3,
+                 gauge_samples=5, missing=json.dumps(no_energy)),
+            dict(base, cell_id="v-chat", framework="vllm", engine_key="v", workload="chat", ttft_ms_p50=30.0,
+                 ttft_ms_p99=55.0, output_tok_s=300.0, prefix_cache_queries=800, prefix_cache_hits=600,
+                 prefix_cache_hit_rate=0.75, preemptions=2, kv_cache_usage_max=0.25, requests_waiting_max=0,
+                 gauge_samples=4, energy_j=12.5, energy_j_per_token=0.05, energy_source="rapl: package-0"),
+            dict(base, cell_id="l-prefix", framework="llamacpp", engine_key="l", workload="prefix", ttft_ms_p50=90.0,
+                 ttft_ms_p99=200.0, output_tok_s=150.0, missing=json.dumps(no_energy | dict.fromkeys(
+                     ("prefix_cache_hit_rate", "preemptions", "kv_cache_usage_max", "requests_waiting_max"),
+                     "llama.cpp's server exports no such metric")))]
+    search = dict(base, framework="vllm", engine_key="v", workload="prefix", request_rate=None, load="search rate",
+                  search_id="s", search_variable="rate",
+                  search_slos=json.dumps({"ttft_p99_ms": 300.0, "judge": "point", "variable": "rate"}))
+    rows.append(dict(search, cell_id="s", ttft_ms_p50=25.0, ttft_ms_p99=280.0, search_max=8.0, search_fail=16.0,
+                     search_probes=3, search_missed="TTFT p99 412.0 ms > 300 ms"))
+    for n, (rate, p99, meets) in enumerate(((2.0, 120.0, True), (8.0, 280.0, True), (16.0, 412.0, False))):
+        rows.append(dict(search, cell_id=f"s-{n}", load="poisson", request_rate=rate, search_probe=n,
+                         search_meets=meets, requests=32, requests_planned=32, ttft_ms_p99=p99,
+                         search_checks=json.dumps({"ttft_p99_ms": {"value": p99, "lo": p99 - 20, "hi": p99 + 30,
+                                                                   "slo": 300.0, "n": 32, "met": meets}}),
+                         search_missed=None if meets else "TTFT p99 412.0 ms > 300 ms"))
+    for row in rows:
+        store.write_cell(row)
+    return root
+
+
+def test_report_telemetry_and_searches(tmp_path):
+    """The telemetry panel: a row per ok cell with the prefix-cache hit rate (hits / queries) beside TTFT,
+    the named workloads told apart, and every empty figure's reason; the SLO-search panel: per configuration
+    the maximum met and the first miss, then every probe with its interval; report.md the same tables."""
+    html_path, md_path = write_report(_serving_run(tmp_path / "serving"), tmp_path / "out" / "report.html")
+    # bench show names the workload in the search's config too (escaped: rich would take '[prefix]' for markup)
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / "serving")], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0 and "vllm/tiny/fp32/default [prefix] in=256 out=16" in shown.output, shown.output
+    text = html_path.read_text()
+    rows = {(r["telemetry-table-config"][1], r["telemetry-table-load"][1]): r for r in _table(text, "telemetry-table")}
+    assert set(rows) == {("vllm/tiny/fp32/default/serve [prefix]", "c=4"), ("vllm/tiny/fp32/default/serve [chat]", "c=4"),
+                         ("llamacpp/tiny/fp32/default/serve [prefix]", "c=4"),
+                         ("vllm/tiny/fp32/default/serve [prefix]", "search rate, c&lt;=4")}
+    v = rows["vllm/tiny/fp32/default/serve [prefix]", "c=4"]
+    assert v["telemetry-table-workload"][1] == "prefix" and v["telemetry-table-ttft-p99"][1] == "41.50"
+    assert v["telemetry-table-hit"] == ("0.375", "37.5% (384 / 1024 tokens)")
+    assert v["telemetry-table-kv"][1] == "12.5%" and v["telemetry-table-queue"][1] == "3"
+    assert v["telemetry-table-energy"][1] == "" and rows["vllm/tiny/fp32/default/serve [chat]", "c=4"][
+        "telemetry-table-energy"][1] == "12.5 (rapl: package-0)"
+    # the keys follow the TTFT columns: the hit rate sits beside them
+    keys = re.findall(r'<th data-key="telemetry-table-([^"]+)"', text)
+    assert keys.index("hit") == keys.index("ttft-p99") + 1
+    missing = re.search(r"<details id='telemetry-missing'>(.*?)</details>", text, re.S).group(1)
+    assert "energy, energy per token: no RAPL zone is readable (2 cells:" in missing
+    assert "prefix-cache hit rate, preemptions, KV-cache usage max, requests waiting max: llama.cpp&#x27;s server " \
+           "exports no such metric (1 cell: llamacpp/tiny/fp32/default/serve [prefix] c=4)" in missing
+    # the search: its own row is a cell of the panel above too (an ok serve cell), its probes only here
+    (s,) = _table(text, "search-table")
+    assert s["search-table-config"][1] == "vllm/tiny/fp32/default/serve [prefix]"
+    assert (s["search-table-max"][1], s["search-table-fail"][1], s["search-table-probes"][1]) == ("8/s", "16/s", "3")
+    assert s["search-table-slos"][1] == "ttft p99&lt;=300ms (point)" and "412.0 ms" in s["search-table-missed"][1]
+    probes = _table(text, "probe-table")
+    assert [(p["probe-table-load"][1], p["probe-table-ttft"][1], p["probe-table-verdict"][1]) for p in probes] == [
+        ("2/s", "120.0 [100.0, 150.0]", "yes"), ("8/s", "280.0 [260.0, 310.0]", "yes"),
+        ("16/s", "412.0 [392.0, 442.0]", "no")]
+
+    md = md_path.read_text()
+    tel = _md_table(md, "### Engine telemetry and energy")
+    assert len(tel) == 4 and ["vllm/tiny/fp32/default/serve [prefix]", "prefix", "c=4", "20.00", "41.50",
+                              "37.5% (384 / 1024 tokens)", "0", "12.5%", "3", "", "", "500.0"] in tel
+    assert "- energy, energy per token: no RAPL zone is readable (2 cells:" in md
+    search = _md_table(md, "### SLO search")
+    assert search[0][:7] == ["vllm/tiny/fp32/default/serve [prefix]", "256 / 16", "rate, c<=4",
+                             "ttft p99<=300ms (point)", "8/s", "16/s", "3"]
+    assert [r[1] for r in _md_table(md, "Probes:")] == ["0", "1", "2"]
+    if CHROMIUM:
+        res = _chromium(tmp_path, "--dump-dom", html_path.as_uri() + "#sort=-telemetry-table-hit")
+        assert res.returncode == 0 and not _console_errors(res.stderr), res.stderr[-2000:]
+        shown = [r["telemetry-table-hit"][0] for r in _table(res.stdout, "telemetry-table")]
+        assert shown == ["0.75", "0.375", "", ""]   # blanks (llama.cpp, the search row) last
+
+
+def test_report_telemetry_of_offline_cells(report):
+    """A real run's hf cells: no engine telemetry, and the panel says why for each figure."""
+    html_path, md_path = report
+    text = html_path.read_text()
+    missing = re.search(r"<details id='telemetry-missing'>(.*?)</details>", text, re.S).group(1)
+    assert 'id="telemetry"' in text and re.search(r"<li>prefix-cache hit rate[^<]*: [^<]+\(3 cells: hf/tiny", missing)
+    assert 'id="searches"' not in text and "### SLO search" not in md_path.read_text()

@@ -50,8 +50,8 @@ def test_10000_cells_on_1000_gpus_splitting_beats_the_whole_group_bound(sim):
     assert today.bound == pytest.approx(1225, abs=1) and today.bound_split == pytest.approx(812, abs=1)
     for name in SPLIT[:2]:
         assert results[name].ratio < 0.92 and results[name].parts > results[name].groups, table
-    # the goal, 1.05 of the split bound, is not met here: see benchmarks/README.md
-    assert results["split: priors"].ratio_split < 1.40 and results["split: history"].ratio_split < 1.16, table
+    # the goal, 1.05 of the split bound, is not met here: see benchmarks/README.md (work stealing: 1.259, 1.113)
+    assert results["split: priors"].ratio_split < 1.27 and results["split: history"].ratio_split < 1.12, table
 
 
 def test_50000_cells_within_5_percent_of_the_bound(sim):
@@ -71,9 +71,8 @@ def test_small_busy_mixed_clusters(sim, seed):
     results = by_policy(sim.compare(sim.synthetic_workload(2000, cluster, seed=seed), cluster, seed=seed, only=only))
     table = sim.table(list(results.values()))
     assert results["today: longest_first"].ratio > 1.27, table
-    assert results["split: priors"].ratio_split < 1.105, table        # goal 1.10: seed 3 is 1.104
-    assert results["split: hub ids, config"].ratio_split < 1.10, table
-    assert results["split: history"].ratio_split < 1.115, table       # seeds 3 and 5 miss it: 1.113, 1.107
+    for name in only[1:]:     # goal 1.10; with work stealing the worst of seeds 0-5 is 1.072, 1.087, 1.068
+        assert results[name].ratio_split < 1.10, table
 
 
 @pytest.mark.parametrize("gpus,cells,seed",
@@ -165,7 +164,10 @@ def test_dispatch_on_one_node_splits_the_group_that_binds(sim):
     makespan, used, parts = sim.simulate_dispatch([long, short], node, truth)
     # cut into two parts of 22 s (one more load), both start at 0 with the short group queued behind: 22 + 12
     assert (parts, makespan, used) == (3, 34.0, 4 * (22 + 22 + 12))
-    assert sim.simulate_dispatch([long, short], node, truth, split=False)[:2] == (42.0, 4 * 54)
+    assert sim.simulate_dispatch([long, short], node, truth, split=False, steal=False)[:2] == (42.0, 4 * 54)
+    # kept whole, but at 12 s the short group's GPUs steal the long one's last unstarted cell (load 2 + 10):
+    # the long one ends at 32 with three cells, the thief at 24
+    assert sim.simulate_dispatch([long, short], node, truth, split=False)[:2] == (32.0, 4 * (32 + 12 + 12))
 
 
 def test_durations_can_come_from_a_measured_run(sim, tmp_path):

