@@ -10,7 +10,8 @@
    (`orchestrator.cells.expand`: real cell ids and engine keys), 5 frameworks x 27 models x 4
    quantizations x 4 flag sets x 8 batch sizes x 6 lengths, sampled down to --cells with every
    baseline cell kept; each row starts as `launcher.base_row` and every cell is stored with
-   `RunStore.write_cell` (one cells file and one logprobs file per cell, atomically), and the
+   `RunStore.write_cell` (one record per cell appended to the run's journal, as `bench run` stores
+   it; a checkout before the journal wrote a cells and a logprobs file per cell), and the
    manifest with `manifest.write`. hf and llama.cpp do not run fp8 (`unsupported` rows) and 1.5%
    of the rest failed, crashed or timed out (no logprobs). Every ok cell has 4 scoring prompts,
    teacher forced over `scoring_len` positions (chosen so the run has about --rows rows) plus 8
@@ -18,9 +19,9 @@
    per-config amount (fp32 hf: 0, so identical; fp16/bf16/fp8 and the engines: 1e-7..3e-2), so
    every verdict occurs, with run-to-run and batch noise for the noise floors. Values are
    vectorised numpy per cell; no Python loop per row.
-2. `bench compact` folds the per-cell files (what `bench run` does when it ends), timed as a process.
-   With --compact-only it folds a hard-linked copy of the run (compaction only adds, renames and
-   removes files, never writes into one), so a kept run can be compacted again with --reuse.
+2. `bench compact` folds the journal (or per-cell files) (what `bench run` does when it ends), timed
+   as a process. With --compact-only it folds a hard-linked copy of the run (compaction only adds,
+   renames and removes files, never writes into one), so a kept run can be compacted again with --reuse.
 3. `bench compare`, `bench gate` and `bench report` run as separate processes; wall time, CPU time
    and the peak RSS of each process tree (sampled every 50 ms with psutil) are printed. Each runs
    this checkout's code (`python -m orchestrator.cli` from its root), whichever checkout the
@@ -314,16 +315,18 @@ def compact_copy(run_dir: Path, copy: Path, work: Path) -> None:
     shutil.rmtree(copy, ignore_errors=True)
     subprocess.run(["cp", "-al", str(run_dir), str(copy)], check=True)   # seconds; copytree(os.link) took minutes
     cells_files = sum(1 for p in (run_dir / "cells").rglob("*.parquet") if not p.name.startswith("compacted-"))
-    print(f"compacting a hard-linked copy of {run_dir}: {cells_files} per-cell cells files ...", file=sys.stderr,
-          flush=True)
+    journals = sorted((run_dir / "journal").glob("*.journal"))
+    print(f"compacting a hard-linked copy of {run_dir}: {cells_files} per-cell cells files, {len(journals)} journal "
+          f"files ({sum(p.stat().st_size for p in journals) / 2**30:.2f} GiB) ...", file=sys.stderr, flush=True)
     r = measure(["compact", str(copy)], work / "compact.log")
     record = json.loads((copy / "compacted.json").read_text())
     cells = sum(pq.read_metadata(copy / rel).num_rows for rel in record["cells"].values())
     rows = sum(sum(info["rows"]) for info in record["logprobs"].values())
     left = sum(1 for p in copy.rglob("*.parquet") if not p.name.startswith("compacted-"))
+    left += sum(1 for _ in (copy / "journal").glob("*.journal"))
     print(f"\nfolded into {len(record['cells']) + len(record['logprobs'])} files: {cells} cells, {rows:,} logprob "
-          f"rows, {left} per-cell files left; {os.cpu_count()} CPUs")
-    print(_table([r], "per-cell"), flush=True)
+          f"rows, {left} per-cell or journal files left; {os.cpu_count()} CPUs")
+    print(_table([r], "journal" if journals else "per-cell"), flush=True)
     if r["rc"] != 0:
         print((work / "compact.log").read_text()[-3000:], file=sys.stderr)
     shutil.rmtree(copy, ignore_errors=True)
@@ -438,7 +441,7 @@ def main() -> None:
             run_dir = work / "run"
             if not args.reuse:
                 shutil.rmtree(run_dir, ignore_errors=True)
-                print(f"writing {args.cells} cells into {run_dir} (RunStore.write_cell, one pair of files each) ...",
+                print(f"writing {args.cells} cells into {run_dir} (RunStore.write_cell) ...",
                       file=sys.stderr, flush=True)
                 g = generate(run_dir, args.cells, args.rows, args.seed, args.jobs)
                 print(f"written: {g['cells']} cells ({g['ok']} ok), {g['rows']:,} logprob rows (scoring_len "

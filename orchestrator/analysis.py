@@ -226,7 +226,7 @@ CREATE OR REPLACE TEMP TABLE part AS
 WITH b AS (
   SELECT p.pair_id, p.a_cell, p.a_rep, l.kind, l.prompt_index, l.position, l.token_id, l.logprob,
          l.topk_ids, l.topk_logprobs
-  FROM read_parquet($files, hive_partitioning=false, filename=true) l
+  FROM {source} l
   JOIN chunk p ON l.cell_id = p.b_cell AND l.repeat = p.b_rep AND l.filename = p.b_file),
 j AS (
   SELECT b.pair_id, b.kind, b.prompt_index, b.position, a.token_id IS NOT NULL AS matched,
@@ -371,12 +371,49 @@ def _ref_rows_from_row_groups(chunk: pd.DataFrame, located: dict) -> pa.Table | 
     return pa.concat_tables(tables) if tables else None
 
 
+def journal_layouts(*roots: Path) -> dict[str, Any]:
+    """journal file -> the Layout that reads it, for the runs at `roots` (see _logprob_source)."""
+    out = {}
+    for root in roots:
+        lay = RunStore(root).layout()
+        out.update(dict.fromkeys(map(str, lay.journal_files), lay))
+    return out
+
+
+def _logprob_source(con, name: str, cells: pd.Series, files: pd.Series, journals: dict) -> tuple[str, dict]:
+    """A DuckDB relation (SQL text, parameters) over the logprob rows in `files`, each row with its
+    file name: Parquet files through read_parquet, journal files (orchestrator/journal.py) as an
+    Arrow table of just the rows of `cells` (registered as `name`)."""
+    parquet = sorted({f for f in files if f not in journals})
+    tables = []
+    for f, group in cells.groupby(files.to_numpy()):
+        if f in journals:
+            t = journals[f].journal_rows("logprobs", f, sorted(set(group)))
+            tables.append(t.append_column("filename", pa.array([f] * t.num_rows, pa.string())))
+    scan = "read_parquet($files, hive_partitioning=false, filename=true)"
+    if not tables:
+        return scan, {"files": parquet}
+    con.register(name, pa.concat_tables(tables))
+    if not parquet:
+        return name, {}
+    return f"(SELECT * FROM {scan} UNION ALL BY NAME SELECT * FROM {name})", {"files": parquet}
+
+
+def _unregister(con, name: str) -> None:
+    try:
+        con.unregister(name)
+    except Exception:   # nothing registered under it
+        pass
+
+
 def _pair_metrics(con, pairs: pd.DataFrame, files: dict[str, str], atol: float, ref_rows: float = 1000.0,
-                  located: dict | None = None) -> pd.DataFrame:
+                  located: dict | None = None, journals: dict | None = None) -> pd.DataFrame:
     """`pairs` (pair_id, a_cell, a_rep, b_cell, b_rep, ...) plus the metrics of b against a. Each side's
     file is `files[cell]`, unless the pairs name it (a_file, b_file: two runs hold the same cell ids);
-    the reference cells of one call must be distinct by id (they come from one run)."""
+    the reference cells of one call must be distinct by id (they come from one run). `journals`
+    (journal_layouts) reads the cells whose file is a journal."""
     out = []
+    journals = journals or {}
     if "a_file" not in pairs:
         pairs = pairs.assign(a_file=pairs.a_cell.map(files), b_file=pairs.b_cell.map(files))
     for chunk in _chunks(pairs, ref_rows):
@@ -384,13 +421,14 @@ def _pair_metrics(con, pairs: pd.DataFrame, files: dict[str, str], atol: float, 
         refs = _ref_rows_from_row_groups(chunk, located) if located else None
         if refs is not None:
             con.register("ref_src", refs)
-        source = "ref_src" if refs is not None else "read_parquet($files, hive_partitioning=false, filename=true)"
-        con.execute(_REF_SQL.format(ln_floor=repr(_LN_FLOOR), source=source),
-                    {} if refs is not None else {"files": sorted(set(chunk.a_file))})
-        if refs is not None:
-            con.unregister("ref_src")
-        con.execute(_STREAM_SQL.format(ln_floor=repr(_LN_FLOOR), atol=repr(float(atol))),
-                    {"files": sorted(set(chunk.b_file))})
+            source, params = "ref_src", {}
+        else:
+            source, params = _logprob_source(con, "ref_src", chunk.a_cell, chunk.a_file, journals)
+        con.execute(_REF_SQL.format(ln_floor=repr(_LN_FLOOR), source=source), params)
+        _unregister(con, "ref_src")
+        source, params = _logprob_source(con, "b_src", chunk.b_cell, chunk.b_file, journals)
+        con.execute(_STREAM_SQL.format(ln_floor=repr(_LN_FLOOR), atol=repr(float(atol)), source=source), params)
+        _unregister(con, "b_src")
         out.append(con.sql(_COMBINE_SQL).df())
         con.unregister("chunk")
     metrics = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["pair_id"])
@@ -596,7 +634,7 @@ def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Toler
         ], ignore_index=True).astype({"a_rep": "int16", "b_rep": "int16"})
         pairs["pair_id"] = np.arange(len(pairs), dtype=np.int64)
         located = {c: v for c, v in RunStore(root).layout().compacted_rows().items() if files.get(c) == str(v[0])}
-        pm = _pair_metrics(con, pairs, files, tolerances.atol, _ref_rows(root), located)
+        pm = _pair_metrics(con, pairs, files, tolerances.atol, _ref_rows(root), located, journal_layouts(root))
     pm["abs_ppl_rel"] = pm["ppl_rel"].abs()
 
     df = cells.merge(pm[pm.kind == "base"].drop(columns=["kind", "a_cell", "a_rep", "a_file", "b_cell", "b_rep", "b_file",

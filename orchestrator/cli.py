@@ -259,13 +259,14 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
 
 @app.command("compact")
 def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory")) -> None:
-    """Fold a run's per-cell files into one cells and one logprobs file per framework (bench run does
-    this when it ends); atomic, and a no-op when there is nothing to fold."""
+    """Fold a run's journal (and per-cell files of earlier versions) into one cells file and one file
+    per side table per framework (bench run does this when it ends); atomic, and a no-op when there
+    is nothing to fold."""
     from orchestrator.compaction import compact
     from orchestrator.store import RunStore
 
-    if not (run / "cells").is_dir():
-        _fail(f"{run} is not a run directory (no cells/)")
+    if not ((run / "cells").is_dir() or (run / "journal").is_dir()):
+        _fail(f"{run} is not a run directory (no cells/ and no journal/)")
     try:
         stats = compact(RunStore(run))
     except RuntimeError as e:  # another writer holds the run dir, or its compacted files lack their record

@@ -1,9 +1,9 @@
-"""Compaction: a run's per-cell files folded into one cells file and one file per side table per framework.
+"""Compaction: a run's journal folded into one cells file and one file per side table per framework.
 
-`bench run` stores every cell as small files (cells/framework=<fw>/<cell_id>.parquet and its rows of
-each side table, store.SIDE_TABLES: logprobs, ...), written atomically, so a killed run resumes
-without duplicates. A reader then pays one Parquet footer per file (~1 ms): 100,000 cells are
-minutes of footers before any maths. So a run is compacted when it ends (and with `bench compact RUN`):
+`bench run` stores every cell as one record of the run's journal (orchestrator/journal.py), so a
+killed run resumes without duplicates; run dirs of earlier versions hold a Parquet file per cell and
+table instead (still read and folded here). Readers want a few large, sorted, compressed files, so
+a run is compacted when it ends (and with `bench compact RUN`):
 
     cells/framework=<fw>/compacted-<g>.parquet      every cell of <fw>, sorted by cell_id
     logprobs/framework=<fw>/compacted-<g>.parquet   their logprobs, grouped by cell: the cells an
@@ -19,26 +19,29 @@ minutes of footers before any maths. So a run is compacted when it ends (and wit
 
 Compaction <g> (under the run dir's writer lock; the driver is the only writer):
   1. finish or undo what an interrupted compaction left (recover)
-  2. per framework with per-cell files: write the new cells file and side table files under hidden
-     staging names (.compacting-<g>...): the old compacted rows less the cells stored again since,
-     merged with the per-cell files in that order, streamed (memory is a bounded window of files
-     and a row group; the framework's cells table is held whole, to sort it)
+  2. per framework with cells in the journal (or per-cell files): write the new cells file and side
+     table files under hidden staging names (.compacting-<g>...): the old compacted rows less the
+     cells stored again since, merged with the journal's records (read one cell at a time) and the
+     per-cell files in that order, streamed (memory is a bounded window and a row group; the
+     framework's cells table is held whole, to sort it)
   3. commit: write compacted.json (temp file + rename), naming the new files, the staging names
-     they still have, and the files that are no longer live (the folded per-cell files, the
-     replaced compacted files)
+     they still have, and the files that are no longer live (the folded journal and per-cell
+     files, the replaced compacted files)
   4. rename the staging files to their names, delete the files no longer live, and rewrite
      compacted.json without those lists
 A kill before 3 leaves the run as it was (the staging files are hidden and removed by the next
-writer); a kill after 3 leaves a committed compaction whose per-cell files are still there: they
+writer); a kill after 3 leaves a committed compaction whose journal files are still there: they
 hold the same rows and win, so readers see each cell once; the next writer finishes step 4.
-A cell stored again after a compaction is a per-cell file again and wins until the next one.
+Compaction never writes into a journal file (it reads and deletes them), so a hard-linked copy of
+a run dir compacts without touching the original. A cell stored again after a compaction is a
+journal record again and wins until the next one.
 Frameworks without per-cell files keep their compacted files as they are.
 
-Speed: 100,000 cells are ~200,000 small files, and reading them is most of the work (a one-row
-cells file is ~80 column chunks: ~1 ms of CPU to decode, whatever it holds). bulk_parquet reads
-them in order, several DuckDB scans at once, a bounded window ahead, and encodes each row group
-in a thread while the next files are read; the cells file is written while the side tables are
-read. Nothing goes through pandas or a Python loop per row or per file.
+Speed: the journal's records decode without parsing a Parquet footer each (a one-row cells file
+is ~80 column chunks, ~1 ms of CPU to open: 100,000 cells in per-cell files were ~2 minutes of
+footers). What is left is decoding the records, ordering them, and encoding the Parquet output (a
+row group encoded by a thread while the next records are read). Per-cell files of earlier
+versions are read with bulk_parquet (several DuckDB scans at once).
 """
 
 from __future__ import annotations
@@ -236,22 +239,25 @@ def _compact(store: RunStore) -> dict:
         tmp.unlink(missing_ok=True)
     lay = Layout.scan(store.root)
     record = lay.record
-    # interrupted writes: a per-cell side table file without its cells row is never read
-    orphans = [f"{name}/framework={fw}/{cid}.parquet" for name, files in lay.percell_side.items()
-               for fw, cid in files if lay.percell.get(cid) != fw]
-    stats = {"generation": lay.generation, "cells_folded": len(lay.percell), "frameworks": [], "seconds": 0.0}
-    if not lay.percell:
-        for rel in orphans:
+    # every per-cell file (earlier versions) and every journal file is folded here or stale: none is
+    # read after the commit (a per-cell side file without its cells row is an interrupted write)
+    old_files = [f"cells/framework={fw}/{cid}.parquet" for fw, cid in lay.percell_files]
+    old_files += [f"{name}/framework={fw}/{cid}.parquet" for name, files in lay.percell_side.items() for fw, cid in files]
+    old_files += [str(p.relative_to(store.root)) for p in lay.journal_files]
+    live = {**lay.percell, **{cid: rec.framework for cid, rec in lay.journal.items()}}   # cell_id -> framework
+    stats = {"generation": lay.generation, "cells_folded": len(live), "frameworks": [], "seconds": 0.0}
+    if not live:
+        for rel in old_files:   # orphans and empty journals only
             (store.root / rel).unlink(missing_ok=True)
         return stats
 
     gen = lay.generation + 1
     new = {"cells": dict(record.get("cells") or {}), **{name: dict(record.get(name) or {}) for name in SIDE_TABLES}}
     staged: dict[str, str] = {}
-    delete: list[str] = orphans
+    delete: list[str] = old_files
     baseline = (store.read_manifest().get("matrix") or {}).get("baseline") or {}
     by_fw: dict[str, list[str]] = {}
-    for cid, fw in lay.percell.items():
+    for cid, fw in live.items():
         by_fw.setdefault(fw, []).append(cid)
 
     with ThreadPoolExecutor(1, thread_name_prefix="compact-cells") as cells_writes:
@@ -263,26 +269,31 @@ def _compact(store: RunStore) -> dict:
             final_cells, stage_cells = (f"cells/{part}/{COMPACTED_PREFIX}{gen}.parquet",
                                         f"cells/{part}/{STAGING_PREFIX}{gen}.parquet")
 
-            # cells: the compacted rows not stored again, and the per-cell rows, in cell_id order
+            # cells: the compacted rows not stored again, then the per-cell and journal rows, in cell_id order
             parts = []
             old = lay.cells_parts.get(fw)
             if old is not None:
                 t = _read_cells_file(old)
                 parts.append(t.filter(pc.invert(pc.is_in(t["cell_id"], value_set=pa.array(ids, pa.string())))))
                 delete.append(record["cells"][fw])
-            parts.append(_read_cell_rows([str(lay.percell_paths[c]) for c in ids]))   # read in cell_id order
+            percell = [c for c in ids if c in lay.percell]
+            if percell:
+                parts.append(_read_cell_rows([str(lay.percell_paths[c]) for c in percell]))   # read in cell_id order
+            journal = [c for c in ids if c in lay.journal]
+            if journal:
+                parts.append(lay.journal_cells(CELLS_FILE_SCHEMA.names, journal).drop_columns(["framework"]))
             cells = pa.concat_tables(parts)
-            if old is not None:   # (a sorted copy of the table: only when two parts were merged)
+            if len(parts) > 1:   # (a sorted copy of the table: only when two parts were merged)
                 cells = cells.take(pc.sort_indices(cells["cell_id"]))
             first = _likely_references(cells, fw, baseline)
             # written while the side tables are read (the cells table is not touched again); one
             # framework's at a time, so at most two cells tables are held
             if written is not None:
                 written.result()
+            (store.root / "cells" / part).mkdir(parents=True, exist_ok=True)
             written = cells_writes.submit(pq.write_table, cells, str(store.root / stage_cells), compression="zstd")
             staged[final_cells] = stage_cells
             new["cells"][fw] = final_cells
-            delete += [f"cells/{part}/{c}.parquet" for c in ids]
             for name, side in SIDE_TABLES.items():
                 _compact_side(store, lay, name, side, fw, ids, (lambda cid: (cid not in first, cid)), gen, new[name],
                               staged, delete)
@@ -299,13 +310,17 @@ def _compact(store: RunStore) -> dict:
 def _compact_side(store: RunStore, lay: Layout, name: str, side: SideTable, fw: str, ids: list[str], order, gen: int,
                   live: dict, staged: dict, delete: list) -> None:
     """Side table `name` of framework `fw`: its compacted files' rows (less the cells stored again,
-    `ids`) merged with the per-cell files of the cells that have one, in `order`, into one new file."""
+    `ids`) merged with the per-cell files and journal records of the cells that have rows, in
+    `order`, into one new file."""
     newer = set(ids)
     percell = lay.percell_side[name]
     part = f"framework={fw}"
-    files = sorted(((c, str(percell[(fw, c)])) for c in ids if (fw, c) in percell), key=lambda x: order(x[0]))
+    files = sorted(((c, str(percell[(fw, c)])) for c in ids if c in lay.percell and (fw, c) in percell),
+                   key=lambda x: order(x[0]))
+    records = sorted((lay.journal[c] for c in ids if c in lay.journal and name in lay.journal[c].parts),
+                     key=lambda r: order(r.cell_id))
     old_parts = [(rel, info) for rel, info in sorted((lay.record.get(name) or {}).items()) if info.get("framework") == fw]
-    if not files and not any(c in newer for _, info in old_parts for c in info["cells"]):
+    if not files and not records and not any(c in newer for _, info in old_parts for c in info["cells"]):
         return   # nothing new, nothing stale: the framework's file stays as it is
     sources = []
     for rel, info in old_parts:
@@ -314,7 +329,7 @@ def _compact_side(store: RunStore, lay: Layout, name: str, side: SideTable, fw: 
         delete.append(rel)
         del live[rel]
     sources.append(_percell_cells(files, side.schema))
-    delete += [f"{name}/{part}/{c}.parquet" for c, _ in files]
+    sources.append(lay.journal_batches(name, records))
     final, stage = f"{name}/{part}/{COMPACTED_PREFIX}{gen}.parquet", f"{name}/{part}/{STAGING_PREFIX}{gen}.parquet"
     (store.root / name / part).mkdir(parents=True, exist_ok=True)
     writer = _Writer(str(store.root / stage), side)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.analysis import (_CONFIG_AXES, _axis_value, _duckdb, _logprob_files, _noise_pairs, _pair_metrics,
+from orchestrator.analysis import (_CONFIG_AXES, journal_layouts, _axis_value, _duckdb, _logprob_files, _noise_pairs, _pair_metrics,
                                    _read_cells, _ref_rows, _settings, _speed_call, _speed_intervals, judge)
 from adapters.intervals import run_noise
 from orchestrator.matrix import AXES, Tolerances
@@ -133,7 +133,8 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
         # the reference rows all come from OLD: its compacted layout locates them
         located = {c: v for c, v in RunStore(old_root).layout().compacted_rows().items()
                    if old_files.get(c) == str(v[0])}
-        pm = _pair_metrics(con, pairs, {}, tolerances.atol, _ref_rows(old_root), located)
+        pm = _pair_metrics(con, pairs, {}, tolerances.atol, _ref_rows(old_root), located,
+                           journal_layouts(new_root, old_root))
     pm["abs_ppl_rel"] = pm["ppl_rel"].abs()
 
     df = new.merge(pm[pm.kind == "base"][["key", *[c for c in pm.columns if c not in (

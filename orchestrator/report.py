@@ -19,13 +19,14 @@ from orchestrator.report_html import render_html
 from orchestrator.report_md import render_markdown
 from orchestrator.report_sampling import load_sampling
 from orchestrator.report_searches import load_searches
+from orchestrator.store import is_run_dir
 
 
 def _check_run(root: Path) -> None:
     if not root.is_dir():
         raise FileNotFoundError(f"no run directory at {root}")
-    if not (root / "cells").exists() and not (root / "manifest.json").exists():
-        raise FileNotFoundError(f"{root} is not a run directory (no cells/ and no manifest.json)")
+    if not is_run_dir(root):
+        raise FileNotFoundError(f"{root} is not a run directory (no manifest.json, cells/ or journal/)")
 
 
 def write_report(run_dir: str | Path, output: str | Path | None = None, against: str | Path | None = None,

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from orchestrator.store import RunStore
+from orchestrator.store import RunStore, is_run_dir
 
 
 def _is_run(path: Path) -> bool:
-    return (path / "manifest.json").is_file() or (path / "cells").is_dir()
+    return is_run_dir(path)
 
 
 def list_runs(results: str | Path) -> pd.DataFrame:

@@ -1,23 +1,26 @@
-"""The run directory: two Parquet tables with fixed schemas, plus a manifest; written atomically.
+"""The run directory: fixed-schema tables (cells, and the side tables: logprobs, tasks, samples)
+plus a manifest; every write crash-safe.
 
 results/<run>/
   manifest.json                                   the matrix as given, the cells, host, versions
-  cells/framework=<fw>/<cell_id>.parquet          one row per cell (CELLS_SCHEMA), as the run stores it
-  logprobs/framework=<fw>/<cell_id>.parquet       one row per scored position (LOGPROBS_SCHEMA)
-  tasks/framework=<fw>/<cell_id>.parquet          one row per task item the cell ran (TASKS_SCHEMA)
-  samples/framework=<fw>/<cell_id>.parquet        one row per seeded sample (SAMPLES_SCHEMA)
+  journal/<created ns>-<pid>.journal              while a run goes: each stored cell appended as one
+                                                  record, its side rows and its cells row together
+                                                  (orchestrator/journal.py), one file per writing process
   compacted.json                                  after a compaction: which compacted files are live
   cells/framework=<fw>/compacted-<g>.parquet      the cells folded by compaction <g> (one file)
   logprobs/framework=<fw>/compacted-<g>.parquet   their logprobs, grouped by cell (likely references first)
+  tasks/, samples/ ... /compacted-<g>.parquet     the other side tables the same way
+  cells/framework=<fw>/<cell_id>.parquet          written by earlier versions: one file per cell and
+  logprobs/framework=<fw>/<cell_id>.parquet       table (still read, and folded by the next compaction)
 
-Each file is written to a temporary name and renamed, so a killed driver leaves whole files or
-none, and a re-run replaces a cell's files instead of adding rows: no duplicates. While a run
-goes, every cell is its own pair of files; at its end (and with `bench compact`) they are folded
-into one cells file and one logprobs file per framework (orchestrator/compaction.py), so readers
-open a few files instead of two per cell. A cell stored again after that (`--rerun-failed`) is a
-per-cell file again, and wins over its older copy in the compacted files until the next compaction.
-Readers go through RunStore (read_cells_table, stored_status, logprob_files, logprob_batches),
-which apply that rule; only compacted files named in compacted.json are live.
+A cell is one record appended in one write(): a killed driver leaves whole records and at most a
+torn last one, which readers skip, so a cell's row is never seen without its side rows. A cell
+stored again (`--rerun-failed`, a retried group) gets a new record, and the newest copy wins: a
+journal record over a per-cell file over the compacted files. At a run's end (and with `bench
+compact`) everything is folded into one cells file and one file per side table per framework
+(orchestrator/compaction.py), and the journal files are deleted.
+Readers go through RunStore (read_cells_table, stored_status, logprob_files, logprob_batches) and
+Layout, which apply that rule; only compacted files named in compacted.json are live.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from adapters.contract import LOGPROB_COLUMNS
+from orchestrator.bulk_parquet import conform
+from orchestrator.journal import JOURNAL_DIR, JournalReader, JournalWriter, Record, journal_files, scan
 
 SCHEMA_VERSION = 1
 
@@ -240,6 +245,10 @@ def _atomic_write_table(table: pa.Table, path: Path, options: dict | None = None
         raise
 
 
+def _one_batch(table: pa.Table) -> pa.RecordBatch:
+    return table.combine_chunks().to_batches()[0]
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
@@ -255,6 +264,15 @@ def cell_row(values: dict[str, Any]) -> pa.Table:
         raise KeyError(f"not in the cells schema: {sorted(unknown)}")
     names = CELLS_FILE_SCHEMA.names
     return pa.Table.from_pylist([{name: values.get(name) for name in names}], schema=CELLS_FILE_SCHEMA)
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run directory: a manifest, stored cells, or a journal."""
+    path = Path(path)
+    return (path / "manifest.json").is_file() or (path / "cells").is_dir() or (path / JOURNAL_DIR).is_dir()
+
+
+_JOURNALS: dict[tuple[str, int], JournalWriter] = {}   # (resolved run dir, pid) -> this process's journal
 
 
 class RunStore:
@@ -277,14 +295,32 @@ class RunStore:
 
     def write_cell(self, row: dict[str, Any], logprobs: pa.Table | None = None, tasks: pa.Table | None = None,
                    samples: pa.Table | None = None) -> None:
-        """Logprob, task and sample rows first, then the cell row: a stored cell row means its rows are complete."""
+        """One record in the journal: the logprob, task and sample rows, then the cell row, in one
+        write(), so a stored cell row means its rows are complete. A cell stored again without rows
+        of a table has none (its older rows are not read)."""
+        batches = []
+        for name, table in (("logprobs", logprobs), ("tasks", tasks), ("samples", samples)):
+            if table is not None and table.num_rows:
+                batches.append((name, _one_batch(table.cast(SIDE_TABLES[name].schema))))
+        batches.append(("cells", _one_batch(cell_row(row))))
+        key = (str(self.root.resolve()), os.getpid())   # a forked child writes its own file
+        writer = _JOURNALS.get(key)
+        if writer is None:
+            schemas = {"cells": CELLS_FILE_SCHEMA, **{n: t.schema for n, t in SIDE_TABLES.items()}}
+            writer = _JOURNALS[key] = JournalWriter(self.root, schemas)
+        writer.append(row["cell_id"], row["framework"], batches)
+
+    def write_cell_files(self, row: dict[str, Any], logprobs: pa.Table | None = None, tasks: pa.Table | None = None,
+                         samples: pa.Table | None = None) -> None:
+        """The layout earlier versions wrote (a Parquet file per cell and table, side rows first, each
+        renamed into place): still read and folded; kept so tests can build such run dirs."""
         fw, cid = row["framework"], row["cell_id"]
         for name, table in (("logprobs", logprobs), ("tasks", tasks), ("samples", samples)):
             path, side = self.side_path(name, fw, cid), SIDE_TABLES[name]
             if table is not None and table.num_rows:
                 _atomic_write_table(table.cast(side.schema), path, side.write_options)
             else:
-                path.unlink(missing_ok=True)  # a re-run that captured nothing leaves no stale rows
+                path.unlink(missing_ok=True)
         _atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
 
     @contextlib.contextmanager
@@ -459,15 +495,18 @@ def _per_cell(table_dir: Path, compacted: list | None = None) -> dict[tuple[str,
 class Layout:
     """The files that hold a run's rows, and the rule that picks each cell's newest copy.
 
-    A cell is stored either as its own files (cells/framework=<fw>/<cell_id>.parquet, and its
-    logprobs beside it under logprobs/) or inside the compacted files the commit record names. Its
-    own files win: they are written only after the compaction that folded the older copy (or are
-    that copy itself, when a compaction was killed before it removed them). A cell's logprobs come
-    from the same place as its cells row; a per-cell logprobs file without a cells row is an
-    interrupted write and is not read.
+    A cell is stored as a record in a journal file (journal/, orchestrator/journal.py), as its own
+    files (cells/framework=<fw>/<cell_id>.parquet and its side rows beside it: the layout of
+    earlier versions), or inside the compacted files the commit record names. Newest first: the
+    last journal record of the cell (files by name, records in order), then its own files (written
+    only after the compaction that folded the older copy, or that copy itself when a compaction was
+    killed before it removed them), then the compacted files. A cell's side rows come from the same
+    place as its cells row; a per-cell side file without a cells row is an interrupted write and is
+    not read.
     """
 
-    def __init__(self, root: Path, record: dict, percell: dict, percell_side: dict[str, dict]):
+    def __init__(self, root: Path, record: dict, percell: dict, percell_side: dict[str, dict],
+                 journals: list[tuple[Path, dict[str, pa.Schema], list[Record]]] | None = None):
         self.root, self.record = Path(root), record
         staged = record.get("staged") or {}
 
@@ -477,8 +516,17 @@ class Layout:
 
         self.generation = int(record.get("generation", 0))
         self.cells_parts: dict[str, Path] = {fw: resolve(rel) for fw, rel in (record.get("cells") or {}).items()}
-        self.percell: dict[str, str] = {cid: fw for fw, cid in percell}           # cell_id -> framework
+        # journal: every file (to fold and delete), its schemas, and each cell's last record
+        self.journal_files: list[Path] = [path for path, _, _ in journals or []]
+        self.journal_schemas: dict[Path, dict[str, pa.Schema]] = {path: sch for path, sch, _ in journals or []}
+        self.journal: dict[str, Record] = {}
+        for _, _, records in journals or []:
+            self.journal.update((r.cell_id, r) for r in records)
+        # per-cell files (earlier versions): all of them (to fold and delete), and the live ones
+        self.percell_files: dict[tuple[str, str], Path] = percell
         self.percell_paths: dict[str, Path] = {cid: p for (fw, cid), p in percell.items()}
+        self.percell: dict[str, str] = {cid: fw for fw, cid in percell if cid not in self.journal}  # cell_id -> fw
+        self.newer: set[str] = set(self.journal) | set(self.percell)   # what the compacted copies lose to
         # per side table (SIDE_TABLES): its compacted files (path -> their record entry) and per-cell files
         self.side_parts: dict[str, dict[Path, dict]] = {
             name: {resolve(rel): info for rel, info in (record.get(name) or {}).items()} for name in SIDE_TABLES}
@@ -496,11 +544,31 @@ class Layout:
             raise RuntimeError(f"{root} has compacted files ({compacted[0].relative_to(root)}, ...) but no "
                                f"{COMMIT_FILE}, which says which rows they hold: restore it (it was copied or "
                                f"removed without them?), or move the compacted files away")
-        return cls(root, record, percell, percell_side)
+        journals = [(path, *scan(path)) for path in journal_files(root)]
+        return cls(root, record, percell, percell_side, journals)
 
     @property
     def compacted(self) -> bool:
         return bool(self.cells_parts)
+
+    def journal_cells(self, columns: list[str], cell_ids=None) -> pa.Table:
+        """The cells rows (`columns` of CELLS_FILE_SCHEMA, then framework) of the journal's live
+        records, or of `cell_ids` among them, in that order."""
+        schema = pa.schema([CELLS_FILE_SCHEMA.field(c) for c in columns])
+        recs = list(self.journal.values()) if cell_ids is None else [self.journal[c] for c in cell_ids]
+        tables = []
+        for path, group in _by_file(recs).items():   # the batches of one file share its schema
+            with JournalReader(path, self.journal_schemas[path]) as r:
+                t = pa.Table.from_batches([pa.concat_batches([r.batch(rec, "cells") for rec in group])])
+            tables.append(conform(t, schema).append_column(
+                "framework", pa.array([rec.framework for rec in group], pa.string())))
+        if not tables:
+            return schema.append(pa.field("framework", pa.string())).empty_table()
+        t = pa.concat_tables(tables)
+        if len(tables) > 1:   # back in the order asked for
+            pos = {rec.cell_id: i for i, rec in enumerate(recs)}
+            t = t.take(pa.array(np.argsort([pos[c] for c in t["cell_id"].to_pylist()], kind="stable")))
+        return t
 
     def read_cells(self, columns: list[str] | None = None) -> pa.Table:
         import pyarrow.compute as pc
@@ -513,7 +581,7 @@ class Layout:
         if {"workload", "workload_json"} & set(read):   # both: a row of before named workloads is upgraded
             read += [c for c in ("workload", "workload_json") if c not in read]
         tables = []
-        newer = pa.array(sorted(self.percell), pa.string())
+        newer = pa.array(sorted(self.newer), pa.string())
         for fw, path in sorted(self.cells_parts.items()):
             t = ds.dataset(str(path), format="parquet", schema=CELLS_FILE_SCHEMA).to_table(columns=read)
             if len(newer):
@@ -523,6 +591,8 @@ class Layout:
             t = read_cell_files([str(self.percell_paths[c]) for c in sorted(self.percell)], read)
             fws = pa.array([self.percell[c] for c in t["cell_id"].to_pylist()], pa.string())
             tables.append(t.append_column("framework", fws))
+        if self.journal:
+            tables.append(self.journal_cells(read))
         if not tables:
             return out_schema.empty_table()
         return _upgrade_workload(pa.concat_tables(tables)).select(names).cast(out_schema)
@@ -531,7 +601,9 @@ class Layout:
         return self.side_files("logprobs")
 
     def side_files(self, name: str) -> dict[str, Path]:
-        """cell_id -> the file holding its rows of side table `name`, for every stored cell with some."""
+        """cell_id -> the file holding its rows of side table `name`, for every stored cell with some.
+        A compacted or journal file also holds other cells (and maybe older rows of a cell stored
+        again since): select by cell_id and file; a journal file is read through journal_rows."""
         out: dict[str, Path] = {}
         for path, info in self.side_parts[name].items():
             out.update(dict.fromkeys(info["cells"], path))
@@ -542,6 +614,11 @@ class Layout:
                 out.pop(cid, None)   # stored again without rows: the compacted ones are stale
             else:
                 out[cid] = own
+        for cid, rec in self.journal.items():
+            if name in rec.parts:
+                out[cid] = rec.path
+            else:
+                out.pop(cid, None)
         return out
 
     def compacted_rows(self, name: str = "logprobs") -> dict[str, tuple[Path, int, int]]:
@@ -550,10 +627,37 @@ class Layout:
         for path, info in self.side_parts[name].items():
             start = 0
             for cid, n in zip(info["cells"], info["rows"]):
-                if cid not in self.percell:
+                if cid not in self.newer:
                     out[cid] = (path, start, n)
                 start += n
         return out
+
+    def journal_rows(self, name: str, path: Path, cell_ids, columns: list[str] | None = None) -> pa.Table:
+        """Side table `name`'s rows of those of `cell_ids` whose live record is in journal file `path`."""
+        schema = SIDE_TABLES[name].schema
+        schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+        path = Path(path)
+        recs = [self.journal[c] for c in cell_ids if c in self.journal and self.journal[c].path == path]
+        tables = [t for _, t in self.journal_batches(name, recs, columns)]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def journal_batches(self, name: str, records, columns: list[str] | None = None):
+        """(cell_id, its rows of side table `name` in the current schema) of the journal `records`
+        that have some, in the given order."""
+        schema = SIDE_TABLES[name].schema
+        schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
+        readers: dict[Path, JournalReader] = {}
+        try:
+            for rec in records:
+                r = readers.get(rec.path)
+                if r is None:
+                    r = readers[rec.path] = JournalReader(rec.path, self.journal_schemas[rec.path])
+                b = r.batch(rec, name)
+                if b is not None:
+                    yield rec.cell_id, conform(pa.Table.from_batches([b]), schema)
+        finally:
+            for r in readers.values():
+                r.close()
 
     def logprob_batches(self, columns: list[str] | None = None, batch_size: int = 65536):
         return self.side_batches("logprobs", columns, batch_size)
@@ -566,7 +670,7 @@ class Layout:
         schema = SIDE_TABLES[name].schema
         columns = list(columns or schema.names)
         for path, info in sorted(self.side_parts[name].items()):
-            stale = [c for c in info["cells"] if c in self.percell]
+            stale = [c for c in info["cells"] if c in self.newer]
             where = pc.invert(pc.field("cell_id").isin(pa.array(stale, pa.string()))) if stale else None
             yield from ds.dataset(str(path), format="parquet", schema=schema).to_batches(
                 columns=columns, filter=where, batch_size=batch_size)
@@ -574,3 +678,13 @@ class Layout:
         if live:
             yield from ds.dataset(live, format="parquet", schema=schema).to_batches(
                 columns=columns, batch_size=batch_size)
+        for _, t in self.journal_batches(name, self.journal.values(), columns):
+            yield from t.to_batches()
+
+
+def _by_file(records) -> dict[Path, list[Record]]:
+    """Records grouped by journal file, each group in the given order."""
+    out: dict[Path, list[Record]] = {}
+    for rec in records:
+        out.setdefault(rec.path, []).append(rec)
+    return out

@@ -48,13 +48,15 @@ def row(cell_id: str, framework: str = "hf", status: str = "ok", **extra) -> dic
             "flags": "default", "batch_size": 1, "input_len": 8, "output_len": 4, "status": status, **extra}
 
 
-def small_store(tmp_path) -> RunStore:
-    """Six cells over two frameworks; c3 failed (no logprobs)."""
+def small_store(tmp_path, legacy: bool = False) -> RunStore:
+    """Six cells over two frameworks; c3 failed (no logprobs). `legacy`: as earlier versions stored
+    them (a Parquet file per cell and table), else in the journal."""
     store = RunStore(tmp_path / "run")
     for i in range(6):
         fw, status = ("hf" if i % 2 else "vllm"), ("failed" if i == 3 else "ok")
-        store.write_cell(row(f"c{i}", fw, status, reason="boom" if status != "ok" else None),
-                         lp(f"c{i}", 4 + i, -float(i)) if status == "ok" else None)
+        (store.write_cell_files if legacy else store.write_cell)(
+            row(f"c{i}", fw, status, reason="boom" if status != "ok" else None),
+            lp(f"c{i}", 4 + i, -float(i)) if status == "ok" else None)
     return store
 
 
@@ -133,7 +135,7 @@ def test_rerun_after_compaction_leaves_one_row_per_cell_the_new_one(tmp_path):
     assert rows == {"c0": 4, "c2": 6, "c3": 9, "c4": 8, "c5": 9}
     assert store.read_cells().set_index("cell_id").loc["c3", "duration_s"] == 2.0
     files = store.logprob_files()
-    assert files["c3"].name == "c3.parquet" and "c1" not in files
+    assert files["c3"].suffix == ".journal" and "c1" not in files
     compact(store)
     assert exact(store) == (status, rows)
     cells, lps = raw(store)
@@ -283,20 +285,21 @@ def test_compacted_files_without_their_record_are_never_guessed_at_or_removed(tm
     assert store_files_after == files  # nothing removed, nothing written over
 
 
-def test_every_side_table_is_folded_like_logprobs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("legacy", [False, True], ids=["journal", "per-cell files"])
+def test_every_side_table_is_folded_like_logprobs(tmp_path, monkeypatch, legacy):
     """A side table is one entry of store.SIDE_TABLES: compaction, recovery and the readers take it."""
     from orchestrator import store as store_mod
 
     schema = pa.schema([("run_id", pa.string()), ("cell_id", pa.string()), ("task", pa.string()), ("score", pa.float64())])
     monkeypatch.setitem(store_mod.SIDE_TABLES, "tasks", store_mod.SideTable(schema, {"compression": "zstd"}))
-    store = small_store(tmp_path)
+    store = small_store(tmp_path, legacy)
     tasks = {f"c{i}": i + 1 for i in (0, 1, 4)}   # c2, c3, c5: no task rows
     for cid, n in tasks.items():
-        fw = "hf" if int(cid[1]) % 2 else "vllm"
-        path = store.root / "tasks" / f"framework={fw}" / f"{cid}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({"run_id": ["r"] * n, "cell_id": [cid] * n, "task": [f"t{j}" for j in range(n)],
-                                 "score": [float(j) for j in range(n)]}, schema=schema), path)
+        i = int(cid[1])
+        fw = "hf" if i % 2 else "vllm"
+        t = pa.table({"run_id": ["r"] * n, "cell_id": [cid] * n, "task": [f"t{j}" for j in range(n)],
+                      "score": [float(j) for j in range(n)]}, schema=schema)
+        (store.write_cell_files if legacy else store.write_cell)(row(cid, fw, "ok"), lp(cid, 4 + i, -float(i)), t)
     before = exact(store)
     compact(store)
     assert exact(store) == before
@@ -308,10 +311,11 @@ def test_every_side_table_is_folded_like_logprobs(tmp_path, monkeypatch):
     assert sorted(lay.side_files("tasks")) == sorted(tasks)
     got = pa.Table.from_batches(list(lay.side_batches("tasks"))).to_pandas()
     assert got.groupby("cell_id").size().to_dict() == tasks
-    # stored again: the new per-cell rows win until the next compaction, which folds them
-    store.write_cell(row("c1", "hf", "ok"), lp("c1", 3))
-    pq.write_table(pa.table({"run_id": ["r"], "cell_id": ["c1"], "task": ["again"], "score": [9.0]}, schema=schema),
-                   store.root / "tasks" / "framework=hf" / "c1.parquet")
+    # stored again: the new rows win until the next compaction, which folds them
+    again = pa.table({"run_id": ["r"], "cell_id": ["c1"], "task": ["again"], "score": [9.0]}, schema=schema)
+    (store.write_cell_files if legacy else store.write_cell)(row("c1", "hf", "ok"), lp("c1", 3), again)
+    got = pa.Table.from_batches(list(store.layout().side_batches("tasks"))).to_pandas()
+    assert got.groupby("cell_id").size().to_dict() == tasks | {"c1": 1}
     compact(store)
     got = pa.Table.from_batches(list(store.layout().side_batches("tasks"))).to_pandas()
     assert got.groupby("cell_id").size().to_dict() == tasks | {"c1": 1}
@@ -342,7 +346,7 @@ def test_compaction_reads_in_many_chunks_in_order(tmp_path, monkeypatch):
 
 
 def test_per_cell_files_from_before_the_schema_grew_are_folded_with_nulls(tmp_path):
-    store = small_store(tmp_path)
+    store = small_store(tmp_path, legacy=True)
     old = store.cell_path("hf", "c1")
     t = pq.read_table(old)
     pq.write_table(t.drop_columns(["duration_s", "notes"]), old)   # written by an older version

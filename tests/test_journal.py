@@ -1,0 +1,219 @@
+"""The journal (orchestrator/journal.py): crash safety of the append-only layout, on real files.
+
+Torn records are made two ways: by cutting a journal file at every interesting byte of its last
+record (what a kill mid-write() leaves), and by SIGKILLing a process that writes large cells.
+"""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import ROOT
+from orchestrator import journal, store as store_mod
+from orchestrator.compaction import compact
+from orchestrator.store import CELLS_FILE_SCHEMA, COMMIT_FILE, LOGPROBS_SCHEMA, SIDE_TABLES, RunStore
+
+
+def lp(cell_id: str, n: int, value: float) -> pa.Table:
+    return pa.table({
+        "run_id": ["r"] * n, "cell_id": [cell_id] * n, "kind": ["prompt"] * n, "repeat": np.zeros(n, np.int16),
+        "prompt_index": np.zeros(n, np.int32), "position": np.arange(1, n + 1, dtype=np.int32),
+        "token_id": np.arange(n, dtype=np.int32), "logprob": np.full(n, value, np.float32),
+        "topk_ids": [[1, 2, 3]] * n, "topk_logprobs": [[value, value - 1, value - 2]] * n}, schema=LOGPROBS_SCHEMA)
+
+
+def row(cell_id: str, framework: str = "hf", status: str = "ok", **extra) -> dict:
+    return {"run_id": "r", "cell_id": cell_id, "framework": framework, "model": "tiny", "quantization": "fp32",
+            "flags": "default", "batch_size": 1, "input_len": 8, "output_len": 4, "status": status, **extra}
+
+
+def state(store: RunStore) -> dict:
+    """cell_id -> (status, duration_s, logprob rows, their distinct values) through the store's readers."""
+    cells = store.read_cells().set_index("cell_id")
+    assert cells.index.is_unique
+    lps = store.read_logprobs().to_pandas()
+    assert not lps.duplicated(["cell_id", "position"]).any()
+    out = {}
+    for cid, c in cells.iterrows():
+        mine = lps[lps.cell_id == cid]
+        out[cid] = (c.status, c.duration_s, len(mine), sorted(set(mine.logprob.tolist())))
+    return out
+
+
+def new_process():
+    """What a new driver process sees: no journal writer of this one (each process writes its own file)."""
+    store_mod._JOURNALS.clear()
+
+
+def last_record(path):
+    schemas, records = journal.scan(path)
+    rec = records[-1]
+    start = min(off for off, _, _ in rec.parts.values())
+    return rec, start
+
+
+def test_torn_last_record_is_skipped_at_every_cut(tmp_path):
+    src = RunStore(tmp_path / "src")
+    src.write_cell(row("c0", duration_s=1.0), lp("c0", 5, -1.0))
+    src.write_cell(row("c1", duration_s=1.0), lp("c1", 4, -2.0))
+    path, = journal.journal_files(src.root)
+    record_start = path.stat().st_size
+    src.write_cell(row("c1", duration_s=2.0), lp("c1", 7, -3.0))   # stored again: the copy the cuts tear
+    full = state(src)
+    assert full["c1"] == ("ok", 2.0, 7, [-3.0])
+    rec, payload = last_record(path)
+    lp_off, lp_len, _ = rec.parts["logprobs"]
+    cell_off, cell_len, _ = rec.parts["cells"]
+    assert lp_off < cell_off, "side rows before the cell row"
+    size = path.stat().st_size
+    cuts = {"inside the fixed header": record_start + 10, "inside the JSON header": payload - 10,
+            "side rows half written": lp_off + lp_len // 2, "side rows written, no cell row yet": cell_off,
+            "cell row half written": cell_off + cell_len // 2, "one byte short": size - 1}
+    before = {"c0": full["c0"], "c1": ("ok", 1.0, 4, [-2.0])}   # the torn copy is not read: the older one is
+    for what, cut in cuts.items():
+        run = tmp_path / f"cut-{cut}"
+        shutil.copytree(src.root, run)
+        jf, = journal.journal_files(run)
+        with open(jf, "r+b") as f:
+            f.truncate(cut)
+        store = RunStore(run)
+        assert state(store) == before, what
+        assert store.stored_status() == {"c0": "ok", "c1": "ok"}, what
+        # a new driver resumes: its records go to a new file, and every copy reads as written
+        new_process()
+        store.write_cell(row("c2", duration_s=5.0), lp("c2", 3, -5.0))
+        assert len(journal.journal_files(run)) == 2
+        assert state(store) == before | {"c2": ("ok", 5.0, 3, [-5.0])}, what
+        compact(store)
+        assert state(store) == before | {"c2": ("ok", 5.0, 3, [-5.0])}, what
+        assert journal.journal_files(run) == [], "folded journals are deleted"
+    # the writer that saw its file change (not by its own hand) never appends after a torn record
+    new_process()
+    store = RunStore(tmp_path / "same")
+    store.write_cell(row("a", duration_s=1.0), lp("a", 2, -1.0))
+    jf, = journal.journal_files(store.root)
+    with open(jf, "ab") as f:
+        f.write(b"LBJR\x00")   # a torn record
+    store.write_cell(row("b", duration_s=1.0), lp("b", 2, -1.0))
+    assert set(state(store)) == {"a", "b"} and len(journal.journal_files(store.root)) == 2
+
+
+def test_a_damaged_record_is_an_error_not_silently_other_rows(tmp_path):
+    store = RunStore(tmp_path / "run")
+    for i in range(3):
+        store.write_cell(row(f"c{i}"), lp(f"c{i}", 4, -float(i)))
+    path, = journal.journal_files(store.root)
+    _, records = journal.scan(path)
+    off, n, _ = records[1].parts["logprobs"]
+    data = bytearray(path.read_bytes())
+    data[off + n // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="damaged"):
+        store.read_logprobs()
+
+
+WRITER = """
+import sys, numpy as np, pyarrow as pa
+sys.path.insert(0, sys.argv[1])
+from orchestrator.store import RunStore, LOGPROBS_SCHEMA
+store, start, n = RunStore(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rows = 50_000
+for i in range(start, start + 12):
+    cid = f"c{i:03d}"
+    t = pa.table({"run_id": ["r"] * rows, "cell_id": [cid] * rows, "kind": ["prompt"] * rows,
+                  "repeat": np.zeros(rows, np.int16), "prompt_index": np.zeros(rows, np.int32),
+                  "position": np.arange(rows, dtype=np.int32), "token_id": np.arange(rows, dtype=np.int32),
+                  "logprob": np.full(rows, -i, np.float32),
+                  "topk_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(rows * n, np.int32)), n).cast(pa.list_(pa.int32())),
+                  "topk_logprobs": pa.FixedSizeListArray.from_arrays(pa.array(np.full(rows * n, -i, np.float32)), n).cast(pa.list_(pa.float32()))},
+                 schema=LOGPROBS_SCHEMA)
+    store.write_cell({"run_id": "r", "cell_id": cid, "framework": "hf", "status": "ok", "duration_s": float(i)}, t)
+    print(i, flush=True)
+"""
+
+
+def test_sigkill_mid_write_leaves_every_stored_cell_complete(tmp_path):
+    """A writer of large cells (~5 MB a record) killed with SIGKILL: whatever it left, each cell is
+    either stored with all its rows or not stored; a new process resumes and compacts."""
+    run = tmp_path / "run"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(ROOT), str(run), "0", "20"], stdout=subprocess.PIPE,
+                            text=True)
+    done = [int(proc.stdout.readline()) for _ in range(3)]   # three cells stored, the fourth on its way
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert done == [0, 1, 2]
+    store = RunStore(run)
+    status = store.stored_status()
+    assert {"c000", "c001", "c002"} <= set(status) and len(status) < 12
+    rows = store.read_logprobs(["cell_id", "logprob"]).to_pandas()
+    assert rows.groupby("cell_id").size().to_dict() == dict.fromkeys(status, 50_000)   # never a part of a cell
+    assert (rows.logprob == -rows.cell_id.str[1:].astype(int)).all()
+    # resume: a new process writes the cells not stored (a new journal file), then compaction folds all
+    first = len(status)
+    subprocess.run([sys.executable, str(script), str(ROOT), str(run), str(first), "20"], check=True,
+                   stdout=subprocess.DEVNULL)
+    assert len(journal.journal_files(run)) == 2
+    compact(store)
+    status = store.stored_status()
+    assert len(status) == first + 12 and journal.journal_files(run) == []
+    cells = store.read_cells().set_index("cell_id")
+    assert (cells.duration_s == cells.index.str[1:].astype(float)).all()
+    record = json.loads((run / COMMIT_FILE).read_text())
+    assert sum(sum(info["rows"]) for info in record["logprobs"].values()) == 50_000 * len(status)
+
+
+def test_the_newest_copy_wins_across_journal_per_cell_files_and_compacted(tmp_path):
+    """A run dir written by an earlier version (per-cell files), compacted, then resumed by this one."""
+    store = RunStore(tmp_path / "run")
+    store.write_cell_files(row("x", duration_s=1.0), lp("x", 3, -1.0))
+    store.write_cell_files(row("y", duration_s=1.0), lp("y", 3, -1.0))
+    compact(store)
+    store.write_cell_files(row("x", duration_s=2.0), lp("x", 4, -2.0))    # per-cell over compacted
+    store.write_cell_files(row("y", duration_s=2.0), lp("y", 4, -2.0))
+    assert state(store)["x"] == ("ok", 2.0, 4, [-2.0])
+    store.write_cell(row("y", duration_s=3.0), lp("y", 5, -3.0))          # journal over per-cell
+    store.write_cell(row("z", "vllm", "failed", duration_s=3.0))
+    want = {"x": ("ok", 2.0, 4, [-2.0]), "y": ("ok", 3.0, 5, [-3.0]), "z": ("failed", 3.0, 0, [])}
+    assert state(store) == want
+    assert store.logprob_files()["y"].suffix == ".journal" and "z" not in store.logprob_files()
+    store.write_cell(row("y", "hf", "failed", duration_s=4.0))             # stored again without rows: none
+    want["y"] = ("failed", 4.0, 0, [])
+    assert state(store) == want
+    compact(store)
+    assert state(store) == want
+    assert sorted(str(p.relative_to(store.root)) for p in store.root.rglob("*.parquet")) == [
+        "cells/framework=hf/compacted-2.parquet", "cells/framework=vllm/compacted-2.parquet",
+        "logprobs/framework=hf/compacted-2.parquet"]
+    assert journal.journal_files(store.root) == []
+    # the same process goes on writing after the compaction deleted its file: a new file
+    store.write_cell(row("w", duration_s=5.0), lp("w", 2, -5.0))
+    assert state(store)["w"] == ("ok", 5.0, 2, [-5.0]) and len(journal.journal_files(store.root)) == 1
+
+
+def test_a_journal_from_before_the_schema_grew_reads_with_nulls(tmp_path):
+    root = tmp_path / "run"
+    old_cells = CELLS_FILE_SCHEMA.remove(CELLS_FILE_SCHEMA.get_field_index("duration_s"))
+    old_lp = LOGPROBS_SCHEMA.remove(LOGPROBS_SCHEMA.get_field_index("topk_logprobs"))
+    w = journal.JournalWriter(root, {"cells": old_cells, "logprobs": old_lp,
+                                     **{n: t.schema for n, t in SIDE_TABLES.items() if n != "logprobs"}})
+    w.append("old", "hf", [("logprobs", lp("old", 3, -1.0).drop_columns(["topk_logprobs"]).to_batches()[0]),
+                           ("cells", pa.Table.from_pylist([row("old")], schema=old_cells).to_batches()[0])])
+    store = RunStore(root)
+    store.write_cell(row("new", duration_s=1.0), lp("new", 2, -2.0))
+    cells = store.read_cells().set_index("cell_id")
+    assert np.isnan(cells.loc["old", "duration_s"]) and cells.loc["new", "duration_s"] == 1.0
+    got = store.read_logprobs().to_pandas().set_index("cell_id")
+    assert got.loc["old", "topk_logprobs"].isna().all() and len(got.loc["old"]) == 3
+    compact(store)
+    assert store.read_cells().set_index("cell_id").loc["new", "duration_s"] == 1.0
+    assert len(store.read_logprobs()) == 5
