@@ -53,6 +53,7 @@ the dispatcher. Each row shows its makespan against both bounds.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import heapq
 import itertools
@@ -470,20 +471,37 @@ def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells:
         g = part.key
         return began[part] + g.load_s + sum(g.cell_s[i] for i in part.cells)   # the truth, hidden from d
 
+    # per running part: when its load ends, when each of its cells does (summed in its order, as the truth
+    # unfolds) and those cells' seconds; pushed anew when a steal shortens it. What the driver has seen
+    # changes only when a load or a cell ends: the same Progress until then.
+    stamps: dict[Work, tuple[float, list[float], list[float]]] = {}
+    seen: dict[Work, tuple[int, Progress]] = {}
+
     def progress(part: Work, now: float) -> Progress:
-        g, t = part.key, began[part] + part.key.load_s
-        if now < t:
-            return Progress(began[part])
-        done = []
-        for i in part.cells:
-            if t + g.cell_s[i] > now:
-                return Progress(began[part], g.load_s, done, t)
-            done.append(g.cell_s[i])
-            t += g.cell_s[i]
-        return Progress(began[part], g.load_s, done)
+        t, ends, seconds = stamps[part]
+        k = -1 if now < t else bisect.bisect_right(ends, now)   # cells done by now (-1: loading); ends only grow
+        last = seen.get(part)
+        if last is not None and last[0] == k:
+            return last[1]
+        if k < 0:
+            pr = Progress(began[part])
+        elif k < len(ends):
+            pr = Progress(began[part], part.key.load_s, seconds[:k], ends[k - 1] if k else t)
+        else:
+            pr = Progress(began[part], part.key.load_s, list(seconds))
+        seen[part] = (k, pr)
+        return pr
 
     def push(part: Work) -> None:
         version[part] = version.get(part, 0) + 1
+        g = part.key
+        t = began[part] + g.load_s
+        ends, seconds = [], [g.cell_s[i] for i in part.cells]
+        for c in seconds:
+            t += c
+            ends.append(t)
+        stamps[part] = (began[part] + g.load_s, ends, seconds)
+        seen.pop(part, None)
         heapq.heappush(events, (end_of(part), next(seq), version[part], part))
 
     def run(part: Work, now: float) -> None:
