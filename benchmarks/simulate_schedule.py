@@ -492,7 +492,26 @@ def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells:
         seen[part] = (k, pr)
         return pr
 
-    def push(part: Work) -> None:
+    changes: list[tuple[float, int, int, Work]] = []   # when a running part's progress next changes
+    change_seq = itertools.count()
+
+    def track(part: Work, now: float) -> None:
+        """Its progress as of now (in `seen`), and when that changes next: its load ends or a cell does."""
+        progress(part, now)
+        k = seen[part][0]
+        t, ends, _ = stamps[part]
+        if k < len(ends):
+            heapq.heappush(changes, (t if k < 0 else ends[k], next(change_seq), version[part], part))
+
+    def progress_now(now: float) -> dict[Work, Progress]:
+        """Every running part's progress, as `progress` says, looking again only at those that changed."""
+        while changes and changes[0][0] <= now:
+            _, _, v, part = heapq.heappop(changes)
+            if v == version[part] and part in d.running:
+                track(part, now)
+        return {p: seen[p][1] for p in d.running}
+
+    def push(part: Work, now: float) -> None:
         version[part] = version.get(part, 0) + 1
         g = part.key
         t = began[part] + g.load_s
@@ -502,21 +521,22 @@ def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells:
             ends.append(t)
         stamps[part] = (began[part] + g.load_s, ends, seconds)
         seen.pop(part, None)
+        track(part, now)
         heapq.heappush(events, (end_of(part), next(seq), version[part], part))
 
     def run(part: Work, now: float) -> None:
         nonlocal parts
         began[part] = now
         parts += 1
-        push(part)
+        push(part, now)
 
     def start(now: float) -> None:
         for part, _ in d.step():
             run(part, now)
         if steal and d.can_steal():
-            for victim, cells, node in d.steal(now, {p: progress(p, now) for p in d.running}):
+            for victim, cells, node in d.steal(now, progress_now(now)):
                 thief = d.stolen(victim, cells, node)   # nothing of the tail has begun: all of it is withdrawn
-                push(victim)                            # it ends sooner now
+                push(victim, now)                       # it ends sooner now
                 run(thief, now)
 
     start(0.0)

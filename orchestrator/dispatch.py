@@ -302,7 +302,28 @@ class Dispatcher:
                        key=lambda n: (-self.free[n].get(self.unit, 0.0), n))
         if not nodes:
             return []
-        k_load, k_cell = self._calibration(progress)
+        # what each running part has reported, and the run's calibration: measured / estimated over every
+        # load and cell seen so far (1 before any), the estimates' bias (as _observe adds, into a copy of self.seen)
+        running, stealing, known, facts = self.running, self.stealing, self._known, self._facts
+        load_est, load_seen, cell_est, cell_seen = self.seen
+        rows = []
+        for p, pr in progress.items():
+            if p in running:
+                f = known.get(p)
+                if f is None or f[0] is not pr or f[1] is not p.cell_s or f[2] != len(pr.cell_s) \
+                        or f[3] != pr.cell_since or f[4] != pr.load_s:
+                    f = facts(p, pr)
+                else:
+                    f = f[5]
+                if pr.load_s is not None:
+                    load_est += p.load_s
+                    load_seen += pr.load_s
+                cell_est += f[0]
+                cell_seen += f[1]
+                if f[4] and p not in stealing and p.splittable:
+                    rows.append((p, pr, f))
+        k_load = load_seen / load_est if load_est > 0 else 1.0
+        k_cell = cell_seen / cell_est if cell_est > 0 else 1.0
         # Only the parts some of these nodes could host are victims at all, and of those only the ones a
         # cut could pay for: a thief that loads again gains at most half of (end - now - load), whatever
         # the cut, so a part whose rough end (its tail's estimates summed, then scaled) says that falls
@@ -311,22 +332,27 @@ class Dispatcher:
         victim_needs: dict[Need, bool] = {}
         rough: list[tuple[Work, float]] = []     # the candidates in the progress' order, each with its rough end
         latest: dict[int, float] = {}            # per need (its id in `same`), the latest rough end
-        running, stealing, same = self.running, self.stealing, {}   # same: id of a need -> an equal need met first
-        start_and_speed, facts = self._start_and_speed, self._facts
-        for p, pr in progress.items():
-            if p in running and p not in stealing and p.splittable and pr.begun < len(p.cells):
-                need = same.get(id(p.need))
-                if need is None:
-                    need = same[id(p.need)] = next((n for n in victim_needs if n == p.need), p.need)
-                    if need not in victim_needs:
-                        types = hosts[need] = set(self.types_for(need))
-                        victim_needs[need] = any(self.type_of[n] in types and fits(need, self.free[n]) for n in nodes)
-                if victim_needs[need]:
-                    at, k = start_and_speed(p, pr, now, k_load, k_cell)
-                    r = at + k * facts(p, pr)[3]
-                    rough.append((p, r))
-                    if r > latest.get(id(need), -math.inf):
-                        latest[id(need)] = r
+        same: dict[int, Need] = {}               # id of a need -> the equal need met first
+        hostable: dict[int, bool] = {}           # per need (its id in `same`): some of the nodes could host it
+        for p, pr, f in rows:     # the splittable running parts with cells not begun, not asked already
+            need = same.get(id(p.need))
+            if need is None:
+                need = same[id(p.need)] = next((n for n in victim_needs if n == p.need), p.need)
+                if need not in victim_needs:
+                    types = hosts[need] = set(self.types_for(need))
+                    victim_needs[need] = any(self.type_of[n] in types and fits(need, self.free[n]) for n in nodes)
+                hostable[id(need)] = victim_needs[need]
+            if hostable[id(need)]:
+                # at, k as _start_and_speed says (the same arithmetic, inline: this runs for every candidate)
+                est_done, measured, mean, tail, _ = f
+                k = (measured + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
+                at = now if pr.load_s is not None else now + max(p.load_s * k_load - (now - pr.started), 0.0)
+                if pr.cell_since is not None:
+                    at += max(p.cell_s[len(pr.cell_s)] * k - (now - pr.cell_since), 0.0)
+                r = at + k * tail
+                rough.append((p, r))
+                if r > latest.get(id(need), -math.inf):
+                    latest[id(need)] = r
         ends: dict[Work, tuple] = {}
         viable: list[Work] = []
         first: dict[Need, tuple] = {}   # per need: (-its latest end, where that part is in the progress' order)
@@ -411,36 +437,25 @@ class Dispatcher:
         into[2] += sum(p.cell_s[:len(pr.cell_s)])
         into[3] += sum(pr.cell_s)
 
-    def _calibration(self, progress: dict[Work, Progress]) -> tuple[float, float]:
-        """measured / estimated over every load and cell seen so far (1 before any): the estimates' bias."""
-        load_est, load_seen, cell_est, cell_seen = self.seen
-        running = self.running
-        for p, pr in progress.items():     # as _observe, into a copy of self.seen
-            if p in running:
-                if pr.load_s is not None:
-                    load_est += p.load_s
-                    load_seen += pr.load_s
-                f = self._facts(p, pr)
-                cell_est += f[0]
-                cell_seen += f[1]
-        return (load_seen / load_est if load_est > 0 else 1.0), (cell_seen / cell_est if cell_est > 0 else 1.0)
-
-    def _facts(self, p: Work, pr: Progress) -> tuple[float, float, float, float]:
+    def _facts(self, p: Work, pr: Progress) -> tuple[float, float, float, float, bool]:
         """(estimated seconds of p's finished cells, their measured seconds, p's mean cell estimate, the
-        estimated seconds of its unstarted cells): the same until p or what it reported changes."""
+        estimated seconds of its unstarted cells, whether it has any): the same until p or its progress
+        changes (steal looks them up in self._known itself)."""
         f = self._known.get(p)
         if f is not None and f[0] is pr and f[1] is p.cell_s and f[2] == len(pr.cell_s) and f[3] == pr.cell_since \
                 and f[4] == pr.load_s:
             return f[5]
         cells = p.cell_s
-        facts = (sum(cells[:len(pr.cell_s)]), sum(pr.cell_s), sum(cells) / max(len(cells), 1), sum(cells[pr.begun:]))
+        facts = (sum(cells[:len(pr.cell_s)]), sum(pr.cell_s), sum(cells) / max(len(cells), 1), sum(cells[pr.begun:]),
+                 pr.begun < len(p.cells))
         self._known[p] = (pr, cells, len(pr.cell_s), pr.cell_since, pr.load_s, facts)
         return facts
 
-    def _start_and_speed(self, p: Work, pr: Progress, now: float, k_load: float, k_cell: float) -> tuple[float, float]:
+    def _start_and_speed(self, p: Work, pr: Progress, f: tuple, now: float, k_load: float,
+                         k_cell: float) -> tuple[float, float]:
         """(when p's begun cells are projected to end, the factor on its cells' estimates): its own measured
-        speed, weighted as PRIOR_CELLS cells at the run's calibration, corrects its estimates."""
-        est_done, measured, mean, _ = self._facts(p, pr)
+        speed, weighted as PRIOR_CELLS cells at the run's calibration, corrects its estimates. f: its _facts."""
+        est_done, measured, mean = f[:3]
         k = (measured + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
         at = now if pr.load_s is not None else now + max(p.load_s * k_load - (now - pr.started), 0.0)
         if pr.cell_since is not None:
@@ -449,7 +464,7 @@ class Dispatcher:
 
     def _projected_end(self, p: Work, pr: Progress, now: float, k_load: float, k_cell: float) -> tuple[float, float, list[float]]:
         """(when p is projected to end, when its begun cells are, its unstarted cells' seconds)."""
-        at, k = self._start_and_speed(p, pr, now, k_load, k_cell)
+        at, k = self._start_and_speed(p, pr, self._facts(p, pr), now, k_load, k_cell)
         rest = [c * k for c in p.cell_s[pr.begun:]]
         return at + sum(rest), at, rest
 
