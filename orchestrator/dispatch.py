@@ -330,11 +330,11 @@ class Dispatcher:
         # short of the gain asked has no cut (_best_cut would say None), and its exact end is not needed.
         hosts: dict[Need, set] = {}
         victim_needs: dict[Need, bool] = {}
-        rough: list[tuple[Work, float]] = []     # the candidates in the progress' order, each with its rough end
-        latest: dict[int, float] = {}            # per need (its id in `same`), the latest rough end
         same: dict[int, Need] = {}               # id of a need -> the equal need met first
         hostable: dict[int, bool] = {}           # per need (its id in `same`): some of the nodes could host it
-        for p, pr, f in rows:     # the splittable running parts with cells not begun, not asked already
+        latest: dict[int, float] = {}            # per need (its id in `same`), the latest rough end so far
+        near = []     # the candidates that pay or were then near their need's latest end, in the progress' order
+        for i, (p, pr, f) in enumerate(rows):    # the splittable running parts with cells not begun, not asked already
             need = same.get(id(p.need))
             if need is None:
                 need = same[id(p.need)] = next((n for n in victim_needs if n == p.need), p.need)
@@ -342,25 +342,27 @@ class Dispatcher:
                     types = hosts[need] = set(self.types_for(need))
                     victim_needs[need] = any(self.type_of[n] in types and fits(need, self.free[n]) for n in nodes)
                 hostable[id(need)] = victim_needs[need]
-            if hostable[id(need)]:
-                # at, k as _start_and_speed says (the same arithmetic, inline: this runs for every candidate)
-                est_done, measured, mean, tail, _ = f
-                k = (measured + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
-                at = now if pr.load_s is not None else now + max(p.load_s * k_load - (now - pr.started), 0.0)
-                if pr.cell_since is not None:
-                    at += max(p.cell_s[len(pr.cell_s)] * k - (now - pr.cell_since), 0.0)
-                r = at + k * tail
-                rough.append((p, r))
-                if r > latest.get(id(need), -math.inf):
-                    latest[id(need)] = r
+            if not hostable[id(need)]:
+                continue
+            # at, k as _start_and_speed says (the same arithmetic, inline: this runs for every candidate)
+            est_done, measured, mean, tail, _ = f
+            k = (measured + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
+            at = now if pr.load_s is not None else now + max(p.load_s * k_load - (now - pr.started), 0.0)
+            if pr.cell_since is not None:
+                at += max(p.cell_s[len(pr.cell_s)] * k - (now - pr.cell_since), 0.0)
+            r = at + k * tail
+            load = pr.load_s if pr.load_s is not None else p.load_s * k_load
+            pays = (r - now - load) / 2 >= max(MIN_GAIN_S, MIN_GAIN * (r - now)) - ROUGH_S
+            top = latest.get(id(need), -math.inf)
+            if r > top:
+                latest[id(need)] = top = r
+            if pays or r >= top - ROUGH_S:   # (the latest end only grows: a part under it now stays under)
+                near.append((i, p, pr, r, pays, id(need)))
         ends: dict[Work, tuple] = {}
         viable: list[Work] = []
         first: dict[Need, tuple] = {}   # per need: (-its latest end, where that part is in the progress' order)
-        for i, (p, r) in enumerate(rough):
-            pr = progress[p]
-            load = pr.load_s if pr.load_s is not None else p.load_s * k_load
-            pays = (r - now - load) / 2 >= max(MIN_GAIN_S, MIN_GAIN * (r - now)) - ROUGH_S
-            if pays or r >= latest[id(same[id(p.need)])] - ROUGH_S:     # a victim, or maybe the part that ends its need last
+        for i, p, pr, r, pays, need_id in near:
+            if pays or r >= latest[need_id] - ROUGH_S:     # a victim, or maybe the part that ends its need last
                 ends[p] = self._projected_end(p, pr, now, k_load, k_cell)
                 key = (-ends[p][0], i)
                 if p.need not in first or key < first[p.need]:
