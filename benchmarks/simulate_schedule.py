@@ -53,6 +53,7 @@ the dispatcher. Each row shows its makespan against both bounds.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import heapq
 import itertools
@@ -470,35 +471,72 @@ def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells:
         g = part.key
         return began[part] + g.load_s + sum(g.cell_s[i] for i in part.cells)   # the truth, hidden from d
 
-    def progress(part: Work, now: float) -> Progress:
-        g, t = part.key, began[part] + part.key.load_s
-        if now < t:
-            return Progress(began[part])
-        done = []
-        for i in part.cells:
-            if t + g.cell_s[i] > now:
-                return Progress(began[part], g.load_s, done, t)
-            done.append(g.cell_s[i])
-            t += g.cell_s[i]
-        return Progress(began[part], g.load_s, done)
+    # per running part: when its load ends, when each of its cells does (summed in its order, as the truth
+    # unfolds) and those cells' seconds; pushed anew when a steal shortens it. What the driver has seen
+    # changes only when a load or a cell ends: the same Progress until then.
+    stamps: dict[Work, tuple[float, list[float], list[float]]] = {}
+    seen: dict[Work, tuple[int, Progress]] = {}
 
-    def push(part: Work) -> None:
+    def progress(part: Work, now: float) -> Progress:
+        t, ends, seconds = stamps[part]
+        k = -1 if now < t else bisect.bisect_right(ends, now)   # cells done by now (-1: loading); ends only grow
+        last = seen.get(part)
+        if last is not None and last[0] == k:
+            return last[1]
+        if k < 0:
+            pr = Progress(began[part])
+        elif k < len(ends):
+            pr = Progress(began[part], part.key.load_s, seconds[:k], ends[k - 1] if k else t)
+        else:
+            pr = Progress(began[part], part.key.load_s, list(seconds))
+        seen[part] = (k, pr)
+        return pr
+
+    changes: list[tuple[float, int, int, Work]] = []   # when a running part's progress next changes
+    change_seq = itertools.count()
+
+    def track(part: Work, now: float) -> None:
+        """Its progress as of now (in `seen`), and when that changes next: its load ends or a cell does."""
+        progress(part, now)
+        k = seen[part][0]
+        t, ends, _ = stamps[part]
+        if k < len(ends):
+            heapq.heappush(changes, (t if k < 0 else ends[k], next(change_seq), version[part], part))
+
+    def progress_now(now: float) -> dict[Work, Progress]:
+        """Every running part's progress, as `progress` says, looking again only at those that changed."""
+        while changes and changes[0][0] <= now:
+            _, _, v, part = heapq.heappop(changes)
+            if v == version[part] and part in d.running:
+                track(part, now)
+        return {p: seen[p][1] for p in d.running}
+
+    def push(part: Work, now: float) -> None:
         version[part] = version.get(part, 0) + 1
+        g = part.key
+        t = began[part] + g.load_s
+        ends, seconds = [], [g.cell_s[i] for i in part.cells]
+        for c in seconds:
+            t += c
+            ends.append(t)
+        stamps[part] = (began[part] + g.load_s, ends, seconds)
+        seen.pop(part, None)
+        track(part, now)
         heapq.heappush(events, (end_of(part), next(seq), version[part], part))
 
     def run(part: Work, now: float) -> None:
         nonlocal parts
         began[part] = now
         parts += 1
-        push(part)
+        push(part, now)
 
     def start(now: float) -> None:
         for part, _ in d.step():
             run(part, now)
         if steal and d.can_steal():
-            for victim, cells, node in d.steal(now, {p: progress(p, now) for p in d.running}):
+            for victim, cells, node in d.steal(now, progress_now(now)):
                 thief = d.stolen(victim, cells, node)   # nothing of the tail has begun: all of it is withdrawn
-                push(victim)                            # it ends sooner now
+                push(victim, now)                       # it ends sooner now
                 run(thief, now)
 
     start(0.0)

@@ -51,6 +51,7 @@ LONG = 0.5          # a part over LONG x T is long
 MAX_POOLS = 4096    # node-type sets the bound looks at (all unions of the sets groups can use, up to this)
 PRIOR_CELLS = 2.0   # a running part's own measured speed counts against the run's calibration as this many cells
 MIN_GAIN_S, MIN_GAIN = 5.0, 0.05   # a steal must end the victim's work this much sooner (s; share of what it has left)
+ROUGH_S = 1e-6     # s: more than a rough end (an end summed before scaling) can be off from the exact one
 MAX_ROUNDS = 20     # of raising T until the parts cut at T, with their extra loads, fit within it
 
 
@@ -140,6 +141,7 @@ class Dispatcher:
         self.home: dict[Work, tuple] = {}
         self.waiting: dict[tuple, int] = {}   # home type -> parts not started
         self.capacity: dict[tuple, float] = {}
+        self._known: dict[Work, tuple] = {}  # per running part: what _facts made of its last progress
         self.lost: list[Work] = []            # parts no node alive can take any more (the caller reports them)
         self._seq = itertools.count()
         self.set_nodes(nodes)
@@ -272,6 +274,7 @@ class Dispatcher:
         """p ended; with its progress, what it measured calibrates the estimates of the parts still running."""
         if progress is not None:
             self._observe(p, progress, self.seen)
+        self._known.pop(p, None)
         self._give_back(p.need, self.running.pop(p))
 
     def requeue(self, p: Work) -> bool:
@@ -292,31 +295,106 @@ class Dispatcher:
         """Once nothing waiting can use a node with free units, it takes the unstarted tail of a running part
         projected to end late: (victim, its cells to withdraw, node). The node's units are taken until
         `stolen` says which of those cells the victim gave up (it may have started some meanwhile)."""
-        if not self.can_steal():
+        if not self.steal_cells or not self.running:
             return []
         usable = self._usable()
-        k_load, k_cell = self._calibration(progress)
-        ends = {}
+        nodes = sorted((n for n in self.open if self.type_of[n] not in usable),
+                       key=lambda n: (-self.free[n].get(self.unit, 0.0), n))
+        if not nodes:
+            return []
+        # what each running part has reported, and the run's calibration: measured / estimated over every
+        # load and cell seen so far (1 before any), the estimates' bias (as _observe adds, into a copy of self.seen)
+        running, stealing, known, facts = self.running, self.stealing, self._known, self._facts
+        load_est, load_seen, cell_est, cell_seen = self.seen
+        rows = []
         for p, pr in progress.items():
-            if p in self.running and p not in self.stealing and p.splittable and pr.begun < len(p.cells):
+            if p in running:
+                f = known.get(p)
+                if f is None or f[0] is not pr or f[1] is not p.cell_s or f[2] != len(pr.cell_s) \
+                        or f[3] != pr.cell_since or f[4] != pr.load_s:
+                    f = facts(p, pr)
+                else:
+                    f = f[5]
+                if pr.load_s is not None:
+                    load_est += p.load_s
+                    load_seen += pr.load_s
+                cell_est += f[0]
+                cell_seen += f[1]
+                if f[4] and p not in stealing and p.splittable:
+                    rows.append((p, pr, f))
+        k_load = load_seen / load_est if load_est > 0 else 1.0
+        k_cell = cell_seen / cell_est if cell_est > 0 else 1.0
+        # Only the parts some of these nodes could host are victims at all, and of those only the ones a
+        # cut could pay for: a thief that loads again gains at most half of (end - now - load), whatever
+        # the cut, so a part whose rough end (its tail's estimates summed, then scaled) says that falls
+        # short of the gain asked has no cut (_best_cut would say None), and its exact end is not needed.
+        hosts: dict[Need, set] = {}
+        victim_needs: dict[Need, bool] = {}
+        same: dict[int, Need] = {}               # id of a need -> the equal need met first
+        hostable: dict[int, bool] = {}           # per need (its id in `same`): some of the nodes could host it
+        latest: dict[int, float] = {}            # per need (its id in `same`), the latest rough end so far
+        near = []     # the candidates that pay or were then near their need's latest end, in the progress' order
+        for i, (p, pr, f) in enumerate(rows):    # the splittable running parts with cells not begun, not asked already
+            need = same.get(id(p.need))
+            if need is None:
+                need = same[id(p.need)] = next((n for n in victim_needs if n == p.need), p.need)
+                if need not in victim_needs:
+                    types = hosts[need] = set(self.types_for(need))
+                    victim_needs[need] = any(self.type_of[n] in types and fits(need, self.free[n]) for n in nodes)
+                hostable[id(need)] = victim_needs[need]
+            if not hostable[id(need)]:
+                continue
+            # at, k as _start_and_speed says (the same arithmetic, inline: this runs for every candidate)
+            est_done, measured, mean, tail, _ = f
+            k = (measured + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
+            at = now if pr.load_s is not None else now + max(p.load_s * k_load - (now - pr.started), 0.0)
+            if pr.cell_since is not None:
+                at += max(p.cell_s[len(pr.cell_s)] * k - (now - pr.cell_since), 0.0)
+            r = at + k * tail
+            load = pr.load_s if pr.load_s is not None else p.load_s * k_load
+            pays = (r - now - load) / 2 >= max(MIN_GAIN_S, MIN_GAIN * (r - now)) - ROUGH_S
+            top = latest.get(id(need), -math.inf)
+            if r > top:
+                latest[id(need)] = top = r
+            if pays or r >= top - ROUGH_S:   # (the latest end only grows: a part under it now stays under)
+                near.append((i, p, pr, r, pays, id(need)))
+        ends: dict[Work, tuple] = {}
+        viable: list[Work] = []
+        first: dict[Need, tuple] = {}   # per need: (-its latest end, where that part is in the progress' order)
+        for i, p, pr, r, pays, need_id in near:
+            if pays or r >= latest[need_id] - ROUGH_S:     # a victim, or maybe the part that ends its need last
                 ends[p] = self._projected_end(p, pr, now, k_load, k_cell)
-        by_need: dict[Need, list[Work]] = {}     # the victims, latest end first, by what they ask of a node
-        for p in sorted(ends, key=lambda p: -ends[p][0]):
-            by_need.setdefault(p.need, []).append(p)
+                key = (-ends[p][0], i)
+                if p.need not in first or key < first[p.need]:
+                    first[p.need] = key
+                if pays:
+                    viable.append(p)
+        # the needs in the order a sort of every candidate by its end would first meet them (their latest
+        # end, ties in the progress' order), each with its victims latest end first
+        by_need: dict[Need, list[Work]] = {}
+        for need in sorted({p.need for p in viable}, key=first.__getitem__):
+            by_need[need] = []
+        for p in sorted(viable, key=lambda p: -ends[p][0]):
+            by_need[p.need].append(p)
         cuts: dict[Work, tuple | None] = {}
         out = []
-        for node in sorted(self.open, key=lambda n: (-self.free[n].get(self.unit, 0.0), n)):
-            if self.type_of[node] in usable:
-                continue
-            best = None
+        for node in nodes:
+            if not by_need:
+                break      # no victim left for any node
+            best, empty = None, []
+            node_type_, free = self.type_of[node], self.free[node]
             for need, victims in by_need.items():
-                if self.type_of[node] not in self.types_for(need) or not fits(need, self.free[node]):
+                if node_type_ not in hosts[need] or not fits(need, free):
                     continue
                 while victims and (victims[0] in self.stealing or not cuts.setdefault(
                         victims[0], self._best_cut(victims[0], progress[victims[0]], now, ends[victims[0]], k_load))):
                     victims.pop(0)
-                if victims and (best is None or ends[victims[0]][0] > ends[best][0]):
+                if not victims:
+                    empty.append(need)
+                elif best is None or ends[victims[0]][0] > ends[best][0]:
                     best = victims[0]
+            for need in empty:
+                del by_need[need]
             if best is not None:
                 self.stealing[best] = self._take_units(best.need, node)
                 out.append((best, cuts[best], node))
@@ -361,27 +439,34 @@ class Dispatcher:
         into[2] += sum(p.cell_s[:len(pr.cell_s)])
         into[3] += sum(pr.cell_s)
 
-    def _calibration(self, progress: dict[Work, Progress]) -> tuple[float, float]:
-        """measured / estimated over every load and cell seen so far (1 before any): the estimates' bias."""
-        seen = list(self.seen)
-        for p, pr in progress.items():
-            if p in self.running:
-                self._observe(p, pr, seen)
-        return (seen[1] / seen[0] if seen[0] > 0 else 1.0), (seen[3] / seen[2] if seen[2] > 0 else 1.0)
+    def _facts(self, p: Work, pr: Progress) -> tuple[float, float, float, float, bool]:
+        """(estimated seconds of p's finished cells, their measured seconds, p's mean cell estimate, the
+        estimated seconds of its unstarted cells, whether it has any): the same until p or its progress
+        changes (steal looks them up in self._known itself)."""
+        f = self._known.get(p)
+        if f is not None and f[0] is pr and f[1] is p.cell_s and f[2] == len(pr.cell_s) and f[3] == pr.cell_since \
+                and f[4] == pr.load_s:
+            return f[5]
+        cells = p.cell_s
+        facts = (sum(cells[:len(pr.cell_s)]), sum(pr.cell_s), sum(cells) / max(len(cells), 1), sum(cells[pr.begun:]),
+                 pr.begun < len(p.cells))
+        self._known[p] = (pr, cells, len(pr.cell_s), pr.cell_since, pr.load_s, facts)
+        return facts
+
+    def _start_and_speed(self, p: Work, pr: Progress, f: tuple, now: float, k_load: float,
+                         k_cell: float) -> tuple[float, float]:
+        """(when p's begun cells are projected to end, the factor on its cells' estimates): its own measured
+        speed, weighted as PRIOR_CELLS cells at the run's calibration, corrects its estimates. f: its _facts."""
+        est_done, measured, mean = f[:3]
+        k = (measured + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
+        at = now if pr.load_s is not None else now + max(p.load_s * k_load - (now - pr.started), 0.0)
+        if pr.cell_since is not None:
+            at += max(p.cell_s[len(pr.cell_s)] * k - (now - pr.cell_since), 0.0)
+        return at, k
 
     def _projected_end(self, p: Work, pr: Progress, now: float, k_load: float, k_cell: float) -> tuple[float, float, list[float]]:
-        """(when p is projected to end, when its begun cells are, its unstarted cells' seconds): its own
-        measured speed, weighted as PRIOR_CELLS cells at the run's calibration, corrects its estimates."""
-        done = len(pr.cell_s)
-        est_done = sum(p.cell_s[:done])
-        mean = sum(p.cell_s) / max(len(p.cell_s), 1)
-        k = (sum(pr.cell_s) + PRIOR_CELLS * mean * k_cell) / (est_done + PRIOR_CELLS * mean) if mean > 0 else k_cell
-        if pr.load_s is None:
-            at = now + max(p.load_s * k_load - (now - pr.started), 0.0)
-        else:
-            at = now
-        if pr.cell_since is not None:
-            at += max(p.cell_s[done] * k - (now - pr.cell_since), 0.0)
+        """(when p is projected to end, when its begun cells are, its unstarted cells' seconds)."""
+        at, k = self._start_and_speed(p, pr, self._facts(p, pr), now, k_load, k_cell)
         rest = [c * k for c in p.cell_s[pr.begun:]]
         return at + sum(rest), at, rest
 
