@@ -19,19 +19,9 @@ from conftest import ROOT
 from orchestrator import journal, store as store_mod
 from orchestrator.compaction import compact
 from orchestrator.store import CELLS_FILE_SCHEMA, COMMIT_FILE, LOGPROBS_SCHEMA, SIDE_TABLES, RunStore
+from tests.test_compaction import lp, row
 
 
-def lp(cell_id: str, n: int, value: float) -> pa.Table:
-    return pa.table({
-        "run_id": ["r"] * n, "cell_id": [cell_id] * n, "kind": ["prompt"] * n, "repeat": np.zeros(n, np.int16),
-        "prompt_index": np.zeros(n, np.int32), "position": np.arange(1, n + 1, dtype=np.int32),
-        "token_id": np.arange(n, dtype=np.int32), "logprob": np.full(n, value, np.float32),
-        "topk_ids": [[1, 2, 3]] * n, "topk_logprobs": [[value, value - 1, value - 2]] * n}, schema=LOGPROBS_SCHEMA)
-
-
-def row(cell_id: str, framework: str = "hf", status: str = "ok", **extra) -> dict:
-    return {"run_id": "r", "cell_id": cell_id, "framework": framework, "model": "tiny", "quantization": "fp32",
-            "flags": "default", "batch_size": 1, "input_len": 8, "output_len": 4, "status": status, **extra}
 
 
 def state(store: RunStore) -> dict:

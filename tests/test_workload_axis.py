@@ -10,9 +10,10 @@ import pytest
 
 from orchestrator.analysis import parse_selector
 from orchestrator.cells import expand, group
-from orchestrator.matrix import MatrixError, parse_matrix
+from orchestrator.matrix import parse_matrix
 from orchestrator.store import RunStore, cell_row
 from tests.conftest import ROOT
+from tests.test_matrix import problems
 
 SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
 LOGNORMAL = {"kind": "lognormal", "mean": 448, "std": 160, "min": 288, "max": 768}
@@ -50,10 +51,6 @@ def named(**changes) -> dict:
     return data
 
 
-def problems(data) -> list[str]:
-    with pytest.raises(MatrixError) as info:
-        expand(parse_matrix(data))
-    return info.value.problems
 
 
 @pytest.mark.parametrize("data, pinned", PINNED)
