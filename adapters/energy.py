@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -35,6 +36,7 @@ class EnergyMeter:
         self.unavailable: str | None = None
         self.source: str | None = None
         self.joules = 0.0
+        self.runs, self.seconds = 0, 0.0   # the timed calls measured since reset, and their wall time
         self._read: Callable[[], list[float]] | None = None
         self._wrap: list[float] = []
         try:
@@ -99,14 +101,16 @@ class EnergyMeter:
     # ---------------------------------------------------------------- measuring
     def reset(self) -> None:
         self.joules = 0.0
+        self.runs, self.seconds = 0, 0.0
 
     def measure(self, fn: Callable[[], T]) -> T:
         """fn(), with the counters read just before and after it; the joules between are added up."""
         if self._read is None:
             return fn()
-        before = self._read()
+        before, t0 = self._read(), time.perf_counter()
         out = fn()
         after = self._read()
+        self.runs, self.seconds = self.runs + 1, self.seconds + time.perf_counter() - t0
         for b, a, wrap in zip(before, after, self._wrap):
             self.joules += a - b if a >= b or not wrap else a + wrap - b
         return out
@@ -115,6 +119,12 @@ class EnergyMeter:
         """(energy_j, energy_j_per_token, energy_source) since reset, or null with the reason."""
         if self.unavailable or self._read is None:
             why = self.unavailable or "no energy counter"
+            return {"energy_j": None, "energy_j_per_token": None, "energy_source": None}, dict.fromkeys(FIGURES, why)
+        if not self.joules:
+            # a counter that did not move measured nothing (NVML's updates every few tens of ms on some
+            # GPUs; a tiny model's runs can be shorter): no zero joules
+            why = (f"the energy counters did not advance over {self.runs} timed runs ({self.seconds * 1e3:.1f} ms): "
+                   "shorter than their update interval" if self.runs else "no timed run was measured")
             return {"energy_j": None, "energy_j_per_token": None, "energy_source": None}, dict.fromkeys(FIGURES, why)
         missing = {} if output_tokens else {"energy_j_per_token": "no output token in the timed runs"}
         return {"energy_j": self.joules, "energy_j_per_token": self.joules / output_tokens if output_tokens else None,

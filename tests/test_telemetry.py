@@ -155,8 +155,18 @@ def test_rapl_joules_per_token_and_counter_wrap(tmp_path):
     meter.measure(lambda: run(4_000_000, 1_000_000))      # a second timed run adds up
     assert meter.figures(35)[0]["energy_j"] == pytest.approx(4.5)
     meter.reset()
-    assert meter.figures(0) == ({"energy_j": 0.0, "energy_j_per_token": None, "energy_source": "rapl:package-0,package-1"},
-                                {"energy_j_per_token": "no output token in the timed runs"})
+    meter.measure(lambda: run(4_000_100, 1_000_000))
+    values, missing = meter.figures(0)
+    assert values["energy_j"] == pytest.approx(1e-4) and values["energy_j_per_token"] is None
+    assert missing == {"energy_j_per_token": "no output token in the timed runs"}
+    # a counter that did not move over the timed runs measured nothing: null with why, never 0 J
+    meter.reset()
+    meter.measure(lambda: run(4_000_100, 1_000_000))
+    values, missing = meter.figures(35)
+    assert values == {"energy_j": None, "energy_j_per_token": None, "energy_source": None}
+    assert missing["energy_j"].startswith("the energy counters did not advance over 1 timed runs (")
+    meter.reset()
+    assert "no timed run was measured" in meter.figures(35)[1]["energy_j"]
 
 
 def test_rapl_permission_denied_is_the_reason(tmp_path, monkeypatch):

@@ -99,6 +99,12 @@ def check_run(check: Checks, name: str, device: str, loaded, records: dict[str, 
         named = {k.removesuffix("_ms") for k in r.missing} | ({"energy_source"} if "energy_j" in r.missing else set())
         unnamed = {k for k in nulls if not any(k.startswith(n) for n in named)}
         check(not unnamed, f"{name} {cid}: every null named in missing (unnamed: {sorted(unnamed)})")
+        if device == "cuda":   # NVML's energy counter: joules, or why not (a tiny model's runs can be shorter
+            # than the counter's update interval); never NVML missing or unsupported on a current GPU
+            why = r.missing.get("energy_j", "")
+            check((r.energy_j or 0) > 0 and (r.energy_source or "").startswith("nvml:") or "did not advance" in why,
+                  f"{name} {cid}: NVML energy {r.energy_j} J ({r.energy_source}), "
+                  f"{r.energy_j_per_token} J/token{f' [{why}]' if why else ''}")
         print(f"    {cid}: {r.output_tok_s:.1f} out tok/s, TPOT p50 {r.tpot_ms_p50:.3f} ms, "
               f"peak {r.peak_mem_bytes / 2**20:.1f} MiB")
 
