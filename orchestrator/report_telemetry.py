@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from orchestrator.report_data import _finite, _num, first_line, table_cells
+from orchestrator.report_data import _finite, _num, _text, first_line, table_cells
 
 # the figures whose null the panel explains: (column, name in the reasons list)
 FIGURES = (("prefix_cache_hit_rate", "prefix-cache hit rate"), ("preemptions", "preemptions"),
@@ -55,10 +55,6 @@ def columns(with_workload: bool) -> list[tuple[str, str, Callable[[dict], Any], 
          lambda r: _num(r.get("energy_j_per_token"), ".4g"), "n"),
         ("tok-s", "out tok/s", lambda r: r.get("output_tok_s"), lambda r: _num(r.get("output_tok_s"), ".1f"), "n"),
     ]
-
-
-def _text(v: Any) -> str:
-    return v if isinstance(v, str) else ""
 
 
 def has_workloads(df: pd.DataFrame) -> bool:
