@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator import manifest  # noqa: E402
 from orchestrator.cells import expand, group  # noqa: E402
 from orchestrator.launcher import GroupJob, base_row  # noqa: E402
+from orchestrator.journal import journal_files  # noqa: E402
 from orchestrator.matrix import parse_matrix  # noqa: E402
 from orchestrator.store import CELLS_SCHEMA, LOGPROBS_SCHEMA, RunStore  # noqa: E402
 
@@ -315,7 +316,7 @@ def compact_copy(run_dir: Path, copy: Path, work: Path) -> None:
     shutil.rmtree(copy, ignore_errors=True)
     subprocess.run(["cp", "-al", str(run_dir), str(copy)], check=True)   # seconds; copytree(os.link) took minutes
     cells_files = sum(1 for p in (run_dir / "cells").rglob("*.parquet") if not p.name.startswith("compacted-"))
-    journals = sorted((run_dir / "journal").glob("*.journal"))
+    journals = journal_files(run_dir)
     print(f"compacting a hard-linked copy of {run_dir}: {cells_files} per-cell cells files, {len(journals)} journal "
           f"files ({sum(p.stat().st_size for p in journals) / 2**30:.2f} GiB) ...", file=sys.stderr, flush=True)
     r = measure(["compact", str(copy)], work / "compact.log")
@@ -323,7 +324,7 @@ def compact_copy(run_dir: Path, copy: Path, work: Path) -> None:
     cells = sum(pq.read_metadata(copy / rel).num_rows for rel in record["cells"].values())
     rows = sum(sum(info["rows"]) for info in record["logprobs"].values())
     left = sum(1 for p in copy.rglob("*.parquet") if not p.name.startswith("compacted-"))
-    left += sum(1 for _ in (copy / "journal").glob("*.journal"))
+    left += len(journal_files(copy))
     print(f"\nfolded into {len(record['cells']) + len(record['logprobs'])} files: {cells} cells, {rows:,} logprob "
           f"rows, {left} per-cell or journal files left; {os.cpu_count()} CPUs")
     print(_table([r], "journal" if journals else "per-cell"), flush=True)

@@ -95,7 +95,9 @@ class RowGroupWriter:
     def _flush(self, final: bool) -> None:
         if not self.buffered:
             return
-        t = pa.concat_tables(self.buffer).combine_chunks()
+        # not combined into one chunk: the Parquet writer takes the cells' chunks as they are, for the
+        # same CPU, and a copy of every row group cost as much again
+        t = pa.concat_tables(self.buffer)
         cut = t.num_rows if final else t.num_rows - t.num_rows % self.row_group_rows
         if cut:
             self._wait()   # one row group encoding at a time: the file's row groups stay in order

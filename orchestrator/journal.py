@@ -1,13 +1,21 @@
 """The run's journal: every stored cell appended as one record to an append-only file.
 
-    journal/<creation time ns>-<pid>.journal      one file per writing process, never written by another
+    journal/<creation time ns>-<pid>.journal2     one file per writing process, never written by another
 
 A file is the magic line, a schemas record (the Arrow schema of each table, as this process writes
 them), then one record per stored cell. A record is
 
     "LBJR" | header length u32 | payload length u64 | crc32 of the header u32
-    header: JSON {"cell_id", "framework", "parts": [[table, offset, length, crc32], ...]}
-    payload: one Arrow IPC record-batch message per table the cell has rows in, its cells row last
+    header: JSON {"cell_id", "framework", "parts": [[table, offset, length, crc32, raw length], ...]}
+    payload: one Arrow IPC record-batch message per table the cell has rows in, its cells row last;
+             a side table's message zstd-compressed whole (raw length: its size before), the cells
+             row's plain (raw length 0)
+
+and, after every CELLS_BATCH cell records, a rows record: header {"rows_of": [offset, ...], "parts":
+[["cells", ...]]}, the cells rows of those records again (named by their cells part's offset in
+the file) as one zstd-compressed multi-row message. Readers take a cell's row from there when they
+have it (one message per CELLS_BATCH rows instead of one each: a cells row is ~100 one-value columns,
+~1 us of CPU each to decode and concatenate), else from its own record; either is the same row.
 
 and goes to the file in one write(), so the cell row and its side rows are stored together or not
 at all: a killed writer leaves at most a torn last record, which readers skip (it is shorter than
@@ -19,10 +27,16 @@ record order). Compaction folds the journal files into the compacted Parquet fil
 Why not a Parquet file per cell: a one-row Parquet file is ~80 column chunks of footer, ~1 ms of
 CPU to open; 100,000 cells were minutes of footers. An IPC message decodes without parsing a
 footer, and the files are few.
+
+Version 1 (`*.journal`, written before version 2, still read): side messages lz4-compressed by
+Arrow buffer by buffer (~20 LZ4 frames a logprobs message: ~300 us of CPU to decode one cell's,
+6x the one zstd call of version 2), parts without a raw length. Version 2 files have their own
+suffix so that a version 1 reader neither reads nor deletes them (it lists only `*.journal`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -31,12 +45,16 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 JOURNAL_DIR = "journal"
-SUFFIX = ".journal"
-MAGIC = b"lossless-bench journal 1\n"
+SUFFIX = ".journal2"                                  # what this writer writes: version 2
+SUFFIXES = (".journal", SUFFIX)                        # what readers read: versions 1 and 2
+MAGIC = b"lossless-bench journal 2\n"
+MAGICS = (b"lossless-bench journal 1\n", MAGIC)       # the same length
+_ZSTD = pa.Codec("zstd", 1)
 _REC = struct.Struct("<4sIQI")
 _REC_MAGIC = b"LBJR"
 
@@ -50,16 +68,23 @@ class Record:
     cell_id: str
     framework: str
     parts: dict[str, tuple[int, int, int]]    # table -> offset, length and crc32 of its IPC message in the file
+    raw: dict[str, int]                       # table -> size before compression, of the parts compressed whole
+    row_at: tuple | None = None               # (rows record's part: offset, length, crc32, raw length; row)
 
 
-def _encode(header: dict, messages: list[tuple[str, pa.Buffer]]) -> bytes:
+def _encode(header: dict, messages: list[tuple[str, pa.Buffer, int]]) -> tuple[bytes, int]:
+    """The record, and where its last part starts in it."""
     parts, off = [], 0
-    for name, buf in messages:
-        parts.append([name, off, buf.size, zlib.crc32(buf)])
+    for name, buf, raw in messages:
+        parts.append([name, off, buf.size, zlib.crc32(buf), raw])
         off += buf.size
     head = json.dumps({**header, "parts": parts}, separators=(",", ":")).encode()
-    payload = b"".join(bytes(buf) for _, buf in messages)
-    return _REC.pack(_REC_MAGIC, len(head), len(payload), zlib.crc32(head)) + head + payload
+    payload = b"".join(bytes(buf) for _, buf, _ in messages)
+    return (_REC.pack(_REC_MAGIC, len(head), len(payload), zlib.crc32(head)) + head + payload,
+            _REC.size + len(head) + parts[-1][1])
+
+
+CELLS_BATCH = 256   # cell records per rows record
 
 
 class JournalWriter:
@@ -71,6 +96,7 @@ class JournalWriter:
         self.root, self.schemas = Path(root), schemas
         self.path: Path | None = None
         self.ino = self.size = -1
+        self.rows: list[tuple[int, pa.RecordBatch]] = []   # cells rows not yet in a rows record: (offset, row)
 
     def _start(self) -> int:
         d = self.root / JOURNAL_DIR
@@ -82,9 +108,9 @@ class JournalWriter:
                 break
             except FileExistsError:
                 continue
-        self.path, self.ino, self.size = path, os.fstat(fd).st_ino, 0
+        self.path, self.ino, self.size, self.rows = path, os.fstat(fd).st_ino, 0, []
         try:
-            self._write(fd, MAGIC + _encode({"schemas": True}, [(n, s.serialize()) for n, s in self.schemas.items()]))
+            self._write(fd, MAGIC + _encode({"schemas": True}, [(n, s.serialize(), 0) for n, s in self.schemas.items()])[0])
         except BaseException:
             os.close(fd)
             raise
@@ -100,8 +126,8 @@ class JournalWriter:
 
     def append(self, cell_id: str, framework: str, batches: list[tuple[str, pa.RecordBatch]]) -> None:
         """One cell's rows, its side tables first and its cells row last, in one write()."""
-        record = _encode({"cell_id": cell_id, "framework": framework},
-                         [(name, _message(batch, compress=name != "cells")) for name, batch in batches])
+        record, cells_at = _encode({"cell_id": cell_id, "framework": framework},
+                                   [(name, *_message(batch, compress=name != "cells")) for name, batch in batches])
         fd = None
         if self.path is not None:
             try:
@@ -115,27 +141,37 @@ class JournalWriter:
         if fd is None:
             fd = self._start()
         try:
+            start = self.size
             self._write(fd, record)
+            if batches[-1][0] == "cells":
+                self.rows.append((start + cells_at, batches[-1][1]))
+            if len(self.rows) >= CELLS_BATCH:
+                self._write_rows(fd)
         finally:
             os.close(fd)
 
+    def _write_rows(self, fd: int) -> None:
+        """A rows record of the cells rows written since the last one. Only a shortcut for readers:
+        when it cannot be written the cells are stored all the same (and the next record goes to a
+        new file, after a possibly torn one)."""
+        offsets, rows = [off for off, _ in self.rows], [row for _, row in self.rows]
+        self.rows = []
+        try:
+            self._write(fd, _encode({"rows_of": offsets}, [("cells", *_message(pa.concat_batches(rows), True))])[0])
+        except Exception:
+            pass
 
-_LZ4 = ipc.IpcWriteOptions(compression="lz4")
 
-
-def _message(batch: pa.RecordBatch, compress: bool) -> pa.Buffer:
-    """The batch as one IPC message. Side tables are lz4-compressed (buffer by buffer, inside the
-    message: any IPC reader decompresses it): raw logprobs are ~5x their Parquet size, and a journal
-    that falls out of the page cache makes compaction wait on the disk. A cells row is left plain
-    (tiny, and 100,000 of them are decoded at once)."""
+def _message(batch: pa.RecordBatch, compress: bool) -> tuple[pa.Buffer, int]:
+    """The batch as one IPC message, and its size when it is compressed (else 0). Side tables are
+    compressed (raw logprobs are ~3x their zstd size, and a journal that falls out of the page cache
+    makes compaction wait on the disk), whole, in one zstd call: decoding Arrow's own per-buffer
+    compression cost ~6x the CPU. A cells row is left plain (small, and many are decoded at once
+    as one IPC stream: read_cells)."""
+    msg = batch.serialize()
     if not compress:
-        return batch.serialize()
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, batch.schema, options=_LZ4) as w:
-        w.write_batch(batch)
-    reader = ipc.MessageReader.open_stream(sink.getvalue())
-    reader.read_next_message()   # the schema
-    return reader.read_next_message().serialize()
+        return msg, 0
+    return _ZSTD.compress(msg), msg.size
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -149,7 +185,7 @@ def journal_files(root: Path) -> list[Path]:
     d = Path(root) / JOURNAL_DIR
     if not d.is_dir():
         return []
-    return sorted((Path(e.path) for e in os.scandir(d) if e.name.endswith(SUFFIX) and not e.name.startswith(".")),
+    return sorted((Path(e.path) for e in os.scandir(d) if e.name.endswith(SUFFIXES) and not e.name.startswith(".")),
                   key=lambda p: p.name)
 
 
@@ -158,6 +194,7 @@ def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
     checked against their checksums, when needed). A torn last record (a killed writer) is left out;
     a bad record before the end stops the scan there too (nothing after it can be trusted), which
     only damage to the storage causes."""
+    path = Path(path)
     size = os.path.getsize(path)
     records: list[Record] = []
     schemas: dict[str, pa.Schema] = {}
@@ -165,9 +202,10 @@ def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
         # the headers are spread over the whole file: have it read ahead in sequence (compaction reads
         # it all next; out of the page cache, a seek per record waits on the disk each time)
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        if f.read(len(MAGIC)) != MAGIC:
+        if f.read(len(MAGIC)) not in MAGICS:
             return schemas, records
         pos, seq = len(MAGIC), 0
+        at_offset: dict[int, int] = {}   # cells part offset -> its record's index (for the rows records)
         while pos + _REC.size <= size:
             f.seek(pos)
             magic, hlen, plen, hcrc = _REC.unpack(f.read(_REC.size))
@@ -179,15 +217,24 @@ def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
                 break
             header = json.loads(head)
             start = pos + _REC.size + hlen
-            parts = {name: (start + off, n, crc) for name, off, n, crc in header["parts"]}
+            parts = {p[0]: (start + p[1], p[2], p[3]) for p in header["parts"]}
+            raw = {p[0]: p[4] for p in header["parts"] if len(p) > 4 and p[4]}
             # the last record may be torn inside its payload (a kill, or a power loss): check it all
             if end == size and not all(_intact(f, part) for part in parts.values()):
                 break
-            if header.get("schemas"):
-                schemas = schemas or {name: ipc.read_schema(_read_part(f, part, path, "schemas"))
+            if "rows_of" in header:
+                part = (*parts["cells"], raw["cells"])
+                for row, off in enumerate(header["rows_of"]):
+                    i = at_offset.get(off)
+                    if i is not None:
+                        records[i] = dataclasses.replace(records[i], row_at=(part, row))
+            elif header.get("schemas"):
+                schemas = schemas or {name: ipc.read_schema(pa.py_buffer(_read_part(f, part, path, "schemas")))
                                       for name, part in parts.items()}
             elif schemas:
-                records.append(Record(Path(path), seq, header["cell_id"], header["framework"], parts))
+                if "cells" in parts:
+                    at_offset[parts["cells"][0]] = len(records)
+                records.append(Record(path, seq, header["cell_id"], header["framework"], parts, raw))
                 seq += 1
             pos = end
     return schemas, records
@@ -199,13 +246,16 @@ def _intact(f, part: tuple[int, int, int]) -> bool:
     return len(data) == n and zlib.crc32(data) == crc
 
 
-def _read_part(f, part: tuple[int, int, int], path, what: str) -> pa.Buffer:
+def _read_part(f, part: tuple[int, int, int], path, what: str) -> bytes:
     off, n, crc = part
     data = os.pread(f.fileno(), n, off)
     if len(data) != n or zlib.crc32(data) != crc:
         raise RuntimeError(f"{path}: the record of {what} at byte {off} is damaged (checksum mismatch): the "
                            f"journal was changed after it was written")
-    return pa.py_buffer(data)
+    return data
+
+
+READ_CELLS = 4096   # cells rows per IPC stream (~40 MB of messages)
 
 
 class JournalReader:
@@ -220,7 +270,45 @@ class JournalReader:
         part = rec.parts.get(table)
         if part is None:
             return None
-        return ipc.read_record_batch(_read_part(self.f, part, self.path, f"cell {rec.cell_id}"), self.schemas[table])
+        data = _read_part(self.f, part, self.path, f"cell {rec.cell_id}")
+        raw = rec.raw.get(table)
+        data = _ZSTD.decompress(data, decompressed_size=raw) if raw else pa.py_buffer(data)
+        return ipc.read_record_batch(data, self.schemas[table])
+
+    def cells(self, records: list[Record]) -> pa.Table:
+        """The cells rows of `records`, in that order (the writer's schema): from the rows records
+        where they have them, else from the cell records, decoded as IPC streams of READ_CELLS
+        messages each, one reader call per stream (one call per message cost ~3x the CPU)."""
+        schema = self.schemas["cells"]
+        tables: list[pa.Table] = []
+        first: dict[tuple, int] = {}   # rows record part -> its first row in the concatenation
+        at, alone = [], []
+        have = 0
+        for rec in records:
+            if rec.row_at is None:
+                at.append(-1 - len(alone))
+                alone.append(rec)
+                continue
+            part, row = rec.row_at
+            if part not in first:
+                data = _ZSTD.decompress(_read_part(self.f, part[:3], self.path, "cells rows"), decompressed_size=part[3])
+                t = pa.Table.from_batches([ipc.read_record_batch(data, schema)])
+                first[part], have = have, have + t.num_rows
+                tables.append(t)
+            at.append(first[part] + row)
+        head = schema.serialize().to_pybytes()
+        for i in range(0, len(alone), READ_CELLS):
+            msgs = [_read_part(self.f, rec.parts["cells"], self.path, f"cell {rec.cell_id}")
+                    for rec in alone[i:i + READ_CELLS]]
+            tables.append(ipc.open_stream(b"".join([head, *msgs])).read_all().combine_chunks())
+        if not tables:
+            return schema.empty_table()
+        t = pa.concat_tables(tables)
+        pos = np.array(at, np.int64)
+        pos[pos < 0] = have - 1 - pos[pos < 0]   # the records read alone follow the rows records' rows
+        if len(pos) == t.num_rows and (pos == np.arange(len(pos))).all():
+            return t
+        return t.take(pa.array(pos))
 
     def close(self) -> None:
         self.f.close()

@@ -3,7 +3,7 @@ plus a manifest; every write crash-safe.
 
 results/<run>/
   manifest.json                                   the matrix as given, the cells, host, versions
-  journal/<created ns>-<pid>.journal              while a run goes: each stored cell appended as one
+  journal/<created ns>-<pid>.journal2             while a run goes: each stored cell appended as one
                                                   record, its side rows and its cells row together
                                                   (orchestrator/journal.py), one file per writing process
   compacted.json                                  after a compaction: which compacted files are live
@@ -559,7 +559,7 @@ class Layout:
         tables = []
         for path, group in _by_file(recs).items():   # the batches of one file share its schema
             with JournalReader(path, self.journal_schemas[path]) as r:
-                t = pa.Table.from_batches([pa.concat_batches([r.batch(rec, "cells") for rec in group])])
+                t = r.cells(group)
             tables.append(conform(t, schema).append_column(
                 "framework", pa.array([rec.framework for rec in group], pa.string())))
         if not tables:

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import ROOT
-from orchestrator import compaction
+from orchestrator import compaction, journal
 from orchestrator.analysis import analyse
 from orchestrator.cells import expand
 from orchestrator.cli import app
@@ -135,7 +135,7 @@ def test_rerun_after_compaction_leaves_one_row_per_cell_the_new_one(tmp_path):
     assert rows == {"c0": 4, "c2": 6, "c3": 9, "c4": 8, "c5": 9}
     assert store.read_cells().set_index("cell_id").loc["c3", "duration_s"] == 2.0
     files = store.logprob_files()
-    assert files["c3"].suffix == ".journal" and "c1" not in files
+    assert files["c3"].suffix == journal.SUFFIX and "c1" not in files
     compact(store)
     assert exact(store) == (status, rows)
     cells, lps = raw(store)

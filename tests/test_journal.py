@@ -175,7 +175,7 @@ def test_the_newest_copy_wins_across_journal_per_cell_files_and_compacted(tmp_pa
     store.write_cell(row("z", "vllm", "failed", duration_s=3.0))
     want = {"x": ("ok", 2.0, 4, [-2.0]), "y": ("ok", 3.0, 5, [-3.0]), "z": ("failed", 3.0, 0, [])}
     assert state(store) == want
-    assert store.logprob_files()["y"].suffix == ".journal" and "z" not in store.logprob_files()
+    assert store.logprob_files()["y"].suffix == journal.SUFFIX and "z" not in store.logprob_files()
     store.write_cell(row("y", "hf", "failed", duration_s=4.0))             # stored again without rows: none
     want["y"] = ("failed", 4.0, 0, [])
     assert state(store) == want
