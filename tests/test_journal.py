@@ -207,3 +207,62 @@ def test_a_journal_from_before_the_schema_grew_reads_with_nulls(tmp_path):
     compact(store)
     assert store.read_cells().set_index("cell_id").loc["new", "duration_s"] == 1.0
     assert len(store.read_logprobs()) == 5
+
+
+def test_a_version_1_journal_still_reads_and_compacts(tmp_path):
+    """tests/data/journal_v1: written by version 1 (lz4 inside the messages, no rows records; a, b, a
+    stored again, c failed), beside a version 2 file of this writer."""
+    run = tmp_path / "run"
+    (run / journal.JOURNAL_DIR).mkdir(parents=True)
+    v1, = (ROOT / "tests" / "data" / "journal_v1").glob("*.journal")
+    assert v1.read_bytes().startswith(journal.MAGICS[0])
+    shutil.copy(v1, run / journal.JOURNAL_DIR / v1.name)
+    store = RunStore(run)
+    want = {"a": ("ok", 2.0, 5, [-3.0]), "b": ("ok", 1.0, 4, [-2.0]), "c": ("failed", 1.0, 0, [])}
+    assert state(store) == want
+    new_process()
+    store.write_cell(row("b", duration_s=3.0), lp("b", 2, -4.0))   # newer, in a version 2 file
+    want["b"] = ("ok", 3.0, 2, [-4.0])
+    assert [p.suffix for p in journal.journal_files(run)] == [".journal", journal.SUFFIX]
+    assert state(store) == want
+    compact(store)
+    assert state(store) == want and journal.journal_files(run) == []
+
+
+def test_rows_records_read_as_the_cells_own_rows_and_a_torn_one_is_skipped(tmp_path, monkeypatch):
+    """Every CELLS_BATCH cell records the writer repeats their cells rows in one rows record; readers
+    take the rows from there. A cell stored again after its rows record still wins, a torn rows record
+    (the tail a kill leaves) is skipped, and a damaged one is an error."""
+    monkeypatch.setattr(journal, "CELLS_BATCH", 2)
+    store = RunStore(tmp_path / "src")
+    for i, cid in enumerate(["c0", "c1", "c2", "c1", "c3"]):   # rows records after the 2nd and 4th
+        store.write_cell(row(cid, duration_s=float(i)), lp(cid, 2 + i, -float(i)))
+    want = {"c0": ("ok", 0.0, 2, [-0.0]), "c1": ("ok", 3.0, 5, [-3.0]), "c2": ("ok", 2.0, 4, [-2.0]),
+            "c3": ("ok", 4.0, 6, [-4.0])}
+    assert state(store) == want
+    path, = journal.journal_files(store.root)
+    _, records = journal.scan(path)
+    assert [r.row_at is not None for r in records] == [True, True, True, True, False]
+    # a torn last record that is a rows record: its cells read from their own records
+    store.write_cell(row("c4", duration_s=9.0), lp("c4", 1, -9.0))   # completes a third rows record (c3, c4)
+    _, records = journal.scan(path)
+    assert records[-1].row_at is not None
+    rows_part, _ = records[-1].row_at
+    for cut in (rows_part[0] - 1, rows_part[0] + rows_part[1] // 2, rows_part[0] + rows_part[1] - 1):
+        run = tmp_path / f"cut-{cut}"
+        shutil.copytree(store.root, run)
+        jf, = journal.journal_files(run)
+        with open(jf, "r+b") as f:
+            f.truncate(cut)
+        _, recs = journal.scan(jf)
+        assert [r.cell_id for r in recs] == ["c0", "c1", "c2", "c1", "c3", "c4"]
+        assert recs[-1].row_at is None and recs[-2].row_at is None
+        assert state(RunStore(run)) == want | {"c4": ("ok", 9.0, 1, [-9.0])}
+    # a damaged rows record inside the file (not a tail): an error, never other rows (this also
+    # shows the readers take the rows from there)
+    data = bytearray(path.read_bytes())
+    first_rows = records[0].row_at[0]
+    data[first_rows[0] + first_rows[1] // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="damaged"):
+        store.read_cells()
