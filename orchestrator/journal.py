@@ -275,10 +275,11 @@ class JournalReader:
         data = _ZSTD.decompress(data, decompressed_size=raw) if raw else pa.py_buffer(data)
         return ipc.read_record_batch(data, self.schemas[table])
 
-    def cells(self, records: list[Record]) -> pa.Table:
-        """The cells rows of `records`, in that order (the writer's schema): from the rows records
+    def cells(self, records: list[Record]) -> tuple[pa.Table, np.ndarray]:
+        """The cells rows of `records` as read (the writer's schema), and the row of each record: from the rows records
         where they have them, else from the cell records, decoded as IPC streams of READ_CELLS
-        messages each, one reader call per stream (one call per message cost ~3x the CPU)."""
+        messages each, one reader call per stream (one call per message cost ~3x the CPU). The
+        caller orders them (one take of many files' rows, not one per file)."""
         schema = self.schemas["cells"]
         tables: list[pa.Table] = []
         first: dict[tuple, int] = {}   # rows record part -> its first row in the concatenation
@@ -301,14 +302,9 @@ class JournalReader:
             msgs = [_read_part(self.f, rec.parts["cells"], self.path, f"cell {rec.cell_id}")
                     for rec in alone[i:i + READ_CELLS]]
             tables.append(ipc.open_stream(b"".join([head, *msgs])).read_all().combine_chunks())
-        if not tables:
-            return schema.empty_table()
-        t = pa.concat_tables(tables)
         pos = np.array(at, np.int64)
         pos[pos < 0] = have - 1 - pos[pos < 0]   # the records read alone follow the rows records' rows
-        if len(pos) == t.num_rows and (pos == np.arange(len(pos))).all():
-            return t
-        return t.take(pa.array(pos))
+        return (pa.concat_tables(tables) if tables else schema.empty_table()), pos
 
     def close(self) -> None:
         self.f.close()

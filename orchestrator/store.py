@@ -556,19 +556,25 @@ class Layout:
         records, or of `cell_ids` among them, in that order."""
         schema = pa.schema([CELLS_FILE_SCHEMA.field(c) for c in columns])
         recs = list(self.journal.values()) if cell_ids is None else [self.journal[c] for c in cell_ids]
-        tables = []
-        for path, group in _by_file(recs).items():   # the batches of one file share its schema
+        by_file: dict[Path, list[int]] = {}
+        for i, rec in enumerate(recs):
+            by_file.setdefault(rec.path, []).append(i)
+        tables, where, have = [], np.empty(len(recs), np.int64), 0
+        for path, idx in by_file.items():   # the rows of one file share its schema
+            group = [recs[i] for i in idx]
             with JournalReader(path, self.journal_schemas[path]) as r:
-                t = r.cells(group)
-            tables.append(conform(t, schema).append_column(
-                "framework", pa.array([rec.framework for rec in group], pa.string())))
+                t, pos = r.cells(group)
+            fws = np.full(t.num_rows, None, object)   # a row no record asked for (an older copy) is dropped below
+            fws[pos] = [rec.framework for rec in group]
+            tables.append(conform(t.select([c for c in columns if c in t.column_names]), schema).append_column(
+                "framework", pa.array(fws, pa.string())))
+            where[idx] = pos + have
+            have += t.num_rows
         if not tables:
             return schema.append(pa.field("framework", pa.string())).empty_table()
         t = pa.concat_tables(tables)
-        if len(tables) > 1:   # back in the order asked for
-            pos = {rec.cell_id: i for i, rec in enumerate(recs)}
-            t = t.take(pa.array(np.argsort([pos[c] for c in t["cell_id"].to_pylist()], kind="stable")))
-        return t
+        # in the order asked for: one take of all files' rows
+        return t if len(where) == have and (where == np.arange(have)).all() else t.take(pa.array(where))
 
     def read_cells(self, columns: list[str] | None = None) -> pa.Table:
         import pyarrow.compute as pc
@@ -680,11 +686,3 @@ class Layout:
                 columns=columns, batch_size=batch_size)
         for _, t in self.journal_batches(name, self.journal.values(), columns):
             yield from t.to_batches()
-
-
-def _by_file(records) -> dict[Path, list[Record]]:
-    """Records grouped by journal file, each group in the given order."""
-    out: dict[Path, list[Record]] = {}
-    for rec in records:
-        out.setdefault(rec.path, []).append(rec)
-    return out
