@@ -36,7 +36,6 @@ suffix so that a version 1 reader neither reads nor deletes them (it lists only 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import struct
@@ -204,8 +203,9 @@ def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         if f.read(len(MAGIC)) not in MAGICS:
             return schemas, records
-        pos, seq = len(MAGIC), 0
-        at_offset: dict[int, int] = {}   # cells part offset -> its record's index (for the rows records)
+        pos = len(MAGIC)
+        found: list[tuple] = []          # the cell records' fields
+        row_at: dict[int, tuple] = {}    # cells part offset -> (rows record's part, row) (Record.row_at)
         while pos + _REC.size <= size:
             f.seek(pos)
             magic, hlen, plen, hcrc = _REC.unpack(f.read(_REC.size))
@@ -224,19 +224,15 @@ def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
                 break
             if "rows_of" in header:
                 part = (*parts["cells"], raw["cells"])
-                for row, off in enumerate(header["rows_of"]):
-                    i = at_offset.get(off)
-                    if i is not None:
-                        records[i] = dataclasses.replace(records[i], row_at=(part, row))
+                row_at.update((off, (part, row)) for row, off in enumerate(header["rows_of"]))
             elif header.get("schemas"):
                 schemas = schemas or {name: ipc.read_schema(pa.py_buffer(_read_part(f, part, path, "schemas")))
                                       for name, part in parts.items()}
             elif schemas:
-                if "cells" in parts:
-                    at_offset[parts["cells"][0]] = len(records)
-                records.append(Record(path, seq, header["cell_id"], header["framework"], parts, raw))
-                seq += 1
+                found.append((header["cell_id"], header["framework"], parts, raw))
             pos = end
+    records = [Record(path, seq, cid, fw, parts, raw, row_at.get(parts["cells"][0]) if "cells" in parts else None)
+               for seq, (cid, fw, parts, raw) in enumerate(found)]
     return schemas, records
 
 
