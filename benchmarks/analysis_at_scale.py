@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator import manifest  # noqa: E402
 from orchestrator.cells import expand, group  # noqa: E402
 from orchestrator.launcher import GroupJob, base_row  # noqa: E402
-from orchestrator.journal import journal_files  # noqa: E402
+from orchestrator.journal import journal_files, scan  # noqa: E402
 from orchestrator.matrix import parse_matrix  # noqa: E402
 from orchestrator.store import CELLS_SCHEMA, LOGPROBS_SCHEMA, RunStore  # noqa: E402
 
@@ -376,7 +376,13 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
         store.write_cell({"run_id": store.run_id, "cell_id": cid, "framework": "hf", "status": "ok"}, t)
     rows = sum(t.num_rows for t in tables)
     lp_dir = store.root / "logprobs"
-    out = [("per-cell files (as a run writes them), current writer", sum(f.stat().st_size for f in lp_dir.rglob("*.parquet")), rows)]
+    old = work / "old.parquet"
+    # as a run writes them: the logprobs messages of the journal's records (zstd-compressed IPC)
+    journal_bytes = sum(rec.parts["logprobs"][1] for path in journal_files(store.root) for rec in scan(path)[1])
+    out = [("journal records (as a run writes them), current writer", journal_bytes, rows),
+           ("per-cell files (as runs before the journal wrote them)",
+            sum(_parquet_bytes(t, LOGPROBS_WRITE_OPTIONS, old) for t in tables), rows)]
+    old = work / "old.parquet"
     old = work / "old.parquet"
     size = 0
     for t in tables:
@@ -404,6 +410,13 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
             pq.write_table(table, old, **options)
             out.append((f"{what}, {label} writer", old.stat().st_size, table.num_rows))
     return out
+
+
+def _parquet_bytes(table: pa.Table, options: dict, path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, **options)
+    return path.stat().st_size
 
 
 # ------------------------------------------------------------------ main
