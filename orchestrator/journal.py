@@ -11,18 +11,19 @@ them), then one record per stored cell. A record is
              a side table's message zstd-compressed whole (raw length: its size before), the cells
              row's plain (raw length 0)
 
-and, after every CELLS_BATCH cell records, a rows record: header {"rows_of": [offset, ...], "parts":
-[["cells", ...]]}, the cells rows of those records again (named by their cells part's offset in
-the file) as one zstd-compressed multi-row message. Readers take a cell's row from there when they
-have it (one message per CELLS_BATCH rows instead of one each: a cells row is ~100 one-value columns,
-~1 us of CPU each to decode and concatenate), else from its own record; either is the same row.
-
 and goes to the file in one write(), so the cell row and its side rows are stored together or not
 at all: a killed writer leaves at most a torn last record, which readers skip (it is shorter than
 its header says, or its checksum does not match). A file is never opened for writing again once its
 process is gone, so a torn tail is never followed by a good record, and hard-linked copies of a run
 dir stay independent. A cell stored twice has two records; the later one wins (file order, then
 record order). Compaction folds the journal files into the compacted Parquet files and deletes them.
+
+After every CELLS_BATCH cell records the writer appends a rows record: header {"rows_of": [offset,
+...], "parts": [["cells", ...]]}, the cells rows of those records again (each named by its cells
+part's offset in the file) as one zstd-compressed multi-row message. Readers take a cell's row from
+there when they have it (one message per CELLS_BATCH rows instead of one each: a cells row is ~100
+one-value columns, ~1 us of CPU each to decode and concatenate), else from its own record; either
+is the same row. A torn rows record is a tail like any other, skipped.
 
 Why not a Parquet file per cell: a one-row Parquet file is ~80 column chunks of footer, ~1 ms of
 CPU to open; 100,000 cells were minutes of footers. An IPC message decodes without parsing a
