@@ -167,7 +167,7 @@ def _message(batch: pa.RecordBatch, compress: bool) -> tuple[pa.Buffer, int]:
     compressed (raw logprobs are ~3x their zstd size, and a journal that falls out of the page cache
     makes compaction wait on the disk), whole, in one zstd call: decoding Arrow's own per-buffer
     compression cost ~6x the CPU. A cells row is left plain (small, and many are decoded at once
-    as one IPC stream: read_cells)."""
+    as one IPC stream: JournalReader.cells)."""
     msg = batch.serialize()
     if not compress:
         return msg, 0
