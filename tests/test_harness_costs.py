@@ -2,11 +2,14 @@
 the launcher's Arrow conversion imports nothing heavy, and the memory tracker reads the kernel's peak
 marks of its process tree, with nothing sampling while an engine is timed."""
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
+import psutil
 import pyarrow as pa
 
 from orchestrator.launcher import _logprob_table
@@ -63,6 +66,9 @@ def test_rows_come_back_through_ray_without_pandas_or_pyarrow_compute_in_its_wor
         def imported(self) -> list[str]:
             return sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules)
 
+        def pid(self) -> int:
+            return os.getpid()
+
         def rows(self, npz: str):
             import orchestrator.scheduler as scheduler
             from orchestrator.launcher import CellResult
@@ -72,9 +78,21 @@ def test_rows_come_back_through_ray_without_pandas_or_pyarrow_compute_in_its_wor
             return scheduler._run_on_node(None)   # the task's body, a group that made these rows
 
     worker = GroupWorker.remote()
-    assert ray_local.get(worker.imported.remote()) == []
-    (row,) = [r.unpacked() for r in ray_local.get(worker.rows.remote(str(tmp_path / "c.npz")))]
-    assert ray_local.get(worker.imported.remote()) == []
+    pid = ray_local.get(worker.pid.remote())
+    try:
+        assert ray_local.get(worker.imported.remote()) == []
+        (row,) = [r.unpacked() for r in ray_local.get(worker.rows.remote(str(tmp_path / "c.npz")))]
+        assert ray_local.get(worker.imported.remote()) == []
+    finally:   # gone before the next test: this process's tree is what the memory tracker's test reads
+        ray_local.kill(worker)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
     assert row.tasks is None and row.row["node_id"] and row.logprobs.schema.equals(LOGPROBS_SCHEMA)
     assert row.logprobs["topk_ids"].to_pylist() == data["topk_ids"].tolist()
     assert row.samples.equals(row.logprobs)
