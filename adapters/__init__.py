@@ -1,9 +1,7 @@
-"""Engine adapters. Adding a framework: one file here, and one import line below."""
+"""Engine adapters. Adding a framework: one file here, and its name and module below."""
 
 from adapters.base import ADAPTERS, Adapter, register  # noqa: F401
 
-from adapters import hf  # noqa: F401,E402
-from adapters import vllm  # noqa: F401,E402
-from adapters import trtllm  # noqa: F401,E402
-from adapters import lmdeploy  # noqa: F401,E402
-from adapters import llamacpp  # noqa: F401,E402
+# imported on first use (adapters.base.Registry), in this order in every "known: ..." list
+ADAPTERS.modules.update({"hf": "adapters.hf", "vllm": "adapters.vllm", "trtllm": "adapters.trtllm",
+                         "lmdeploy": "adapters.lmdeploy", "llamacpp": "adapters.llamacpp"})

@@ -7,6 +7,8 @@ imports happen inside `load()` only, so the orchestrator can validate a matrix w
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 import numpy as np
@@ -118,13 +120,39 @@ class Adapter:
         return None
 
 
-ADAPTERS: dict[str, type[Adapter]] = {}
+class Registry(Mapping[str, "type[Adapter]"]):
+    """Framework name -> adapter class. Each adapter's module is imported the first time its framework is
+    looked up, so a process imports only the adapters it uses (an hf group's engine child: adapters.hf)."""
+
+    def __init__(self) -> None:
+        self.modules: dict[str, str] = {}            # framework name -> its module (adapters/__init__.py)
+        self._classes: dict[str, type[Adapter]] = {}
+
+    def __getitem__(self, name: str) -> type[Adapter]:
+        if name not in self._classes and name in self.modules:
+            importlib.import_module(self.modules[name])   # its @register adds it
+        return self._classes[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self.modules, *self._classes]))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys([*self.modules, *self._classes]))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.modules or name in self._classes
+
+    def add(self, cls: type[Adapter]) -> None:
+        if self._classes.get(cls.name, cls) is not cls:
+            raise ValueError(f"two adapters register the framework name {cls.name!r}")
+        self._classes[cls.name] = cls
+
+
+ADAPTERS = Registry()
 
 
 def register(cls: type[Adapter]) -> type[Adapter]:
-    if cls.name in ADAPTERS and ADAPTERS[cls.name] is not cls:
-        raise ValueError(f"two adapters register the framework name {cls.name!r}")
-    ADAPTERS[cls.name] = cls
+    ADAPTERS.add(cls)
     return cls
 
 

@@ -31,7 +31,6 @@ from adapters.contract import (SAMPLE_COLUMNS, CellRecord, CellSpec, End, GroupS
                                SamplingSpec, ScoringSpec, Started, TaskSpec, engine_seed, summarize)
 from adapters.energy import EnergyMeter
 from adapters.provenance import host_facts, model_fingerprint
-from adapters.served_cells import serve_group
 from adapters.task_runner import run_tasks
 from adapters.trackers import MemoryTracker
 
@@ -176,6 +175,8 @@ def main(spec_path: str, out_dir: str) -> int:
         return 0
     provenance = _provenance(spec, endpoint)
     if spec.mode == "serve":
+        from adapters.served_cells import serve_group   # the load generator and server: serve groups only
+
         return serve_group(spec, adapter, events, out, provenance)
 
     memory = MemoryTracker(load.device).start()

@@ -25,8 +25,8 @@ so they add up to the total:
   between cells           the child's gaps between one cell's done and the next cell's start
   child close             the last cell_done -> the end event (adapter.close(), the tracker stopped)
   child exit              the end event -> the launcher sees the process gone (interpreter exit, poll)
-  launcher finish         -> run_group returns (the last rows, the temp dir removed)
-  hand-back via Ray       run_group returned -> ray.get returned in the driver
+  launcher finish         -> the rows ready to go back (the last rows, the temp dir removed, Arrow IPC)
+  hand-back via Ray       the task's rows ready (scheduler._run_on_node) -> ray.get returned and unpacked
   Parquet write           RunStore.write_cell, every row
   group overhead          the total minus engine import + load and cells: the goal, under 2 s
 Off that path (the launcher does them while the child runs on): outputs -> Arrow (_measured and
@@ -65,14 +65,12 @@ def _matrix(engine: str) -> dict:
 def traced_group_task(job_blob: bytes):
     """scheduler._group_task, with timers around the launcher's pieces (this Ray worker only)."""
     t_enter = time.time()
-    import orchestrator.scheduler  # noqa: F401  (the real task's module: what its worker imports)
+    import orchestrator.scheduler  # the real task's module: what its worker imports
     t_imported = time.time()
     job = pickle.loads(job_blob)
     t_job = time.time()
     import subprocess as sp
     import types
-
-    import ray
 
     import orchestrator.launcher as L
 
@@ -111,8 +109,7 @@ def traced_group_task(job_blob: bytes):
     L._read_events = read_events
     L._measured = timed("arrow_s", L._measured)
     L._logprob_table = timed("arrow_s", L._logprob_table)
-    node = ray.get_runtime_context().get_node_id()
-    rows = [r._replace(row=r.row | {"node_id": node}) for r in L.run_group(job)]
+    rows = orchestrator.scheduler._run_on_node(job)   # run_group, and the rows as the task hands them back
     tr["returned"] = time.time()
     return rows, tr
 
@@ -145,6 +142,7 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     blob = pickle.dumps(job)
     t_submit = time.time()
     rows, tr = ray.get(task.remote(blob))
+    rows = [r.unpacked() if hasattr(r, "unpacked") else r for r in rows]   # (a checkout of before the IPC hand-back)
     t_got = time.time()
     with store.writing():
         for row, lp, tasks, samples in rows:

@@ -69,7 +69,7 @@ def job_need(job: GroupJob, nodes: list[dict[str, float]]) -> placement.Need:
 # keep a fresh worker each (max_calls=1, Ray's own default for GPU tasks; Ray takes it only in the decorator).
 def _run_on_node(job: GroupJob) -> Rows:
     node = ray.get_runtime_context().get_node_id()
-    return [r._replace(row=r.row | {"node_id": node}) for r in run_group(job)]
+    return [r._replace(row=r.row | {"node_id": node}).packed() for r in run_group(job)]
 
 
 @ray.remote(max_retries=0)
@@ -172,7 +172,7 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
         for ref in done:
             job, part = pending.pop(ref)
             try:
-                rows = ray.get(ref)
+                rows = [r.unpacked() for r in ray.get(ref)]
             except Exception as err:  # the task's worker or node died; run_group itself never raises
                 if stealing is not None:
                     stealing.lost(job.part_id)

@@ -2,11 +2,14 @@
 the launcher's Arrow conversion imports nothing heavy, and the memory tracker reads the kernel's peak
 marks of its process tree, with nothing sampling while an engine is timed."""
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
+import psutil
 import pyarrow as pa
 
 from orchestrator.launcher import _logprob_table
@@ -51,6 +54,66 @@ def test_logprob_table_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_rows_come_back_through_ray_without_pandas_or_pyarrow_compute_in_its_worker(ray_local, tmp_path):
+    """The scheduler's task hands a group's rows back as Arrow IPC: Ray's own pickling of a pa.Table
+    imports pyarrow.compute and pandas in the Ray worker on first use (0.4-0.6 s of a run's first group)."""
+    data = _npz(tmp_path / "c.npz")
+
+    @ray_local.remote
+    class GroupWorker:   # its own process: what it has imported is its own
+        def imported(self) -> list[str]:
+            return sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules)
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        def rows(self, npz: str):
+            import orchestrator.scheduler as scheduler
+            from orchestrator.launcher import CellResult
+
+            table = _logprob_table("r", "c", npz)
+            scheduler.run_group = lambda job: [CellResult({"cell_id": "c"}, table, None, table)]
+            return scheduler._run_on_node(None)   # the task's body, a group that made these rows
+
+    worker = GroupWorker.remote()
+    pid = ray_local.get(worker.pid.remote())
+    try:
+        assert ray_local.get(worker.imported.remote()) == []
+        (row,) = [r.unpacked() for r in ray_local.get(worker.rows.remote(str(tmp_path / "c.npz")))]
+        assert ray_local.get(worker.imported.remote()) == []
+    finally:   # gone before the next test: this process's tree is what the memory tracker's test reads
+        ray_local.kill(worker)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+    assert row.tasks is None and row.row["node_id"] and row.logprobs.schema.equals(LOGPROBS_SCHEMA)
+    assert row.logprobs["topk_ids"].to_pylist() == data["topk_ids"].tolist()
+    assert row.samples.equals(row.logprobs)
+
+
+def test_a_process_imports_only_the_adapters_it_looks_up():
+    """The registry imports an adapter's module on first lookup: the engine child of an hf group (and its
+    Ray worker's launcher) imports adapters.hf, not the other four frameworks' modules."""
+    code = textwrap.dedent("""
+        import sys
+        import adapters.worker, orchestrator.launcher
+        from adapters import ADAPTERS
+        engines = ("adapters.hf", "adapters.vllm", "adapters.trtllm", "adapters.lmdeploy", "adapters.llamacpp")
+        before = [m for m in engines if m in sys.modules]
+        names = list(ADAPTERS)
+        cls = ADAPTERS["hf"]
+        print(before, names, cls.name, [m for m in engines if m in sys.modules])
+        print(all(ADAPTERS[n].name == n for n in names), [m for m in engines if m not in sys.modules])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["[] ['hf', 'vllm', 'trtllm', 'lmdeploy', 'llamacpp'] hf ['adapters.hf']", "True []"]
 
 
 def test_memory_tracker_reads_the_peak_of_its_tree_between_reset_and_read():
