@@ -452,15 +452,17 @@ def estimates(groups: list[Group], sizing: str = "local", history: bool = False)
     return estimate_groups(facts, measured)
 
 
-def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells: list[tuple[float, list[float]]],
+def simulate_dispatch(groups: list[Group], cluster: list[NodeType], loads_cells: list[tuple],
                       split: bool = True, steal: bool = True) -> tuple[float, float, int]:
-    """The dispatcher with these per-group estimates (load, cells) against the true durations;
+    """The dispatcher with these per-group estimates (load, cells[, load sigma, cell sigmas]: how far off
+    they may be; none: exact) against the true durations;
     returns (makespan, GPU-seconds used, parts run). With `steal`, whenever parts end (and so at every
     point where the driver looks), the driver's progress of each running part (Progress: its load and
     finished cells as measured, the running cell's start) goes to the dispatcher's `steal`, as the
     scheduler passes what the parts' tasks report; a withdrawal takes effect at once (the real one
     waits for the victim's next poll, under a second, against cells of many seconds)."""
-    works = [Work(g, g.need, load, tuple(cells)) for g, (load, cells) in zip(groups, loads_cells)]
+    works = [Work(g, g.need, load, tuple(cells), load_sigma=spread[0] if spread else 0.0,
+                  cell_sigma=tuple(spread[1]) if spread else ()) for g, (load, cells, *spread) in zip(groups, loads_cells)]
     d = Dispatcher(cluster_nodes(cluster), works, split_groups=split, steal_cells=steal)
     events, seq, used, makespan, parts = [], itertools.count(), 0.0, 0.0, 0
     began: dict[Work, float] = {}
@@ -563,7 +565,7 @@ def policies(groups: list[Group], seed: int = 0) -> dict:
         from_config = estimates(groups, "config")
 
     def pairs(es):
-        return [(e.load_s, e.cell_s) for e in es]
+        return [(e.load_s, e.cell_s, e.load_sigma, e.cell_sigma) for e in es]
 
     return {
         "today: longest_first": ("today", sorted(groups, key=lambda g: today_estimate(g.weight_bytes, g.n_cells),

@@ -18,6 +18,11 @@ A group is one engine load, then its cells one after another. Each part of that 
              per GPU: a model is sharded over as many GPUs as it needs), 16 GB on CPU.
 The priors are round guesses of a GPU cluster's engines (benchmarks/simulate_schedule.py draws its
 durations around the same medians); only their ratios matter to the order, and a measured run replaces them.
+
+Each estimate also says how far off it may be (`load_sigma`, `cell_sigma`: log-space standard deviations):
+a prior within about 1.35x for a load and 1.8x for a cell (one sigma), a measured duration within about
+10% (run-to-run). These spreads are assumed, like the priors (the simulation draws with the same ones);
+the dispatcher uses them so that work it knows least about does not start last.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ LOAD_FIXED_S = {"hf": 10.0, "vllm": 45.0, "trtllm": 120.0, "lmdeploy": 30.0, "ll
 CELL_SPEED = {"trtllm": 0.8, "vllm": 1.0, "lmdeploy": 1.0, "hf": 2.5, "llamacpp": 2.0}
 LOAD_S_PER_GB, GGUF_CONVERT_S_PER_GB = 1.5, 2.0
 CELL_FIXED_S, CELL_S_PER_GB, CPU_CELL_FACTOR = 6.0, 0.8, 30.0
+PRIOR_LOAD_SIGMA, PRIOR_CELL_SIGMA, MEASURED_SIGMA = 0.3, 0.6, 0.1   # assumed spreads (log space), see above
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,12 @@ class Estimate:
     load_s: float
     cell_s: list[float]
     basis: str                      # prior | calibrated prior | measured | partly measured
+    load_sigma: float = PRIOR_LOAD_SIGMA
+    cell_sigma: list[float] = field(default_factory=list)   # per cell (empty: PRIOR_CELL_SIGMA each)
+
+    def __post_init__(self):
+        if not self.cell_sigma:
+            self.cell_sigma = [PRIOR_CELL_SIGMA] * len(self.cell_s)
 
     @property
     def seconds(self) -> float:
@@ -116,7 +128,9 @@ def _measured(f: GroupFacts, p: Estimate, h: History) -> tuple[Estimate, float |
     fill = statistics.fmean(cells[i] for i in known) if known else p.cell_s[0] * (ratio or 1.0) if p.cell_s else 0.0
     full = load is not None and len(known) == len(cells)
     return Estimate(load if load is not None else p.load_s * (ratio or 1.0),
-                    [c if c is not None else fill for c in cells], "measured" if full else "partly measured"), ratio
+                    [c if c is not None else fill for c in cells], "measured" if full else "partly measured",
+                    MEASURED_SIGMA if load is not None else PRIOR_LOAD_SIGMA,
+                    [MEASURED_SIGMA if c is not None else PRIOR_CELL_SIGMA for c in cells]), ratio
 
 
 def estimate_groups(facts: list[GroupFacts], history: History | None = None) -> list[Estimate]:

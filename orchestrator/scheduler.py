@@ -94,8 +94,9 @@ def facts(job: GroupJob) -> GroupFacts:
 
 
 def part_job(job: GroupJob, part: Work) -> GroupJob:
-    """The job of one part: the group with only the part's cells (the whole job when nothing was cut)."""
-    if len(part.cells) == len(job.group.cells):
+    """The job of one part: the group with only the part's cells, in the part's order (the dispatcher puts
+    the longest first); the whole job when that is all of them in their own order."""
+    if part.cells == tuple(range(len(job.group.cells))):
         return job
     return dataclasses.replace(job, group=dataclasses.replace(job.group, cells=[job.group.cells[i] for i in part.cells]),
                                tries=0)
@@ -114,8 +115,8 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
     if not runnable:
         return
     estimates = estimate_groups([facts(j) for j in runnable], history)
-    works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s), splittable=not _shared_server(j))
-             for j, e in zip(runnable, estimates)]
+    works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s), splittable=not _shared_server(j),
+                  load_sigma=e.load_sigma, cell_sigma=tuple(e.cell_sigma)) for j, e in zip(runnable, estimates)]
     run = runnable[0].matrix.run
     dispatcher = Dispatcher(nodes, works, split_groups=run.split_groups, steal_cells=run.steal_cells)
     parts: dict[Work, GroupJob] = {}

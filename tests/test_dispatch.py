@@ -98,6 +98,20 @@ def test_wide_parts_go_first_and_narrow_ones_fill_the_fullest_node():
     assert one.step()[0][1] == "b"
 
 
+def test_load_heavy_and_uncertain_parts_go_before_sure_ones_of_the_same_length_and_cells_longest_first():
+    def first(*works):
+        return Dispatcher({"a": node(1)}, list(works), split_groups=False).step()[0][0].key
+
+    sure, load_heavy = Work("sure", GPU1, 0.0, (20.0, 20.0)), Work("load", GPU1, 30.0, (10.0,))
+    uncertain = Work("uncertain", GPU1, 0.0, (40.0,), cell_sigma=(0.6,))
+    assert first(sure, load_heavy) == "load"         # its cells cannot be shared out without loading again
+    assert first(sure, uncertain) == "uncertain"     # it may run long: not the last thing to start
+    assert Work("w", GPU1, 0.0, (40.0,), cell_sigma=(0.6,)).spread == pytest.approx(40 * (1.433 * 0.433) ** 0.5, rel=1e-3)
+    assert Work("w", GPU1, 10.0, (40.0,)).spread == 0.0
+    (p, _), = Dispatcher({"a": node(1)}, [Work("g", GPU1, 1.0, (5.0, 30.0, 10.0), cell_sigma=(0.1, 0.2, 0.3))]).step()
+    assert (p.cells, p.cell_s, p.cell_sigma) == ((1, 2, 0), (30.0, 10.0, 5.0), (0.2, 0.3, 0.1))   # the tail: short cells
+
+
 def test_parts_lost_with_their_node_run_again_elsewhere_or_are_reported():
     nodes = {"a": node(8), "b": node(8)}
     d = Dispatcher(nodes, [Work(f"g{i}", GPU8, 1.0, (10.0,)) for i in range(2)])

@@ -124,6 +124,10 @@ def test_measured_durations_from_a_results_root_replace_and_calibrate_the_priors
     assert e[3].seconds == pytest.approx(k * prior(other_fw).seconds)
     assert estimate_groups([same_fw], None)[0].basis == "prior"
     assert History.read(tmp_path / "run2").runs == 1   # one run dir is a root too
+    # how far off each may be: what was measured within 10%, the rest (and calibrated priors) as priors
+    assert (e[0].load_sigma, e[0].cell_sigma) == (0.1, [0.1, 0.1])
+    assert (e[1].load_sigma, e[1].cell_sigma) == (0.1, [0.1, 0.1, 0.6])
+    assert (e[2].load_sigma, e[2].cell_sigma) == (0.3, [0.6]) == (p.load_sigma, p.cell_sigma)
 
 
 def test_hub_metadata_sizes_an_uncached_model_where_the_hub_answers(hf_cache, monkeypatch):

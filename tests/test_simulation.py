@@ -50,8 +50,10 @@ def test_10000_cells_on_1000_gpus_splitting_beats_the_whole_group_bound(sim):
     assert today.bound == pytest.approx(1225, abs=1) and today.bound_split == pytest.approx(812, abs=1)
     for name in SPLIT[:2]:
         assert results[name].ratio < 0.92 and results[name].parts > results[name].groups, table
-    # the goal, 1.05 of the split bound, is not met here: see benchmarks/README.md (work stealing: 1.259, 1.113)
-    assert results["split: priors"].ratio_split < 1.27 and results["split: history"].ratio_split < 1.12, table
+    # the goal, 1.05 of the split bound, is not met here, not even with the true durations: see
+    # benchmarks/README.md (priors 1.256, history 1.100, true durations 1.065)
+    assert results["split: priors"].ratio_split < 1.265 and results["split: history"].ratio_split < 1.11, table
+    assert results["(oracle) split: true"].ratio_split < 1.075, table
 
 
 def test_50000_cells_within_5_percent_of_the_bound(sim):
@@ -60,8 +62,9 @@ def test_50000_cells_within_5_percent_of_the_bound(sim):
     results = by_policy(sim.compare(sim.synthetic_workload(50_000, cluster, seed=0), cluster, seed=0, only=only))
     table = sim.table(list(results.values()))
     assert results["today: longest_first"].ratio == pytest.approx(1.116, abs=0.001), table
+    goal = {"split: priors": 1.048, "split: hub ids, config": 1.048, "split: history": 1.02}   # 1.043, 1.043, 1.015
     for name in only[1:]:
-        assert results[name].ratio_split < 1.05, table
+        assert results[name].ratio_split < goal[name] <= 1.05, table
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -71,8 +74,9 @@ def test_small_busy_mixed_clusters(sim, seed):
     results = by_policy(sim.compare(sim.synthetic_workload(2000, cluster, seed=seed), cluster, seed=seed, only=only))
     table = sim.table(list(results.values()))
     assert results["today: longest_first"].ratio > 1.27, table
-    for name in only[1:]:     # goal 1.10; with work stealing the worst of seeds 0-5 is 1.072, 1.087, 1.068
-        assert results[name].ratio_split < 1.10, table
+    goal = {"split: priors": 1.095, "split: hub ids, config": 1.095, "split: history": 1.08}   # worst 1.086, 1.085, 1.069
+    for name in only[1:]:     # goal 1.10
+        assert results[name].ratio_split < goal[name] <= 1.10, table
 
 
 @pytest.mark.parametrize("gpus,cells,seed",
