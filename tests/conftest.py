@@ -31,10 +31,11 @@ def tiny_model(cache_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A real local Ray cluster, shared by the tests of a session."""
+    """A real local Ray cluster, shared by the tests of a session: its own (address="local"), never another
+    session's cluster that happens to run on the machine."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield ray
     ray.shutdown()
 
