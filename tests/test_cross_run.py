@@ -67,7 +67,10 @@ def runs(ray_local, tmp_path_factory):
     slow = copy.deepcopy(data)
     slow["run"]["python"] = {"hf": str(pinned), "llamacpp": str(pinned)}
     (d / "pinned.yaml").write_text(yaml.safe_dump(slow))
-    hogs = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    # each busy loop in its own session: the kernel's autogroups share a core between sessions, and the
+    # engine child has its own (setsid), so three loops in one session would take only half of the core
+    hogs = [subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(3)]
     try:
         out["C"] = run_matrix(d / "pinned.yaml", d / "C").root
     finally:
