@@ -46,7 +46,7 @@ $(VLLM_VENV)/bin/vllm-env-ok:
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q '$(VLLM_PACKAGE)==$(VLLM_VERSION)' 'torch==2.13.0'
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	# what adapters/worker.py imports besides vllm (usually already there; httpx for serve cells, lm-eval for
+	# what adapters/worker/group.py imports besides vllm (usually already there; httpx for serve cells, lm-eval for
 	# lm-eval tasks)
 	$(VLLM_VENV)/bin/pip install -q numpy pydantic psutil httpx aiohttp 'lm-eval==0.4.13' $(NVML)
 	$(VLLM_VENV)/bin/python -c "import vllm, torch, transformers, numpy, pydantic, psutil, httpx, aiohttp, lm_eval; print('vllm', vllm.__version__, 'torch', torch.__version__)"
@@ -54,7 +54,7 @@ $(VLLM_VENV)/bin/vllm-env-ok:
 
 env-vllm: $(VLLM_VENV)/bin/vllm-env-ok
 
-# The lmdeploy wheel (the version adapters/lmdeploy.py pins), unpacked without its compiled engine
+# The lmdeploy wheel (the version adapters/engines/lmdeploy.py pins), unpacked without its compiled engine
 # (lmdeploy/lib, ~350 MB of CUDA libraries): for tests/test_engine_mappings.py. Nothing is installed.
 LMDEPLOY_VERSION ?= 0.16.0
 LMDEPLOY_SRC     := .cache/lmdeploy-src

@@ -3,5 +3,5 @@
 from adapters.base import ADAPTERS, Adapter, register  # noqa: F401
 
 # imported on first use (adapters.base.Registry), in this order in every "known: ..." list
-ADAPTERS.modules.update({"hf": "adapters.hf", "vllm": "adapters.vllm", "trtllm": "adapters.trtllm",
-                         "lmdeploy": "adapters.lmdeploy", "llamacpp": "adapters.llamacpp"})
+ADAPTERS.modules.update({"hf": "adapters.engines.hf", "vllm": "adapters.engines.vllm", "trtllm": "adapters.engines.trtllm",
+                         "lmdeploy": "adapters.engines.lmdeploy", "llamacpp": "adapters.engines.llamacpp"})

@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from adapters.contract import LoadFacts, LoadSpec, SamplerSettings, TimedRun, TokenScores
+from adapters.contract.events import LoadFacts
+from adapters.contract.records import TokenScores
+from adapters.contract.specs import LoadSpec, SamplerSettings
+from adapters.contract.timing import TimedRun
 
 if TYPE_CHECKING:
-    from adapters.server_process import ServerApi, ServerLaunch
+    from adapters.contract.openai_api import ServerApi, ServerLaunch
 
 # Logical quantization levels a matrix may name; each adapter maps the ones it runs.
 QUANTIZATIONS = (
@@ -51,7 +54,7 @@ class Adapter:
     # Modules whose absence means "environment not installed" rather than a crash.
     requires_modules: ClassVar[tuple[str, ...]] = ()
     # The order in which the engine's own sampler applies temperature and its filters (the steps of
-    # orchestrator.sampling_stats.SAMPLER_STEPS); None where not checked (the first-token test then says so).
+    # orchestrator.judge.sampling_stats.SAMPLER_STEPS); None where not checked (the first-token test then says so).
     sampler_order: ClassVar[tuple[str, ...] | None] = None
 
     def check(self, spec: LoadSpec) -> str | None:
@@ -63,7 +66,7 @@ class Adapter:
 
     def generate(self, prompts: list[list[int]], output_len: int | list[int], ignore_eos: bool) -> TimedRun:
         """Generate for all prompts together as one batch, timing each request: every output chunk's
-        time is when it becomes available to this process (adapters.contract.RequestTiming). output_len
+        time is when it becomes available to this process (adapters.contract.timing.RequestTiming). output_len
         is one length for all, or one per prompt (a workload with drawn or dataset lengths)."""
         raise NotImplementedError
 
@@ -96,7 +99,7 @@ class Adapter:
         return None
 
     def engine_metrics(self) -> dict[str, float] | None:
-        """The engine's own Prometheus-style metrics now ({family: value}, adapters.telemetry), where its
+        """The engine's own Prometheus-style metrics now ({family: value}, adapters.meters.telemetry), where its
         Python API exports them; None otherwise (`no_metrics_reason` says why). The worker takes
         differences over each cell's timed batches."""
         return None
@@ -122,7 +125,7 @@ class Adapter:
 
 class Registry(Mapping[str, "type[Adapter]"]):
     """Framework name -> adapter class. Each adapter's module is imported the first time its framework is
-    looked up, so a process imports only the adapters it uses (an hf group's engine child: adapters.hf)."""
+    looked up, so a process imports only the adapters it uses (an hf group's engine child: adapters.engines.hf)."""
 
     def __init__(self) -> None:
         self.modules: dict[str, str] = {}            # framework name -> its module (adapters/__init__.py)

@@ -7,7 +7,7 @@
     python benchmarks/analysis_at_scale.py --dir D --keep --compact-only   # only `bench compact`, on a copy
 
 1. A synthetic run is written the way `bench run` writes one: the cells come from a real matrix
-   (`orchestrator.cells.expand`: real cell ids and engine keys), 5 frameworks x 27 models x 4
+   (`orchestrator.matrix.cells.expand`: real cell ids and engine keys), 5 frameworks x 27 models x 4
    quantizations x 4 flag sets x 8 batch sizes x 6 lengths, sampled down to --cells with every
    baseline cell kept; each row starts as `launcher.base_row` and every cell is stored with
    `RunStore.write_cell` (one record per cell appended to the run's journal, as `bench run` stores
@@ -27,7 +27,7 @@
    this checkout's code (`python -m orchestrator.cli` from its root), whichever checkout the
    venv's `bench` entry point was installed from.
 4. Storage: bytes on disk per captured token and per (token, candidate), on real logprobs of the
-   built-in tiny model (`adapters.worker.capture_logprobs` through the hf adapter, measure defaults:
+   built-in tiny model (`adapters.worker.group.capture_logprobs` through the hf adapter, measure defaults:
    8 prompts x 63 positions + 16 greedy tokens, 2 repeats, top-k 20), as a per-cell file and
    compacted, with the old writer settings (plain zstd) beside the current ones.
 """
@@ -54,12 +54,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import manifest  # noqa: E402
-from orchestrator.cells import expand, group  # noqa: E402
-from orchestrator.launcher import GroupJob, base_row  # noqa: E402
-from orchestrator.journal import journal_files, scan  # noqa: E402
-from orchestrator.matrix import parse_matrix  # noqa: E402
-from orchestrator.store import CELLS_SCHEMA, LOGPROBS_SCHEMA, RunStore  # noqa: E402
+from orchestrator.execution.spec import GroupJob, base_row  # noqa: E402
+from orchestrator.matrix.cells import expand, group  # noqa: E402
+from orchestrator.matrix.validate import parse_matrix  # noqa: E402
+from orchestrator.store import manifest  # noqa: E402
+from orchestrator.store.journal import journal_files, scan  # noqa: E402
+from orchestrator.store.run_store import RunStore  # noqa: E402
+from orchestrator.store.schema import CELLS_SCHEMA, LOGPROBS_SCHEMA
 
 TOP_K = 20
 PROMPTS = 4
@@ -146,7 +147,7 @@ def cell_logprobs(run_id: str, cell, truth: dict, scoring_len: int, shift: float
     cat = {k: np.concatenate(v) for k, v in tables.items()}
     rows = len(cat["kind"])
     topk = lambda a, t_: pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1), t_), TOP_K).cast(pa.list_(t_))  # noqa: E731
-    return pa.table({  # the columns orchestrator.launcher._logprob_table builds from an engine's output
+    return pa.table({  # the columns orchestrator.execution.rows.read_logprob_rows builds from an engine's output
         "run_id": pa.array([run_id] * rows, pa.string()), "cell_id": pa.array([cell.cell_id] * rows, pa.string()),
         "kind": pa.array(np.where(cat["kind"] == 0, "prompt", "generation")),
         "repeat": cat["repeat"].astype(np.int16), "prompt_index": cat["prompt_index"].astype(np.int32),
@@ -167,7 +168,7 @@ def measured(cell, status: str, rng, started: str) -> dict:
     if status != "ok":
         reasons = {"unsupported": f"{cell.framework} does not run quantization {cell.quantization}",
                    "failed": "RuntimeError: CUDA error: an illegal memory access was encountered\nTraceback (most "
-                             "recent call last):\n" + "  File \"adapters/worker.py\", line 120, in run_cell\n" * 12,
+                             "recent call last):\n" + "  File \"adapters/worker/group.py\", line 120, in run_cell\n" * 12,
                    "crashed": "engine process killed by SIGSEGV while running this cell; last output:\n"
                               + "\n".join(f"[engine] step {i}" for i in range(20)),
                    "timeout": "killed after the cell timeout 900s; last output:\n[engine] warming up"}
@@ -347,16 +348,16 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
     little; the "repeat 0 only" rows are the worst case, where no value occurs twice."""
     import pyarrow.parquet as pq
 
-    from adapters.contract import LoadSpec, ModelSpec, ScoringSpec
-    from adapters.hf import HfAdapter
-    from adapters.worker import capture_logprobs
-    from orchestrator.compaction import compact
-    from orchestrator.launcher import _logprob_table
-    from orchestrator.matrix import Measure
-    from orchestrator.runner import cache_root
-    from orchestrator.store import LOGPROBS_WRITE_OPTIONS
-    from orchestrator.tiny_model import resolve_builtin
-    from orchestrator.workload import Tokenizer, scoring_prompts
+    from adapters.contract.specs import LoadSpec, ModelSpec, ScoringSpec
+    from adapters.engines.hf import HfAdapter
+    from adapters.worker.group import capture_logprobs
+    from orchestrator.execution.prompts import Tokenizer, scoring_prompts
+    from orchestrator.execution.rows import read_logprob_rows
+    from orchestrator.execution.runner import cache_root
+    from orchestrator.inputs.tiny_model import resolve_builtin
+    from orchestrator.matrix.models import Measure
+    from orchestrator.store.compaction import compact
+    from orchestrator.store.schema import LOGPROBS_WRITE_OPTIONS
 
     model = str(resolve_builtin("tiny", cache_root()))
     measure_ = Measure()   # the defaults a matrix gets: 8 prompts x 64 tokens, 16 greedy, 2 repeats, top-k 20
@@ -371,7 +372,7 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
         np.savez(work / "lp.npz", **capture_logprobs(adapter, scoring, 1))
         adapter.close()
         cid = f"{i:016x}"
-        t = _logprob_table(store.run_id, cid, work / "lp.npz")
+        t = read_logprob_rows(store.run_id, cid, work / "lp.npz")
         tables.append(t)
         store.write_cell({"run_id": store.run_id, "cell_id": cid, "framework": "hf", "status": "ok"}, t)
     rows = sum(t.num_rows for t in tables)

@@ -36,7 +36,7 @@ set-up, outside the timed window); theirs between the two marks that bracket its
 shim). Per request = window CPU / requests; per chunk = window CPU / chunks that brought tokens.
 
     .venv/bin/python benchmarks/client_cost.py                          # 15 rounds, concurrency 1 and 4 (~10 min)
-    git show COMMIT:adapters/load_generator.py > /tmp/lg_before.py      # a version to compare against
+    git show COMMIT:adapters/serving/load_generator.py > /tmp/lg_before.py      # a version to compare against
     .venv/bin/python benchmarks/client_cost.py --load-generator ours= --load-generator before=/tmp/lg_before.py
     .venv/bin/python benchmarks/client_cost.py --rounds 7 --concurrency 1,4,16
     .venv/bin/python benchmarks/client_cost.py --ours-only --rounds 3   # our client's CPU only
@@ -60,10 +60,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters import server_process  # noqa: E402
-from adapters.contract import summarize  # noqa: E402
-from adapters.vllm import VllmAdapter  # noqa: E402  (no vllm import at module level)
 from overhead import wait_idle  # noqa: E402  (beside this script: the same idle check)
+
+from adapters.contract import openai_api  # noqa: E402
+from adapters.contract.timing import summarize  # noqa: E402
+from adapters.engines.vllm import VllmAdapter  # noqa: E402  (no vllm import at module level)
+from adapters.serving import http_client, server_process  # noqa: E402
 
 VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
 API = VllmAdapter.server_api
@@ -73,8 +75,8 @@ MODEL_NAME = "tiny"
 LAUNCH = r"""
 import json, sys
 sys.path.insert(0, sys.argv[3])
-from adapters.contract import LoadSpec, ModelSpec
-from adapters.vllm import VllmAdapter
+from adapters.contract.specs import LoadSpec, ModelSpec
+from adapters.engines.vllm import VllmAdapter
 spec = LoadSpec(framework="vllm", model=ModelSpec(name=sys.argv[4], source=sys.argv[1]), quantization="fp32", device="cpu")
 l = VllmAdapter().server(spec, int(sys.argv[2]))
 print("LAUNCH " + json.dumps({"argv": l.argv, "env": l.env, "model_name": l.model_name, "reset_path": l.reset_path,
@@ -125,7 +127,7 @@ def _cpu_s() -> float:
 
 def load_generator_module(path: str, name: str):
     if not path:
-        from adapters import load_generator
+        from adapters.serving import load_generator
         return load_generator
     spec = importlib.util.spec_from_file_location(f"load_generator_{name}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -177,7 +179,7 @@ def start_server(model_path: str, log_path: str):
     out = subprocess.run([str(VLLM_PY), "-c", LAUNCH, model_path, str(port), str(ROOT), MODEL_NAME],
                          capture_output=True, text=True, check=True)
     info = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("LAUNCH "))[7:])
-    launch = server_process.ServerLaunch(argv=info["argv"], model_name=info["model_name"], env=info["env"],
+    launch = openai_api.ServerLaunch(argv=info["argv"], model_name=info["model_name"], env=info["env"],
                                          engine_args=info["engine_args"], versions=info["versions"],
                                          reset_path=info["reset_path"])
     server = server_process.ServerProcess(launch, port, log_path, 600.0, API.health_path).start()
@@ -186,7 +188,7 @@ def start_server(model_path: str, log_path: str):
 
 def reset_cache(url: str) -> None:
     try:
-        server_process.post(url, "/reset_prefix_cache")
+        http_client.post(url, "/reset_prefix_cache")
     except Exception:
         pass                       # a server without dev mode: nothing to empty
 
@@ -320,13 +322,13 @@ def main() -> None:
     ap.add_argument("--retries", type=int, default=3, help="measure a disturbed round again at most this many times")
     ap.add_argument("--load-generator", action="append", metavar="NAME=PATH",
                     help="a load_generator.py to measure, as client NAME (e.g. before=/tmp/old_load_generator.py); "
-                         "repeat for several; default: ours=adapters/load_generator.py")
+                         "repeat for several; default: ours=adapters/serving/load_generator.py")
     args = ap.parse_args()
 
-    from orchestrator.matrix import SyntheticWorkload
-    from orchestrator.runner import cache_root
-    from orchestrator.tiny_model import resolve_builtin
-    from orchestrator.workload import Tokenizer, timing_prompts
+    from orchestrator.execution.prompts import Tokenizer, timing_prompts
+    from orchestrator.execution.runner import cache_root
+    from orchestrator.inputs.tiny_model import resolve_builtin
+    from orchestrator.matrix.models import SyntheticWorkload
 
     model_path = args.model or str(resolve_builtin("tiny", cache_root()))
     concs = [int(c) for c in args.concurrency.split(",")]
@@ -391,7 +393,7 @@ def main() -> None:
             theirs.close()
         if server:
             server.stop()
-    clients = ", ".join(f"{n} = {p or 'adapters/load_generator.py'}" for n, p in gens.items())
+    clients = ", ".join(f"{n} = {p or 'adapters/serving/load_generator.py'}" for n, p in gens.items())
     print(f"client cost: {what}; {args.requests} requests of {args.input_len} in / {args.output_len} out, "
           f"ignore_eos, temperature 0; {args.rounds} alternations; {clients}, theirs = vllm bench serve; "
           f"load avg {load0:.2f} -> {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs\n")

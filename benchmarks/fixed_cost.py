@@ -9,13 +9,13 @@ interpreter, event polling, worker output -> Arrow), the rows back through Ray, 
 groups of a run do. Nothing in the harness is changed for it: the task is this script's own copy of
 `scheduler._group_task`, which takes the job as bytes (so its unpickling, and the imports that
 brings, are timed apart from the worker's start) and wraps, in that Ray worker only, the launcher's
-`subprocess.Popen`, `_read_events`, `_measured` and `_logprob_table` with timers. The child's own
-timestamps are the "t" of its events (adapters/worker.py), on the same wall clock.
+`subprocess.Popen`, `_read_events`, `measured` and `read_logprob_rows` with timers. The child's own
+timestamps are the "t" of its events (adapters/worker/group.py), on the same wall clock.
 
 Pieces (seconds, wall clock), one after the other from the submission to the Parquet files written,
 so they add up to the total:
   Ray task start          submit -> the task's first line (a Ray worker: reused, or started for it)
-  worker imports          `import orchestrator.scheduler` in that worker (0 in a reused one)
+  worker imports          `import orchestrator.execution.scheduler` in that worker (0 in a reused one)
   job unpickling          the GroupJob (matrix, cells)
   spec (prompts)          the launcher until Popen: build_spec (tokenizer, timing and scoring prompts)
   child start             Popen -> the child's first event: interpreter start, `import adapters`, the spec
@@ -29,8 +29,8 @@ so they add up to the total:
   hand-back via Ray       the task's rows ready (scheduler._run_on_node) -> ray.get returned and unpacked
   Parquet write           RunStore.write_cell, every row
   group overhead          the total minus engine import + load and cells: the goal, under 2 s
-Off that path (the launcher does them while the child runs on): outputs -> Arrow (_measured and
-_logprob_table) and the event polling lag (mean, cell_done written -> seen). Per run, not per group:
+Off that path (the launcher does them while the child runs on): outputs -> Arrow (measured and
+read_logprob_rows) and the event polling lag (mean, cell_done written -> seen). Per run, not per group:
 ray.init, and `bench run` end to end (wall time minus the stored load_s and duration_s); a run's
 pieces (CLI start, ray.init, compaction, exit ...) one by one, before/after: benchmarks/run_cost.py.
 
@@ -65,14 +65,14 @@ def _matrix(engine: str) -> dict:
 def traced_group_task(job_blob: bytes):
     """scheduler._group_task, with timers around the launcher's pieces (this Ray worker only)."""
     t_enter = time.time()
-    import orchestrator.scheduler  # the real task's module: what its worker imports
+    import orchestrator.execution.scheduler  # the real task's module: what its worker imports
     t_imported = time.time()
     job = pickle.loads(job_blob)
     t_job = time.time()
     import subprocess as sp
     import types
 
-    import orchestrator.launcher as L
+    import orchestrator.execution.supervisor as L
 
     tr = {"enter": t_enter, "imported": t_imported, "job": t_job, "events": [], "arrow_s": 0.0}
 
@@ -107,9 +107,9 @@ def traced_group_task(job_blob: bytes):
         return events, offset
 
     L._read_events = read_events
-    L._measured = timed("arrow_s", L._measured)
-    L._logprob_table = timed("arrow_s", L._logprob_table)
-    rows = orchestrator.scheduler._run_on_node(job)   # run_group, and the rows as the task hands them back
+    L.measured = timed("arrow_s", L.measured)   # the supervisor's own references to the rows' builders
+    L.read_logprob_rows = timed("arrow_s", L.read_logprob_rows)
+    rows = orchestrator.execution.scheduler._run_on_node(job)   # run_group, and the rows as the task hands them back
     tr["returned"] = time.time()
     return rows, tr
 
@@ -118,12 +118,12 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     import ray
     import yaml
 
-    from orchestrator.cells import expand, group
-    from orchestrator.launcher import GroupJob
-    from orchestrator.matrix import load_matrix
-    from orchestrator.runner import framework_python
-    from orchestrator.scheduler import alive_nodes, job_need
-    from orchestrator.store import RunStore
+    from orchestrator.execution.runner import framework_python
+    from orchestrator.execution.scheduler import alive_nodes, job_need
+    from orchestrator.execution.spec import GroupJob
+    from orchestrator.matrix.cells import expand, group
+    from orchestrator.matrix.validate import load_matrix
+    from orchestrator.store.run_store import RunStore
 
     path = work / f"{engine}.yaml"
     path.write_text(yaml.safe_dump(_matrix(engine)))
@@ -132,7 +132,7 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     (g,) = group(expand(m))
     job = GroupJob(run_id=store.run_id, group=g, matrix=m, device="cpu", python=framework_python(m, engine),
                    cache_dir=str(cache), tries=1)
-    import orchestrator.scheduler as sched
+    import orchestrator.execution.scheduler as sched
 
     need = job_need(job, list(alive_nodes().values()))
     # the scheduler's own task options: max_calls=1 (a fresh Ray worker per group) where that checkout's
@@ -186,7 +186,7 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
 
 def bench_end_to_end(engine: str, work: Path, env: dict) -> tuple[float, float]:
     """`bench run` of the same matrix: wall time, and wall time minus load_s and the cells' duration_s."""
-    from orchestrator.store import RunStore
+    from orchestrator.store.run_store import RunStore
 
     run_dir = work / f"e2e-{engine}-{time.monotonic_ns()}"
     t = time.monotonic()
@@ -217,13 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-fixed-"))
     load_before = os.getloadavg()
 
-    from orchestrator.scheduler import init_ray
+    from orchestrator.execution.scheduler import init_ray
 
     t = time.time()
     init_ray(None)
     ray_init = time.time() - t
     results = {e: [measure_group(e, work, cache) for _ in range(args.repeats)] for e in engines}
-    print(f"measured {args.root}: {', '.join(sys.modules[m].__file__ for m in ('orchestrator.launcher', 'adapters'))}",
+    print(f"measured {args.root}: {', '.join(sys.modules[m].__file__ for m in ('orchestrator.execution.supervisor', 'adapters'))}",
           file=sys.stderr)
     import ray
 

@@ -7,7 +7,7 @@ gets both intervals:
 
   bootstrap   the analysis's former interval: 2.5/97.5 percentiles of mean(num*)/mean(den*) over
               2,000 resamples of each side's repeats (drawn afresh for every pair)
-  welch-log   adapters/intervals.py log_ratio_interval: Welch's t interval on the difference of
+  welch-log   adapters/contract/intervals.py log_ratio_interval: Welch's t interval on the difference of
               the mean logs, Welch-Satterthwaite df, exponentiated
 
 Coverage is the share of pairs whose interval holds the true ratio; width is (hi - lo) / the
@@ -26,13 +26,13 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from adapters.intervals import log_ratio_intervals  # noqa: E402
+from adapters.contract.intervals import log_ratio_intervals  # noqa: E402
 
 RESAMPLES = 2000
 
 
 def bootstrap(num: np.ndarray, den: np.ndarray, rng: np.random.Generator, chunk: int = 200):
-    """Percentile bootstrap of mean(num)/mean(den) per row, as orchestrator/analysis.py had it."""
+    """Percentile bootstrap of mean(num)/mean(den) per row, as orchestrator/judge/analysis.py had it."""
     lo, hi = np.empty(len(num)), np.empty(len(num))
     for s in range(0, len(num), chunk):   # (chunk, resamples, n) index arrays: bounded memory
         n, d = num[s:s + chunk], den[s:s + chunk]

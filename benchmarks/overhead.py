@@ -16,7 +16,7 @@ medians, and the range of the per-round ratios (each round's medians) as the spr
 bench's stored mean: on a shared machine one batch that another job preempted moves a mean by
 percent. The two sides run one after the other (never at once), in alternating order, each after
 waiting (up to --wait-idle seconds) for the machine to be idle, so machine noise and drift hit both.
-The token ids are built as `bench` builds them (orchestrator.workload.timing_prompts with the
+The token ids are built as `bench` builds them (orchestrator.execution.prompts.timing_prompts with the
 matrix's workload, n = (warmup + repeats) x batch size, input_len), and both sides run `warmup`
 untimed batches, then `repeats` timed batches, of exactly those prompts, in the same order.
 
@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_KV_BYTES = 2**30  # the adapter's default CPU KV cache (adapters/vllm.py _DEFAULT_CPU_KV_GIB)
+VLLM_KV_BYTES = 2**30  # the adapter's default CPU KV cache (adapters/engines/vllm.py _DEFAULT_CPU_KV_GIB)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -208,8 +208,8 @@ def paired_loop(engine: str, job: dict) -> dict:
     machine's drift hits both alike. What bench's own code adds on the engine's path, nothing else."""
     sys.path.insert(0, str(ROOT))
     from adapters import ADAPTERS
-    from adapters.contract import LoadSpec, ModelSpec
-    from adapters.trackers import MemoryTracker
+    from adapters.contract.specs import LoadSpec, ModelSpec
+    from adapters.meters.memory import MemoryTracker
 
     adapter = ADAPTERS[engine]()
     adapter.load(LoadSpec(framework=engine, model=ModelSpec(name="tiny", source=job["source"]), quantization="fp32",
@@ -265,9 +265,9 @@ def _matrix(engine: str, args) -> dict:
 
 def _bare_job(engine: str, matrix_path: Path, cache: Path, repeats: int | None = None) -> dict:
     """The engine's model file and each batch size's prompts, built as bench builds them."""
-    from orchestrator.launcher import _resolve_source
-    from orchestrator.matrix import load_matrix
-    from orchestrator.workload import Tokenizer, timing_prompts
+    from orchestrator.execution.prompts import Tokenizer, timing_prompts
+    from orchestrator.execution.spec import _resolve_source
+    from orchestrator.matrix.validate import load_matrix
 
     m, _ = load_matrix(matrix_path)
     source = _resolve_source(m.model_entry("tiny").source, str(cache))
@@ -277,7 +277,7 @@ def _bare_job(engine: str, matrix_path: Path, cache: Path, repeats: int | None =
     prompts = {str(bs): timing_prompts(m.workload, tok, w * bs + r * bs, input_len) for bs in m.axes.batch_size}
     model = source
     if engine == "llamacpp":   # the GGUF the adapter converted (cached under the same cache dir)
-        from adapters import gguf_convert
+        from adapters.engines import gguf_convert
 
         model = str(gguf_convert.gguf_for(source, "fp32", str(cache / "engines"))[0])
     return {"model": model, "prompts": prompts, "batch_sizes": list(m.axes.batch_size), "warmup": w,
@@ -291,7 +291,7 @@ def _python(engine: str) -> str:
 
 
 def _samples(runs: list[dict]) -> dict:
-    """Per timed batch output tok/s and per request TTFT ms, as bench computes them (adapters/trackers.py)."""
+    """Per timed batch output tok/s and per request TTFT ms, as bench computes them (adapters/meters/memory.py)."""
     return {"tok_s": [r["tokens"] / r["elapsed"] for r in runs], "ttft_ms": [t * 1e3 for r in runs for t in r["ttft"]]}
 
 
@@ -302,7 +302,7 @@ def run_bench(engine: str, matrix_path: Path, work: Path, env: dict, root: Path 
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"bench run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    from orchestrator.store import RunStore
+    from orchestrator.store.run_store import RunStore
 
     cells = RunStore(run_dir).read_cells()
     out = {}

@@ -9,7 +9,7 @@ appends a timestamp per piece to a file at once, so a process that ends with os.
 Pieces (seconds, wall clock; one after the other, they add up to the total):
   interpreter start       Popen -> the tracer's first line
   import orchestrator.cli
-  import ray              `import orchestrator.scheduler` (Ray, the launcher): the run does it before ray.init
+  import ray              `import orchestrator.execution.scheduler` (Ray, the launcher): the run does it before ray.init
   matrix                  load_matrix (+ expand): every matrix check
   manifest.write          both writes (start and end of the run)
   ray.init                scheduler.init_ray (the watchdog's start included): not in the goal
@@ -58,11 +58,11 @@ def trace(stamps: str, argv: list[str]) -> None:
     stamp("started")
     import orchestrator.cli as cli
     stamp("imported")
-    import orchestrator.compaction as compaction
-    import orchestrator.manifest as manifest
-    import orchestrator.runner as runner
+    import orchestrator.execution.runner as runner
+    import orchestrator.store.compaction as compaction
+    import orchestrator.store.manifest as manifest
     t = time.time()
-    import orchestrator.scheduler as scheduler   # the run imports it (and Ray) once it has work: timed here
+    import orchestrator.execution.scheduler as scheduler  # the run imports it (and Ray) once it has work: timed here
     stamp("import ray+", time.time() - t)
 
     def timed(mod, attr: str, name: str) -> None:
@@ -107,8 +107,8 @@ def trace(stamps: str, argv: list[str]) -> None:
 
 
 def one_run(root: Path, matrix: Path, work: Path) -> dict:
-    from orchestrator.reaper import cluster_processes
-    from orchestrator.store import RunStore
+    from orchestrator.execution.reaper import cluster_processes
+    from orchestrator.store.run_store import RunStore
 
     stamps = work / f"stamps-{time.monotonic_ns()}"
     run_dir = work / f"run-{time.monotonic_ns()}"
@@ -121,7 +121,7 @@ def one_run(root: Path, matrix: Path, work: Path) -> dict:
     t_end = time.time()
     if proc.returncode:
         raise RuntimeError(f"{root}: exit {proc.returncode}\n{stderr[-3000:]}")
-    # the run's cluster: its session dir ends in the driver's pid (orchestrator/reaper.py)
+    # the run's cluster: its session dir ends in the driver's pid (orchestrator/execution/reaper.py)
     left = len(cluster_processes(re.compile(rf"/session_[^/]*_{proc.pid}/")))
     sums: dict[str, float] = {}
     at: dict[str, float] = {}

@@ -5,7 +5,7 @@
 
 On the built-in tiny model, with the engine's own seeded sampler (the adapter's `sample`, in this
 process), at the settings of matrices/smoke.yaml (temperature 0.8, top-p 0.95), both tests of
-orchestrator/sampling_stats.py as `bench compare` runs them:
+orchestrator/judge/sampling_stats.py as `bench compare` runs them:
   two-sample    the seed-level permutation test on each sample's mean raw logprob
   first token   each prompt's first sampled token against the reference side's next-token logprobs
                 (128 candidates) after the claimed sampler, in the engine's order
@@ -31,11 +31,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters import ADAPTERS  # noqa: E402
-from adapters.contract import LoadSpec, ModelSpec, SamplerSettings, engine_seed  # noqa: E402
-from orchestrator.matrix import Measure  # noqa: E402
-from orchestrator.sampling_stats import first_token_test, permutation_test, sampler_probs  # noqa: E402
-from orchestrator.tiny_model import default_cache_root, resolve_builtin  # noqa: E402
-from orchestrator.workload import Tokenizer, scoring_prompts  # noqa: E402
+from adapters.contract.specs import LoadSpec, ModelSpec, SamplerSettings, engine_seed  # noqa: E402
+from orchestrator.execution.prompts import Tokenizer, scoring_prompts  # noqa: E402
+from orchestrator.inputs.tiny_model import default_cache_root, resolve_builtin  # noqa: E402
+from orchestrator.judge.sampling_stats import first_token_test, permutation_test, sampler_probs  # noqa: E402
+from orchestrator.matrix.models import Measure  # noqa: E402
 
 ALPHA = 0.01
 NEXT_TOP_K = 128

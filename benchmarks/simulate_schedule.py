@@ -1,10 +1,10 @@
 """How long would a large matrix take on a large cluster? A scheduling simulation with the real policy.
 
-The scheduler's own code decides everything: orchestrator/placement.py says what each engine group
+The scheduler's own code decides everything: orchestrator/matrix/placement.py says what each engine group
 asks of a node (`group_need`: its GPUs, CPU, env_<framework> marker) and where it fits (`fits`);
-orchestrator/estimate.py estimates each group from what `bench run` would know of it (framework,
+orchestrator/execution/estimate.py estimates each group from what `bench run` would know of it (framework,
 weight bytes, tensor-parallel size; with history, what an earlier run measured); and
-orchestrator/dispatch.py cuts the groups that would bind the makespan into parts, homes each part on
+orchestrator/execution/dispatch.py cuts the groups that would bind the makespan into parts, homes each part on
 a node type, and says which part starts on which node whenever one frees up, as `bench run` does on
 Ray (it pins each part to its node). Around that, an event loop stands in for the cluster: a part
 holds its resources for its true duration, which the dispatcher never sees.
@@ -69,10 +69,11 @@ from pathlib import Path
 
 # this checkout's scheduler, not whichever lossless-bench is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from orchestrator import model_size, placement  # noqa: E402
-from orchestrator.dispatch import Dispatcher, Progress, Work  # noqa: E402
-from orchestrator.estimate import GroupFacts, History, estimate_groups  # noqa: E402
-from orchestrator.matrix import Run  # noqa: E402
+from orchestrator.execution import model_size
+from orchestrator.execution.dispatch import Dispatcher, Progress, Work  # noqa: E402
+from orchestrator.execution.estimate import GroupFacts, History, estimate_groups  # noqa: E402
+from orchestrator.matrix import placement  # noqa: E402
+from orchestrator.matrix.models import Run  # noqa: E402
 
 GB = 1e9
 
@@ -259,7 +260,7 @@ def synthetic_workload(n_cells: int, cluster: list[NodeType], seed: int = 0, run
 def measured_workload(run_dir: str | Path, n_cells: int, cluster: list[NodeType], seed: int = 0,
                       run: Run | None = None, history_noise: float = 0.1) -> list[Group]:
     """Engine groups resampled from a measured run's cells table (load_s, duration_s per cell)."""
-    from orchestrator.store import RunStore
+    from orchestrator.store.run_store import RunStore
 
     store = RunStore(run_dir)
     df = store.read_cells()
@@ -350,7 +351,7 @@ def split_lower_bound(groups: list[Group], cluster: list[NodeType]) -> tuple[flo
 # -- today's scheduler: whole groups, longest first by size x cells, Ray's greedy placement -------------------
 
 def today_estimate(weight_bytes: int, n_cells: int) -> float:
-    """The estimate before orchestrator/estimate.py: loading and each cell grow with the weights, nothing else."""
+    """The estimate before orchestrator/execution/estimate.py: loading and each cell grow with the weights, nothing else."""
     gb = weight_bytes / GB
     return 5.0 + 10.0 * gb + n_cells * (5.0 + 5.0 * gb)
 

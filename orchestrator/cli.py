@@ -13,10 +13,24 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from orchestrator.console import (against_table, changes_lines, compare_table, err, history_table, matrix_table, out,
-                                  plan_table, print_table, probe_table, runs_table, sampling_table, search_table,
-                                  summary_table, task_table)
-from orchestrator.matrix import MatrixError
+from orchestrator.matrix.models import MatrixError
+from orchestrator.report.console import (
+    against_table,
+    changes_lines,
+    compare_table,
+    err,
+    history_table,
+    matrix_table,
+    out,
+    plan_table,
+    print_table,
+    probe_table,
+    runs_table,
+    sampling_table,
+    search_table,
+    summary_table,
+    task_table,
+)
 
 
 class _Bench(typer.Typer):
@@ -37,7 +51,7 @@ def _exit_now(code) -> None:
     interpreter's teardown (1-2 s more after Ray, pyarrow, pandas and DuckDB). Safe here: every result file was written
     atomically and closed, the run dir's lock released, the manifest written; stdout and stderr are
     flushed below. Returns (a normal exit follows) when this process started no cluster."""
-    reaper = sys.modules.get("orchestrator.reaper")   # imported where a local cluster is started
+    reaper = sys.modules.get("orchestrator.execution.reaper")   # imported where a local cluster is started
     try:
         if reaper is None or not reaper.end():
             return
@@ -68,8 +82,8 @@ def _fail(message: str, code: int = 2) -> None:
 @app.command()
 def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
     """Expand and check a matrix; runs nothing."""
-    from orchestrator.cells import expand, group
-    from orchestrator.matrix import deferred_checks, load_matrix
+    from orchestrator.matrix.cells import expand, group
+    from orchestrator.matrix.validate import deferred_checks, load_matrix
 
     try:
         m, _ = load_matrix(matrix)
@@ -85,7 +99,7 @@ def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) ->
 @app.command()
 def schema() -> None:
     """Print the matrix JSON Schema (for editors)."""
-    from orchestrator.matrix import json_schema
+    from orchestrator.matrix.validate import json_schema
 
     print(json.dumps(json_schema(), indent=2))
 
@@ -99,7 +113,7 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
                                                help="A results root (or run): the scheduler estimates each group from "
                                                     "the durations its runs measured")) -> None:
     """Run a matrix; resumes into an existing run dir, skipping cells already stored."""
-    from orchestrator.runner import run_matrix
+    from orchestrator.execution.runner import run_matrix
 
     try:
         store = run_matrix(matrix, run_dir, address, rerun_failed, console=err, history=history)
@@ -113,7 +127,7 @@ def _cluster_auth(address: str):
     """A cluster with Ray's token authentication that refuses this client: what to set, exit 2, no traceback."""
     from ray.exceptions import AuthenticationError
 
-    from orchestrator.jobs import auth_help
+    from orchestrator.execution.jobs import auth_help
 
     try:
         yield
@@ -129,7 +143,7 @@ def submit(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
            history: Optional[str] = typer.Option(None, help="A results root on the head: `bench run --history`"),
            follow: bool = typer.Option(False, help="Print the job's output until it ends")) -> None:
     """Run a matrix on a remote Ray cluster through the Ray Jobs API; prints the job id."""
-    from orchestrator import jobs
+    from orchestrator.execution import jobs
 
     with _cluster_auth(address):
         try:
@@ -146,7 +160,7 @@ def submit(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
 def status(job_id: str, address: str = typer.Option(..., help="Ray dashboard address, e.g. http://HEAD:8265"),
            follow: bool = typer.Option(False, help="Print new output until the job ends")) -> None:
     """The state and output of a job started by `bench submit`; exits 1 when it failed."""
-    from orchestrator import jobs
+    from orchestrator.execution import jobs
 
     with _cluster_auth(address):
         if follow:
@@ -169,7 +183,7 @@ def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
                                                    "instead of their ids, for matrices that differ")) -> None:
     """Write one self-contained HTML report (plots, sortable cells table, provenance) and a Markdown summary;
     with --against OLD_RUN, also this run against OLD_RUN."""
-    from orchestrator.report import write_report
+    from orchestrator.report.write import write_report
 
     if match and not against:
         _fail("--match pairs cells of two runs: give --against OLD_RUN")
@@ -184,7 +198,7 @@ def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
 @app.command("ls")
 def ls_cmd(results: Path = typer.Argument(Path("results"), help="A results root (or one run directory)")) -> None:
     """The runs in a results root: cells ok/total, frameworks, when they started and ended."""
-    from orchestrator.runs import list_runs
+    from orchestrator.store.runs import list_runs
 
     if not results.exists():
         _fail(f"no such directory: {results}")
@@ -194,9 +208,8 @@ def ls_cmd(results: Path = typer.Argument(Path("results"), help="A results root 
 @app.command("show")
 def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory")) -> None:
     """The run's cells in a table."""
-    from orchestrator.store import RunStore
-
-    from orchestrator import searches
+    from orchestrator.judge import searches
+    from orchestrator.store.run_store import RunStore
 
     store = RunStore(run)
     everything = store.read_cells()
@@ -209,7 +222,7 @@ def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
 
 
 def _print_searches(cells) -> None:
-    from orchestrator import searches
+    from orchestrator.judge import searches
 
     found = searches.summaries(cells)
     if len(found):
@@ -229,8 +242,8 @@ def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
              max_replicas: Optional[int] = typer.Option(None, help="At most this many replicas: a larger batch is "
                                                          "extrapolated where needed")) -> None:
     """Per engine config: the batch size meeting the SLOs, replicas and GPUs for QPS, cost per million tokens."""
-    from orchestrator.plan import plan
-    from orchestrator.store import RunStore
+    from orchestrator.judge.plan import plan
+    from orchestrator.store.run_store import RunStore
 
     try:
         df = plan(run, qps, input_len, output_len, slo_ttft_p99, slo_tpot_p99, gpu_hour_cost, max_replicas)
@@ -247,7 +260,7 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
                output: Optional[Path] = typer.Option(None, "-o", "--output", help="Directory (default: RUN/export)"),
                logprobs: bool = typer.Option(True, help="Also the logprobs table (one row per scored token)")) -> None:
     """Write the cells (and logprobs) tables as CSV or JSONL."""
-    from orchestrator.export import export_run
+    from orchestrator.store.export import export_run
 
     try:
         written = export_run(run, fmt, output, logprobs)
@@ -262,8 +275,8 @@ def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
     """Fold a run's journal (and per-cell files of earlier versions) into one cells file and one file
     per side table per framework (bench run does this when it ends); atomic, and a no-op when there
     is nothing to fold."""
-    from orchestrator.compaction import compact
-    from orchestrator.store import RunStore
+    from orchestrator.store.compaction import compact
+    from orchestrator.store.run_store import RunStore
 
     if not ((run / "cells").is_dir() or (run / "journal").is_dir()):
         _fail(f"{run} is not a run directory (no cells/ and no journal/)")
@@ -303,8 +316,13 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
     """Send each prompt to two /v1/completions endpoints N times at temperature 0 and report differing outputs;
     with --temperature, N seeds per prompt at the given sampler: differing outputs per seed, and whether the
     two samples come from the same distribution."""
-    from orchestrator.endpoint_diff import (diff_endpoints, diff_sampled, format_diff_report, format_sampled_report,
-                                            read_prompts)
+    from orchestrator.judge.endpoint_diff import (
+        diff_endpoints,
+        diff_sampled,
+        format_diff_report,
+        format_sampled_report,
+        read_prompts,
+    )
 
     items = read_prompts(prompts)
     if not items:
@@ -343,14 +361,15 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
     """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
     logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
-    from orchestrator.analysis import analyse, parse_selector, parse_tolerances
-    from orchestrator.sampling_verdicts import analyse_sampling, compare_sampling_runs
-    from orchestrator.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
+    from orchestrator.judge.analysis import analyse
+    from orchestrator.judge.baselines import parse_selector, parse_tolerances
+    from orchestrator.judge.sampling_verdicts import analyse_sampling, compare_sampling_runs
+    from orchestrator.judge.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
 
     try:
         tol = parse_tolerances(tolerances) if tolerances else None
         if against:
-            from orchestrator.cross_run import compare_runs
+            from orchestrator.judge.cross_run import compare_runs
 
             if baseline:
                 _fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
@@ -377,7 +396,7 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
         if not sv.empty:
             print_table(sampling_table(sv))
         if not against:
-            from orchestrator.store import RunStore
+            from orchestrator.store.run_store import RunStore
 
             _print_searches(RunStore(run_dir).read_cells())
     except ValueError as e:
@@ -413,29 +432,27 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
          format: str = typer.Option("text", "--format", help="text, or md: a Markdown summary for a pull request")) -> None:
     """Exit 1 when a check fails: a cell the policy marks must-be-lossless (or identical, near-lossless)
     is not, or (with --against) a speed bound is crossed beyond the noise. Exit 2 for a usage error."""
-    from orchestrator.gate import PolicyError, check_line, evaluate, load_policy
+    from orchestrator.judge.gate import PolicyError, check_line, evaluate, load_policy
 
     if format not in ("text", "md"):
         _fail(f"--format: expected text or md, got {format!r}")
     try:
         rules = load_policy(policy)
         if against:
-            from orchestrator.cross_run import compare_runs
-
-            from orchestrator.task_verdicts import compare_task_runs
-
-            from orchestrator.sampling_verdicts import compare_sampling_runs
+            from orchestrator.judge.cross_run import compare_runs
+            from orchestrator.judge.sampling_verdicts import compare_sampling_runs
+            from orchestrator.judge.task_verdicts import compare_task_runs
 
             df = compare_runs(run_dir, against, _axes(match), noise_run=noise_run)
             tasks = compare_task_runs(run_dir, against, df) if any(r.task for r in rules.rules) else None
             sampling = compare_sampling_runs(run_dir, against, df) if any(r.sampling for r in rules.rules) else None
         else:
-            from orchestrator.analysis import analyse
-            from orchestrator.task_verdicts import analyse_tasks
+            from orchestrator.judge.analysis import analyse
+            from orchestrator.judge.task_verdicts import analyse_tasks
 
             if match or noise_run:
                 _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
-            from orchestrator.sampling_verdicts import analyse_sampling
+            from orchestrator.judge.sampling_verdicts import analyse_sampling
 
             df = analyse(run_dir)
             tasks = analyse_tasks(run_dir) if any(r.task for r in rules.rules) else None
@@ -445,11 +462,11 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
         _fail(str(e))
     failed = [c for c in checks if not c.passed]
     if junit:
-        from orchestrator.gate_junit import write_junit
+        from orchestrator.report.gate_junit import write_junit
 
         write_junit(checks, junit)
     if format == "md":
-        from orchestrator.gate_md import gate_markdown
+        from orchestrator.report.gate_md import gate_markdown
 
         title = f"lossless-bench gate: {run_dir.name}" + (f" against {against.name}" if against else "")
         print(gate_markdown(checks, title), end="")
@@ -468,9 +485,9 @@ def history(results: Path = typer.Argument(..., exists=True, file_okay=False, he
                                                 "(default: RESULTS/history.html)")) -> None:
     """Every run under a results root: per configuration, speed and quality over time, one point per run,
     with the provenance change at each step."""
-    from orchestrator.analysis import parse_selector
-    from orchestrator.history import history as read_history
-    from orchestrator.history_html import write_history_html
+    from orchestrator.judge.baselines import parse_selector
+    from orchestrator.judge.history import history as read_history
+    from orchestrator.report.history_html import write_history_html
 
     try:
         df = read_history(results, parse_selector(config, "--config") if config else None)
@@ -486,8 +503,8 @@ def history(results: Path = typer.Argument(..., exists=True, file_okay=False, he
 @model_app.command("tiny")
 def model_tiny(variant: str = typer.Option("tiny", help="tiny (llama) or tiny-qwen2")) -> None:
     """Build (or find in the cache) the built-in tiny checkpoint and print its path."""
-    from orchestrator.runner import cache_root
-    from orchestrator.tiny_model import resolve_builtin
+    from orchestrator.execution.runner import cache_root
+    from orchestrator.inputs.tiny_model import resolve_builtin
 
     try:
         print(resolve_builtin(variant, cache_root()))

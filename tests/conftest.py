@@ -24,7 +24,7 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_model(cache_dir) -> Path:
-    from orchestrator.tiny_model import resolve_builtin
+    from orchestrator.inputs.tiny_model import resolve_builtin
 
     return resolve_builtin("tiny", cache_dir)
 

@@ -1,4 +1,4 @@
-"""orchestrator.analysis on small hand-made run dirs written through the real RunStore."""
+"""orchestrator.judge.analysis on small hand-made run dirs written through the real RunStore."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
-from orchestrator.analysis import analyse, parse_selector, parse_tolerances, _speed_call
-from orchestrator.console import compare_table
-from orchestrator.gate import PolicyError, Policy, gate, load_policy
-from orchestrator.matrix import Tolerances
-from orchestrator.store import LOGPROBS_SCHEMA, RunStore
+from orchestrator.judge.analysis import analyse
+from orchestrator.judge.baselines import parse_selector, parse_tolerances
+from orchestrator.judge.gate import Policy, PolicyError, gate, load_policy
+from orchestrator.judge.speed import speed_call
+from orchestrator.matrix.models import Tolerances
+from orchestrator.report.console import compare_table
+from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import LOGPROBS_SCHEMA
 
 f32 = np.float32
 LN = {p: float(f32(math.log(p))) for p in (0.1, 0.2, 0.28, 0.3, 0.31, 0.4, 0.49, 0.5, 0.52, 0.6, 0.7)}
@@ -244,7 +247,7 @@ def test_speed_and_na_cells(tmp_path):
     assert f["ttft_ratio"] == 0.5 and f["mem_saving"] == 0.75
     b = row(df, "base")
     assert b["speedup"] == 1.0 and b["speedup_lo"] < 1.0 < b["speedup_hi"] and b["speed_call"] == "no difference"
-    assert _speed_call([math.nan, 1.01, 0.8, 1.0], [math.nan, 1.3, 0.99, 1.0]) == [None, "faster", "slower", "no difference"]
+    assert speed_call([math.nan, 1.01, 0.8, 1.0], [math.nan, 1.3, 0.99, 1.0]) == [None, "faster", "slower", "no difference"]
     again = analyse(store.root)   # no resampling: re-running gives the same interval
     assert row(again, "fast")["speedup_lo"] == f["speedup_lo"]
     assert (row(df, "oom")["verdict"], row(df, "oom")["reason"]) == ("n/a", "status failed: CUDA out of memory")

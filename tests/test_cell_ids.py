@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cells import expand
-from orchestrator.matrix import load_matrix
+from orchestrator.matrix.cells import expand
+from orchestrator.matrix.validate import load_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "data" / "cell_ids.json"

@@ -10,12 +10,13 @@ import subprocess
 
 import pytest
 
-from adapters.server_process import ServerApi, completion_body, completion_path
-from adapters.tokenizer import chat_template
-from orchestrator import tiny_model as tiny_build
-from orchestrator.chat import ChatRenderer, NoChatTemplate
-from orchestrator.matrix import MatrixError, ShareGptWorkload, parse_matrix
-from orchestrator.workload import Tokenizer, timing_requests
+from adapters.contract.openai_api import ServerApi, completion_body, completion_path
+from adapters.contract.tokenizer import chat_template
+from orchestrator.execution.prompts import Tokenizer, timing_requests
+from orchestrator.inputs import tiny_model as tiny_build
+from orchestrator.inputs.chat import ChatRenderer, NoChatTemplate
+from orchestrator.matrix.models import MatrixError, ShareGptWorkload
+from orchestrator.matrix.validate import parse_matrix
 from tests.conftest import ROOT, bench_cmd
 
 SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
@@ -51,7 +52,7 @@ def test_gguf_carries_the_template_and_llama_cpp_renders_the_same_ids(tiny_model
     import llama_cpp
     from llama_cpp import llama_chat_format
 
-    from adapters.gguf_convert import gguf_for
+    from adapters.engines.gguf_convert import gguf_for
 
     path, _ = gguf_for(str(tiny_model), "fp32", cache_dir)
     llm = llama_cpp.Llama(str(path), n_ctx=256, verbose=False)
@@ -116,9 +117,10 @@ def test_validate_rejects_chat_on_a_local_model_without_a_template(no_template, 
 def test_no_template_on_the_node_is_unsupported_rows(no_template, tmp_path):
     """Where only the node can tell (a hub model): every chat cell is `unsupported` with the reason, and no
     engine starts. Here a local model is let through validation by building the matrix without it."""
-    from orchestrator.cells import expand, group
-    from orchestrator.launcher import GroupJob, run_group
-    from orchestrator.matrix import Matrix
+    from orchestrator.execution.spec import GroupJob
+    from orchestrator.execution.supervisor import run_group
+    from orchestrator.matrix.cells import expand, group
+    from orchestrator.matrix.models import Matrix
 
     m = Matrix.model_validate(_matrix(str(no_template)))
     (g,) = group(expand(m))
@@ -142,7 +144,7 @@ def test_chat_bodies_and_the_chat_endpoint():
 
 
 def test_chat_workload_keeps_old_cell_ids():
-    from orchestrator.cells import expand
+    from orchestrator.matrix.cells import expand
 
     base = {"models": {"t": "builtin:tiny"}, "axes": {"framework": ["hf"], "model": ["t"]},
             "workload": {"kind": "sharegpt", "path": SHAREGPT}}
@@ -153,8 +155,8 @@ def test_chat_workload_keeps_old_cell_ids():
 
 
 def test_servers_not_driven_through_chat_are_unsupported(tmp_path):
-    from orchestrator.cells import expand, group
-    from orchestrator.launcher import GroupJob, unsupported_reason
+    from orchestrator.execution.spec import GroupJob, unsupported_reason
+    from orchestrator.matrix.cells import expand, group
 
     m = parse_matrix({**_matrix("builtin:tiny"), "axes": {"framework": ["trtllm", "vllm", "llamacpp"], "model": ["m"],
                                                           "mode": ["serve"]}})

@@ -11,10 +11,10 @@ import re
 import pytest
 import yaml
 
-from orchestrator.chat import ChatRenderer
-from orchestrator.launcher import PROJECT_ROOT
-from orchestrator.matrix import ShareGptWorkload
-from orchestrator.workload import Tokenizer, timing_requests
+from orchestrator.execution.prompts import Tokenizer, timing_requests
+from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.inputs.chat import ChatRenderer
+from orchestrator.matrix.models import ShareGptWorkload
 from tests.conftest import ROOT
 from tests.test_chat import MSGS, without_template
 
@@ -43,7 +43,7 @@ MATRIX = {
 
 @pytest.fixture(scope="module")
 def chat_run(ray_local, tiny_model, tmp_path_factory):
-    from orchestrator.runner import run_matrix
+    from orchestrator.execution.runner import run_matrix
 
     d = tmp_path_factory.mktemp("chat-run")
     (d / "m.yaml").write_text(yaml.safe_dump(MATRIX))
@@ -94,9 +94,9 @@ def test_served_chat_matches_the_templates_ids(chat_run, tiny_model, framework):
 def test_a_server_rendering_otherwise_is_a_stated_mismatch(tiny_model, tmp_path):
     """llama-cpp-python on a GGUF without a chat template falls back to its own "llama-2" format: the served
     cell's check says MISMATCH (never hides it), and the server's counts become the prompt lengths."""
-    from adapters.contract import ServeSpec
-    from adapters.gguf_convert import gguf_for
-    from adapters.served_cells import Target, _chat_lengths
+    from adapters.contract.specs import ServeSpec
+    from adapters.engines.gguf_convert import gguf_for
+    from adapters.worker.served_cells import Target, _chat_lengths
     from tests.test_serve import API, start_llamacpp
 
     plain = without_template(tiny_model, tmp_path / "tiny-plain")

@@ -12,14 +12,14 @@ import time
 import psutil
 import pytest
 import ray
+from conftest import SMALL_MATRIX
 from ray.cluster_utils import Cluster
 
-from conftest import SMALL_MATRIX
-from orchestrator.cells import expand
-from orchestrator.matrix import load_matrix
-from orchestrator.placement import env_resource
-from orchestrator.runner import run_matrix
-from orchestrator.store import RunStore
+from orchestrator.execution.runner import run_matrix
+from orchestrator.matrix.cells import expand
+from orchestrator.matrix.placement import env_resource
+from orchestrator.matrix.validate import load_matrix
+from orchestrator.store.run_store import RunStore
 
 
 @pytest.fixture
@@ -142,11 +142,11 @@ def test_an_idle_node_steals_the_unstarted_cells_of_a_running_group_and_each_run
 
 def test_a_part_runs_its_cells_in_the_dispatchers_order():
     """The dispatcher puts a part's longest cells first; the part's job must run them in that order."""
-    from orchestrator.cells import EngineGroup
-    from orchestrator.dispatch import Work
-    from orchestrator.launcher import GroupJob
-    from orchestrator.placement import Need
-    from orchestrator.scheduler import part_job
+    from orchestrator.execution.dispatch import Work
+    from orchestrator.execution.scheduler import part_job
+    from orchestrator.execution.spec import GroupJob
+    from orchestrator.matrix.cells import EngineGroup
+    from orchestrator.matrix.placement import Need
 
     group = EngineGroup("e", "hf", "m", "bf16", "", {}, ["c0", "c1", "c2"])
     job = GroupJob("r", group, None, "cpu", "python3", "/nonexistent")

@@ -18,9 +18,9 @@ import yaml
 from typer.testing import CliRunner
 
 import adapters
-from orchestrator import placement
 from orchestrator.cli import app
-from orchestrator.matrix import load_matrix
+from orchestrator.matrix import placement
+from orchestrator.matrix.validate import load_matrix
 
 try:
     import tomllib
@@ -200,7 +200,7 @@ def test_container_recipes_install_lossless_bench_and_share_python_ray_and_inter
 
 
 def test_engine_versions_in_the_images_are_the_ones_the_project_pins():
-    from adapters import lmdeploy, trtllm
+    from adapters.engines import lmdeploy, trtllm
 
     makefile = (ROOT / "Makefile").read_text()
     assert arg(dockerfile("vllm"), "VLLM_VERSION") == re.search(r"^VLLM_VERSION \?= (\S+)", makefile, re.M).group(1)
@@ -476,7 +476,7 @@ def test_ci_workflow_runs_nightly_by_hand_and_on_config_prs_and_passes_the_ray_s
 
 
 def test_ci_policy_names_cells_of_the_example_matrix():
-    from orchestrator.cells import expand
+    from orchestrator.matrix.cells import expand
 
     cells = {tuple(sorted(c.axes().items())) for c in expand(load_matrix(EXAMPLE_MATRIX)[0])}
     rules = yaml.safe_load(CI_POLICY.read_text())["rules"]

@@ -14,17 +14,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from conftest import ROOT
 from typer.testing import CliRunner
 
-from conftest import ROOT
-from orchestrator import compaction, journal
-from orchestrator.analysis import analyse
-from orchestrator.cells import expand
 from orchestrator.cli import app
-from orchestrator.compaction import compact
-from orchestrator.matrix import parse_matrix
-from orchestrator.runner import cells_to_run
-from orchestrator.store import COMMIT_FILE, LOGPROBS_SCHEMA, RunStore
+from orchestrator.execution.runner import cells_to_run
+from orchestrator.judge.analysis import analyse
+from orchestrator.matrix.cells import expand
+from orchestrator.matrix.validate import parse_matrix
+from orchestrator.store import compaction, journal
+from orchestrator.store.compaction import compact
+from orchestrator.store.layout import COMMIT_FILE
+from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import LOGPROBS_SCHEMA
 
 
 def _scale_module():
@@ -204,7 +206,7 @@ def test_one_writer_at_a_time(tmp_path):
     import subprocess
 
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); from orchestrator.store import RunStore\n"
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from orchestrator.store.run_store import RunStore\n"
         "with RunStore(sys.argv[2]).writing():\n    print('held', flush=True); time.sleep(60)"),
         str(ROOT), str(store.root)], stdout=subprocess.PIPE, text=True)
     try:
@@ -267,7 +269,7 @@ def test_readers_of_a_compacted_run_with_new_cells(tmp_path):
     assert {c["cell_id"]: c["status"] for c in cells}["c3"] == "ok"
     lps = [json.loads(x) for x in (tmp_path / "x" / "logprobs.jsonl").read_text().splitlines()]
     assert pd.Series([x["cell_id"] for x in lps]).value_counts().to_dict() == exact(store)[1]
-    from orchestrator.plan import plan
+    from orchestrator.judge.plan import plan
 
     assert set(plan(store.root, 1.0, 8, 4).framework) == {"hf", "vllm"}
 
@@ -288,10 +290,10 @@ def test_compacted_files_without_their_record_are_never_guessed_at_or_removed(tm
 @pytest.mark.parametrize("legacy", [False, True], ids=["journal", "per-cell files"])
 def test_every_side_table_is_folded_like_logprobs(tmp_path, monkeypatch, legacy):
     """A side table is one entry of store.SIDE_TABLES: compaction, recovery and the readers take it."""
-    from orchestrator import store as store_mod
+    from orchestrator.store import schema as store_schema
 
     schema = pa.schema([("run_id", pa.string()), ("cell_id", pa.string()), ("task", pa.string()), ("score", pa.float64())])
-    monkeypatch.setitem(store_mod.SIDE_TABLES, "tasks", store_mod.SideTable(schema, {"compression": "zstd"}))
+    monkeypatch.setitem(store_schema.SIDE_TABLES, "tasks", store_schema.SideTable(schema, {"compression": "zstd"}))
     store = small_store(tmp_path, legacy)
     tasks = {f"c{i}": i + 1 for i in (0, 1, 4)}   # c2, c3, c5: no task rows
     for cid, n in tasks.items():
@@ -324,7 +326,7 @@ def test_every_side_table_is_folded_like_logprobs(tmp_path, monkeypatch, legacy)
 
 def test_compaction_reads_in_many_chunks_in_order(tmp_path, monkeypatch):
     """Several scans at once, a small window: every cell once, in the recorded order, a second time too."""
-    from orchestrator import bulk_parquet
+    from orchestrator.store import bulk_parquet
 
     monkeypatch.setattr(bulk_parquet, "SCAN_FILES", 2)
     monkeypatch.setattr(bulk_parquet, "READ_AHEAD", 3)

@@ -22,10 +22,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
-
 from conftest import ROOT, bench_cmd
-from orchestrator.cross_run import compare_runs
-from orchestrator.runner import run_matrix
+
+from orchestrator.execution.runner import run_matrix
+from orchestrator.judge.cross_run import compare_runs
 
 EXACT = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
 MATRIX = {
@@ -48,7 +48,7 @@ POLICY = {"rules": [{"match": {"framework": ["hf", "llamacpp"]}, "must_be": "los
 
 @pytest.fixture(scope="module")
 def runs(ray_local, tmp_path_factory):
-    from orchestrator.tiny_model import build_tiny_model
+    from orchestrator.inputs.tiny_model import build_tiny_model
 
     d = tmp_path_factory.mktemp("regress")
     model = build_tiny_model(d / "model")
@@ -184,7 +184,7 @@ def test_usage_errors_exit_2(runs, tmp_path):
 
 
 def test_history_shows_one_point_per_run_and_what_changed(runs, tmp_path):
-    from orchestrator.history import history
+    from orchestrator.judge.history import history
 
     root = tmp_path / "results"
     root.mkdir()

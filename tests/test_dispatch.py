@@ -1,4 +1,4 @@
-"""The driver's dispatcher (orchestrator/dispatch.py) without Ray: which groups are cut, that every cell
+"""The driver's dispatcher (orchestrator/execution/dispatch.py) without Ray: which groups are cut, that every cell
 runs exactly once, that parts land only where they fit and never over-commit a node, and node loss."""
 
 import heapq
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from orchestrator.dispatch import Dispatcher, Progress, Work, node_type, split
-from orchestrator.placement import Need
+from orchestrator.execution.dispatch import Dispatcher, Progress, Work, node_type, split
+from orchestrator.matrix.placement import Need
 
 GPU1, GPU8 = Need(cpus=1, gpus=1), Need(cpus=1, gpus=8)
 LLAMA = Need(cpus=1, gpus=1, custom=(("env_llamacpp", 0.001),))

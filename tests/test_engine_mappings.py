@@ -29,13 +29,15 @@ import numpy as np
 import pytest
 
 import adapters
-from adapters import lmdeploy as lmd
-from adapters import trtllm as trt
 from adapters.base import Unsupported, log_softmax
-from adapters.contract import LoadSpec, ModelSpec
-from orchestrator.cells import expand, group
-from orchestrator.launcher import GroupJob, run_group, unsupported_reason
-from orchestrator.matrix import MatrixError, load_matrix, parse_matrix
+from adapters.contract.specs import LoadSpec, ModelSpec
+from adapters.engines import lmdeploy as lmd
+from adapters.engines import trtllm as trt
+from orchestrator.execution.spec import GroupJob, unsupported_reason
+from orchestrator.execution.supervisor import run_group
+from orchestrator.matrix.cells import expand, group
+from orchestrator.matrix.models import MatrixError
+from orchestrator.matrix.validate import load_matrix, parse_matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 SIGS = json.loads((Path(__file__).parent / "data" / "engine_signatures.json").read_text())
@@ -581,8 +583,8 @@ def test_on_cuda_a_missing_environment_names_the_install_command():
 
 def test_adapters_import_no_engine():
     code = ("import sys, adapters\n"
-            "from adapters.contract import LoadSpec, ModelSpec\n"
-            "from adapters import trtllm, lmdeploy\n"
+            "from adapters.contract.specs import LoadSpec, ModelSpec\n"
+            "from adapters.engines import trtllm, lmdeploy\n"
             "s = LoadSpec(framework='x', model=ModelSpec(name='m', source='/m'), quantization='fp16', device='cuda')\n"
             "trtllm.engine_kwargs(s); lmdeploy.engine_kwargs(s)\n"
             "assert 'tensorrt_llm' not in sys.modules and 'lmdeploy' not in sys.modules, sorted(sys.modules)\n")

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from orchestrator import model_size
-from orchestrator.estimate import GroupFacts, History, estimate_groups, prior
-from orchestrator.store import RunStore
+from orchestrator.execution import model_size
+from orchestrator.execution.estimate import GroupFacts, History, estimate_groups, prior
+from orchestrator.store.run_store import RunStore
 
 LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,

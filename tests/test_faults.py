@@ -14,15 +14,15 @@ import time
 
 import pandas as pd
 import psutil
-
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
-from orchestrator.runner import run_matrix
-from orchestrator.store import RunStore
+
+from orchestrator.execution.runner import run_matrix
+from orchestrator.store.run_store import RunStore
 
 SITECUSTOMIZE = """
 import ctypes, os, time
 kind, batch = os.environ["BENCH_TEST_FAULT"].split(":")
-import adapters.hf as hf
+import adapters.engines.hf as hf
 original = hf.HfAdapter.generate
 def generate(self, prompts, output_len, ignore_eos):
     if len(prompts) == int(batch):

@@ -12,8 +12,8 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-from orchestrator.launcher import _logprob_table
-from orchestrator.store import LOGPROBS_SCHEMA
+from orchestrator.execution.rows import read_logprob_rows
+from orchestrator.store.schema import LOGPROBS_SCHEMA
 
 
 def _npz(path, n=50, k=4, seed=0):
@@ -29,7 +29,7 @@ def _npz(path, n=50, k=4, seed=0):
 
 def test_logprob_table_has_the_schema_and_every_value(tmp_path):
     data = _npz(tmp_path / "c.npz")
-    table = _logprob_table("run-1", "cell-1", tmp_path / "c.npz")
+    table = read_logprob_rows("run-1", "cell-1", tmp_path / "c.npz")
     table.validate(full=True)
     assert table.schema.equals(LOGPROBS_SCHEMA)
     for name in ("repeat", "prompt_index", "position", "token_id", "logprob", "topk_ids", "topk_logprobs"):
@@ -48,8 +48,8 @@ def test_logprob_table_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from orchestrator.launcher import _logprob_table
-        _logprob_table("r", "c", Path({str(tmp_path / "c.npz")!r}))
+        from orchestrator.execution.rows import read_logprob_rows
+        read_logprob_rows("r", "c", Path({str(tmp_path / "c.npz")!r}))
         print(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -70,10 +70,10 @@ def test_rows_come_back_through_ray_without_pandas_or_pyarrow_compute_in_its_wor
             return os.getpid()
 
         def rows(self, npz: str):
-            import orchestrator.scheduler as scheduler
-            from orchestrator.launcher import CellResult
+            import orchestrator.execution.scheduler as scheduler
+            from orchestrator.execution.rows import CellResult
 
-            table = _logprob_table("r", "c", npz)
+            table = read_logprob_rows("r", "c", npz)
             scheduler.run_group = lambda job: [CellResult({"cell_id": "c"}, table, None, table)]
             return scheduler._run_on_node(None)   # the task's body, a group that made these rows
 
@@ -100,12 +100,12 @@ def test_rows_come_back_through_ray_without_pandas_or_pyarrow_compute_in_its_wor
 
 def test_a_process_imports_only_the_adapters_it_looks_up():
     """The registry imports an adapter's module on first lookup: the engine child of an hf group (and its
-    Ray worker's launcher) imports adapters.hf, not the other four frameworks' modules."""
+    Ray worker's launcher) imports adapters.engines.hf, not the other four frameworks' modules."""
     code = textwrap.dedent("""
         import sys
-        import adapters.worker, orchestrator.launcher
+        import adapters.worker.group, orchestrator.execution.supervisor
         from adapters import ADAPTERS
-        engines = ("adapters.hf", "adapters.vllm", "adapters.trtllm", "adapters.lmdeploy", "adapters.llamacpp")
+        engines = ("adapters.engines.hf", "adapters.engines.vllm", "adapters.engines.trtllm", "adapters.engines.lmdeploy", "adapters.engines.llamacpp")
         before = [m for m in engines if m in sys.modules]
         names = list(ADAPTERS)
         cls = ADAPTERS["hf"]
@@ -113,13 +113,13 @@ def test_a_process_imports_only_the_adapters_it_looks_up():
         print(all(ADAPTERS[n].name == n for n in names), [m for m in engines if m not in sys.modules])
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert out == ["[] ['hf', 'vllm', 'trtllm', 'lmdeploy', 'llamacpp'] hf ['adapters.hf']", "True []"]
+    assert out == ["[] ['hf', 'vllm', 'trtllm', 'lmdeploy', 'llamacpp'] hf ['adapters.engines.hf']", "True []"]
 
 
 def test_memory_tracker_reads_the_peak_of_its_tree_between_reset_and_read():
     """No thread samples while the engine is timed, yet a child's short-lived peak after the reset is
     seen, and an earlier peak is forgotten by the reset."""
-    from adapters.trackers import MemoryTracker
+    from adapters.meters.memory import MemoryTracker
 
     tracker = MemoryTracker().start()
     assert tracker.source == "rss-peak-tree" and not tracker._thread.is_alive()
@@ -145,8 +145,8 @@ def test_hf_step_clock_stamps_each_generated_token_inside_the_call(tiny_model):
     """hf's per-token times come from generate's streamer (one put per step, after the prompt's): one
     stamp per new token, in order, between the call's start and end; with EOS on, as many as the tokens
     up to and including the EOS."""
-    from adapters.contract import LoadSpec, ModelSpec
-    from adapters.hf import HfAdapter
+    from adapters.contract.specs import LoadSpec, ModelSpec
+    from adapters.engines.hf import HfAdapter
 
     adapter = HfAdapter()
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32",

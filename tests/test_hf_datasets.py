@@ -11,9 +11,10 @@ import subprocess
 
 import pytest
 
-from orchestrator.chat import ChatRenderer
-from orchestrator.matrix import HfWorkload, MatrixError, parse_matrix
-from orchestrator.workload import Tokenizer, timing_requests
+from orchestrator.execution.prompts import Tokenizer, timing_requests
+from orchestrator.inputs.chat import ChatRenderer
+from orchestrator.matrix.models import HfWorkload, MatrixError
+from orchestrator.matrix.validate import parse_matrix
 from tests.conftest import ROOT, bench_cmd
 
 DATA = str(ROOT / "tests" / "data" / "hf_dataset")
@@ -88,7 +89,7 @@ def test_bench_run_of_an_hf_cell(tiny_model, tmp_path):
     out = subprocess.run(bench_cmd("run", str(tmp_path / "m.yaml"), "--run-dir", str(tmp_path / "run")),
                          capture_output=True, text=True, cwd=ROOT, env=os.environ | OFFLINE, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    from orchestrator.store import RunStore
+    from orchestrator.store.run_store import RunStore
 
     row = RunStore(tmp_path / "run").read_cells().iloc[0]
     assert row.status == "ok", row.reason

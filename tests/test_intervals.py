@@ -1,4 +1,4 @@
-"""adapters/intervals.py: the t quantile, the log-scale intervals, and their coverage at small n."""
+"""adapters/contract/intervals.py: the t quantile, the log-scale intervals, and their coverage at small n."""
 
 from __future__ import annotations
 
@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from adapters.intervals import (log_mean_interval, log_ratio_interval, log_ratio_intervals, relative_half_width,
-                                t_quantile)
+from adapters.contract.intervals import (
+    log_mean_interval,
+    log_ratio_interval,
+    log_ratio_intervals,
+    relative_half_width,
+    t_quantile,
+)
 
 # t tables (e.g. Abramowitz & Stegun table 26.10)
 T975 = {1: 12.706205, 2: 4.302653, 4: 2.776445, 9: 2.262157, 30: 2.042272, math.inf: 1.959964}
@@ -121,7 +126,7 @@ def test_run_noise_restores_coverage_when_runs_drift():
     the repeats alone miss it; adding run_noise, estimated from a repeat of OLD over the cells they
     share, brings a 95% interval back to about 95%. (A drift shared by every cell alone is seen once
     per pair of runs: there it reaches about 78%, against 17% for the repeats alone.)"""
-    from adapters.intervals import log_ratio_intervals, run_noise
+    from adapters.contract.intervals import log_ratio_intervals, run_noise
 
     rng = np.random.default_rng(3)
     cells, n, shared, own, sd_rep = 8, 5, 0.05, 0.08, 0.02

@@ -1,4 +1,4 @@
-"""The journal (orchestrator/journal.py): crash safety of the append-only layout, on real files.
+"""The journal (orchestrator/store/journal.py): crash safety of the append-only layout, on real files.
 
 Torn records are made two ways: by cutting a journal file at every interesting byte of its last
 record (what a kill mid-write() leaves), and by SIGKILLing a process that writes large cells.
@@ -14,14 +14,14 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from conftest import ROOT
-from orchestrator import journal, store as store_mod
-from orchestrator.compaction import compact
-from orchestrator.store import CELLS_FILE_SCHEMA, COMMIT_FILE, LOGPROBS_SCHEMA, SIDE_TABLES, RunStore
+
+from orchestrator.store import journal, run_store
+from orchestrator.store.compaction import compact
+from orchestrator.store.layout import COMMIT_FILE
+from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, SIDE_TABLES
 from tests.test_compaction import lp, row
-
-
 
 
 def state(store: RunStore) -> dict:
@@ -39,7 +39,7 @@ def state(store: RunStore) -> dict:
 
 def new_process():
     """What a new driver process sees: no journal writer of this one (each process writes its own file)."""
-    store_mod._JOURNALS.clear()
+    run_store._JOURNALS.clear()
 
 
 def last_record(path):
@@ -112,7 +112,8 @@ def test_a_damaged_record_is_an_error_not_silently_other_rows(tmp_path):
 WRITER = """
 import sys, numpy as np, pyarrow as pa
 sys.path.insert(0, sys.argv[1])
-from orchestrator.store import RunStore, LOGPROBS_SCHEMA
+from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import LOGPROBS_SCHEMA
 store, start, n = RunStore(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 rows = 50_000
 for i in range(start, start + 12):

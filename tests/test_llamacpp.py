@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from adapters.base import Unsupported, log_softmax
-from adapters.contract import LoadSpec, ModelSpec
+from adapters.contract.specs import LoadSpec, ModelSpec
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 needs_llama = pytest.mark.skipif(
@@ -37,7 +37,7 @@ N_PROMPTS, PROMPT_LEN, GREEDY = 4, 48, 8
 
 @pytest.fixture(scope="module")
 def tiny_qwen2(cache_dir) -> Path:
-    from orchestrator.tiny_model import resolve_builtin
+    from orchestrator.inputs.tiny_model import resolve_builtin
 
     return resolve_builtin("tiny-qwen2", cache_dir)
 
@@ -46,7 +46,7 @@ def tiny_qwen2(cache_dir) -> Path:
 def _prompts(model_dir: str) -> tuple[tuple[int, ...], ...]:
     from tokenizers import Tokenizer
 
-    from orchestrator.tiny_model import eval_text
+    from orchestrator.inputs.tiny_model import eval_text
 
     ids = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")).encode(eval_text()).ids
     return tuple(tuple(ids[i * PROMPT_LEN:(i + 1) * PROMPT_LEN]) for i in range(N_PROMPTS))
@@ -75,7 +75,7 @@ def _hf_reference(model_dir: str):
 
 
 def load(model_dir, quant="fp32", cache_dir=None, **options):
-    from adapters.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp import LlamacppAdapter
 
     adapter = LlamacppAdapter()
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(model_dir)), quantization=quant,
@@ -327,7 +327,7 @@ def test_prompt_lookup_is_sequential_and_lossless(tiny_model, cache_dir):
 # model files and errors
 
 def test_unknown_architecture_is_unsupported(tmp_path):
-    from adapters.gguf_convert import converted_gguf
+    from adapters.engines.gguf_convert import converted_gguf
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
     with pytest.raises(Unsupported, match=r"does not support architecture GPT2LMHeadModel \(supported: .*LlamaForCausalLM"):
@@ -336,7 +336,7 @@ def test_unknown_architecture_is_unsupported(tmp_path):
 
 @needs_llama
 def test_unknown_architecture_through_the_adapter(tmp_path):
-    from adapters.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp import LlamacppAdapter
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"]}))
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tmp_path)), quantization="fp32", device="cpu", cache_dir=str(tmp_path / "c"))
@@ -348,7 +348,7 @@ def test_unknown_architecture_through_the_adapter(tmp_path):
 def test_conversion_is_cached_by_content(tiny_model, tmp_path):
     import shutil
 
-    from adapters.gguf_convert import converted_gguf
+    from adapters.engines.gguf_convert import converted_gguf
 
     first, hit1 = converted_gguf(tiny_model, "f16", tmp_path)
     again, hit2 = converted_gguf(tiny_model, "f16", tmp_path)
@@ -365,8 +365,8 @@ def test_conversion_is_cached_by_content(tiny_model, tmp_path):
 
 @needs_llama
 def test_gguf_file_is_used_as_is(tiny_model, cache_dir):
-    from adapters.gguf_convert import quantized_gguf
-    from adapters.llamacpp import LlamacppAdapter
+    from adapters.engines.gguf_convert import quantized_gguf
+    from adapters.engines.llamacpp import LlamacppAdapter
 
     q4, _ = quantized_gguf(tiny_model, "q4_0", cache_dir)
     for quant in ("gguf", "q4_0"):  # 'gguf', or the level the file already has
@@ -384,7 +384,7 @@ def test_gguf_file_is_used_as_is(tiny_model, cache_dir):
 
 
 def test_check_names_the_install_command_without_llama_cpp(monkeypatch, tmp_path):
-    from adapters.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp import LlamacppAdapter
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tmp_path)), quantization="fp32", device="cpu")
@@ -406,12 +406,12 @@ def test_extra_bufts_flag_in_a_subprocess(tiny_model, cache_dir, tmp_path):
     the default is False): on a CPU with AMX exactly that crash is accepted, and said; any other crash,
     or a crash on a CPU without AMX, fails. Where both run: how far True moves the logits on Q8_0 and
     Q4_0 (repacked kernels)."""
-    from adapters.gguf_convert import quantized_gguf
+    from adapters.engines.gguf_convert import quantized_gguf
 
     code = (
         "import sys, numpy as np\n"
-        "from adapters.contract import LoadSpec, ModelSpec\n"
-        "from adapters.llamacpp import LlamacppAdapter\n"
+        "from adapters.contract.specs import LoadSpec, ModelSpec\n"
+        "from adapters.engines.llamacpp import LlamacppAdapter\n"
         "a = LlamacppAdapter()\n"
         "a.load(LoadSpec(framework='llamacpp', model=ModelSpec(name='m', source=sys.argv[1]), quantization='gguf', options={'use_extra_bufts': sys.argv[2] == 'True'}))\n"
         "np.save(sys.argv[3], a.score([list(range(3, 40))], 3)[0].logprobs)\n"

@@ -15,9 +15,9 @@ import threading
 import pytest
 from aiohttp import web
 
-from adapters import load_generator
-from adapters.contract import summarize
-from adapters.server_process import ServerApi
+from adapters.contract.openai_api import ServerApi
+from adapters.contract.timing import summarize
+from adapters.serving import load_generator
 
 API = ServerApi(prompt_ids=True, ids_in_logprobs=True, prompt_logprobs=None, ignore_eos=True, batches=True,
                 stream_usage=True)

@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
-from orchestrator.analysis import analyse
-from orchestrator.runner import run_matrix
+
+from orchestrator.execution.runner import run_matrix
+from orchestrator.judge.analysis import analyse
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: pip install -e '.[llamacpp]'")
 

@@ -5,8 +5,9 @@ import json
 import pytest
 import yaml
 
-from orchestrator.cells import expand, group
-from orchestrator.matrix import MatrixError, json_schema, load_matrix, parse_matrix
+from orchestrator.matrix.cells import expand, group
+from orchestrator.matrix.models import MatrixError
+from orchestrator.matrix.validate import json_schema, load_matrix, parse_matrix
 
 BASE = {
     "models": {"tiny": "builtin:tiny", "other": {"source": "/models/other"}},

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.plan import plan
-from orchestrator.store import RunStore
+from orchestrator.judge.plan import plan
+from orchestrator.store.run_store import RunStore
 
 Q, I, O = 10.0, 128, 64
 COST = 2.5  # USD per GPU-hour

@@ -1,4 +1,4 @@
-"""The watchdog of orchestrator/reaper.py, without Ray: a stand-in driver starts it and a stand-in
+"""The watchdog of orchestrator/execution/reaper.py, without Ray: a stand-in driver starts it and a stand-in
 cluster process whose stdout is a log file in the session dir (as Ray's are), then is SIGKILLed."""
 
 import signal
@@ -8,13 +8,12 @@ import time
 
 import psutil
 import pytest
-
 from conftest import ROOT
 
 DRIVER = """
 import os, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from orchestrator import reaper
+from orchestrator.execution import reaper
 # Ray's name for a session dir ends in the pid of the process that started the cluster
 session = f"{sys.argv[2]}/session_2026-01-01_00-00-00_000000_{os.getpid()}"
 reaper.start()

@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import SMALL_MATRIX
 from typer.testing import CliRunner
 
-from conftest import SMALL_MATRIX
 from orchestrator.cli import app
-from orchestrator.report import write_report
-from orchestrator.report_data import pareto_front
-from orchestrator.runner import run_matrix
+from orchestrator.execution.runner import run_matrix
+from orchestrator.report.data import pareto_front
+from orchestrator.report.write import write_report
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install -y chromium) to open the report in")
@@ -211,9 +211,10 @@ def test_large_run_report_is_aggregated_and_capped(tmp_path, monkeypatch):
     import sys
 
     from conftest import ROOT
-    from orchestrator import report_data as rep
-    from orchestrator.compaction import compact
-    from orchestrator.store import RunStore
+
+    from orchestrator.report import data as rep
+    from orchestrator.store.compaction import compact
+    from orchestrator.store.run_store import RunStore
 
     spec = importlib.util.spec_from_file_location("analysis_at_scale", ROOT / "benchmarks" / "analysis_at_scale.py")
     scale = importlib.util.module_from_spec(spec)
@@ -303,7 +304,7 @@ def test_report_against(report_run, rerun, tmp_path):
     """`bench report RUN2 --against RUN1`: the quality plot draws each config's move from RUN1 to RUN2
     as an arrow, from its point in RUN1 to its point in RUN2 (each against its own run's baseline);
     a section and report.md pair every cell with its ratios, calls and what changed."""
-    from orchestrator.analysis import analyse
+    from orchestrator.judge.analysis import analyse
 
     out = tmp_path / "vs.html"
     res = CliRunner().invoke(app, ["report", str(rerun.root), "--against", str(report_run.root), "-o", str(out)])
@@ -407,12 +408,12 @@ def test_report_against_usage_errors(report_run, rerun):
 def test_report_against_when_the_comparison_fails(report_run, rerun, tmp_path, monkeypatch):
     """compare_runs failing (say, OLD's logprobs unreadable) leaves a banner in the section; the rest
     of the report, and the arrows (paired by cell id), still stand."""
-    import orchestrator.cross_run
+    import orchestrator.judge.cross_run
 
     def broken(*args, **kwargs):
         raise RuntimeError("OLD's logprobs are unreadable\nsecond line")
 
-    monkeypatch.setattr(orchestrator.cross_run, "compare_runs", broken)
+    monkeypatch.setattr(orchestrator.judge.cross_run, "compare_runs", broken)
     html_path, md_path = write_report(rerun.root, tmp_path / "r.html", against=report_run.root)
     text = html_path.read_text()
     assert "could not be compared with run1: RuntimeError: OLD&#x27;s logprobs are unreadable</div>" in text
@@ -432,7 +433,7 @@ def _task_rows(cell_id: str, flipped: int = 0, summ_run: bool = True):
     """qa (exact_match, 0/1) and summ (rouge_l, continuous) rows of one cell, in TASKS_SCHEMA."""
     import pyarrow as pa
 
-    from orchestrator.store import TASKS_SCHEMA
+    from orchestrator.store.schema import TASKS_SCHEMA
 
     qa = [1.0 if i < QA_RIGHT else 0.0 for i in range(TASK_ITEMS)]
     qa[:flipped] = [0.0] * flipped
@@ -450,7 +451,7 @@ def _logprobs(cell_id: str, shift: float = 0.0):
     moved by `shift` (0: bitwise equal to the baseline)."""
     import pyarrow as pa
 
-    from orchestrator.store import LOGPROBS_SCHEMA
+    from orchestrator.store.schema import LOGPROBS_SCHEMA
 
     f32 = np.float32
     top = [float(f32(np.log(p) + shift)) for p in (0.5, 0.3, 0.1)]
@@ -471,7 +472,7 @@ def _task_run(root: Path, q4_flipped: int) -> Path:
     """A run made by hand: hf fp32 (the baseline), vllm fp32 (the same logprobs and task results,
     1.5x faster) and vllm q4_0 (shifted logprobs, 3x faster, `q4_flipped` qa items right -> wrong,
     summ not run)."""
-    from orchestrator.store import RunStore
+    from orchestrator.store.run_store import RunStore
 
     store = RunStore(root)
     store.write_manifest({"run_id": root.name, "matrix": {
@@ -608,7 +609,7 @@ def _serving_run(root: Path) -> Path:
     """A run made by hand of served cells of two named workloads: vLLM with its telemetry (prefix-cache hits
     and queries, preemptions, KV-cache and queue maxima; energy null with the reason), llama.cpp with every
     figure null and its reasons, and vLLM's SLO search of the prefix workload with three probes."""
-    from orchestrator.store import RunStore
+    from orchestrator.store.run_store import RunStore
 
     store = RunStore(root)
     store.write_manifest({"run_id": root.name, "matrix": {

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SMALL_MATRIX
-from orchestrator.matrix import MatrixError
-from orchestrator.runner import run_matrix
-from orchestrator.store import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, STATUSES
+
+from orchestrator.execution.runner import run_matrix
+from orchestrator.matrix.models import MatrixError
+from orchestrator.store.schema import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, STATUSES
 
 M = SMALL_MATRIX["measure"]
 
@@ -130,8 +130,8 @@ def test_missing_environment_is_an_unsupported_row_naming_the_fix(ray_local, wri
 
 
 def test_full_vocabulary_logprobs_sum_to_one(tiny_model):
-    from adapters.contract import LoadSpec, ModelSpec
-    from adapters.hf import HfAdapter
+    from adapters.contract.specs import LoadSpec, ModelSpec
+    from adapters.engines.hf import HfAdapter
 
     adapter = HfAdapter()
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32", device="cpu"))
@@ -168,7 +168,7 @@ def test_repeats_auto_stops_at_the_target_interval_or_its_cap(ray_local, tmp_pat
     auto_repeats.half_width, between min_repeats and max_repeats; the row says how many it took and the
     interval's half-width. A generous target (+-500%: met at the minimum even on a busy machine) stops at
     min_repeats; an impossible one runs to the cap."""
-    from adapters.intervals import relative_half_width
+    from adapters.contract.intervals import relative_half_width
 
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"]["batch_size"] = [1]

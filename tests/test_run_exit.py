@@ -8,9 +8,9 @@ import time
 
 import pandas as pd
 import psutil
-
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
-from orchestrator.reaper import cluster_processes
+
+from orchestrator.execution.reaper import cluster_processes
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -29,7 +29,7 @@ def _cmd(p: psutil.Process) -> str:
 
 
 def _watchdog(p: psutil.Process) -> bool:
-    return "orchestrator/reaper.py" in _cmd(p)
+    return "orchestrator/execution/reaper.py" in _cmd(p)
 
 
 def _assert_complete(run_dir, n_cells: int) -> None:

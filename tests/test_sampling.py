@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
 from conftest import ROOT, SMALL_MATRIX, bench_cmd
-from orchestrator.analysis import analyse
-from orchestrator.runner import run_matrix
-from orchestrator.sampling_stats import first_token_test, permutation_test, sampler_probs, seeds_to_detect
-from orchestrator.sampling_verdicts import analyse_sampling
-from orchestrator.store import RunStore
+
+from orchestrator.execution.runner import run_matrix
+from orchestrator.judge.analysis import analyse
+from orchestrator.judge.sampling_stats import first_token_test, permutation_test, sampler_probs, seeds_to_detect
+from orchestrator.judge.sampling_verdicts import analyse_sampling
+from orchestrator.store.run_store import RunStore
 
 VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
 CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}
@@ -71,8 +71,12 @@ def test_sampler_transform_matches_the_engines_filters():
     every engine order, against the plain definition; truncated to 40 candidates it either gives the same
     distribution or says why the tail decides it."""
     import torch
-    from transformers.generation.logits_process import (MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     from adapters import ADAPTERS
 
@@ -245,7 +249,7 @@ def test_gate_sampling_rules_and_the_report_panel(sampling_run, tmp_path):
     assert failed[0].startswith("rule 2 (sampling identical)") and "identity not promised" in failed[0]
     assert failed[1].startswith("rule 3 (sampling same_distribution)") and "cannot judge sampling" in failed[1]
 
-    from orchestrator.report import write_report
+    from orchestrator.report.write import write_report
 
     html_path, md_path = write_report(store.root, tmp_path / "report.html")
     html, md = html_path.read_text(), md_path.read_text()

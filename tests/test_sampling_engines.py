@@ -7,7 +7,7 @@ is the raw log-softmax at that position, as the same engine's teacher-forced `sc
 gives it; greedy with speculation equals greedy without, and the counters see drafts.
 
 transformers and llama.cpp run in this process. vLLM cannot be imported here: a small script
-(VLLM_SCRIPT) loads adapters.vllm's adapter in .venvs/vllm as adapters.worker does and prints JSON;
+(VLLM_SCRIPT) loads adapters.engines.vllm's adapter in .venvs/vllm as adapters.worker does and prints JSON;
 its two engines (prefix caching on; prefix caching off with n-gram speculation) start once per module.
 """
 
@@ -20,10 +20,10 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from adapters.base import Unsupported
-from adapters.contract import LoadSpec, ModelSpec, SamplerSettings
-from conftest import ROOT
+from adapters.contract.specs import LoadSpec, ModelSpec, SamplerSettings
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -85,7 +85,7 @@ def check_samples(sample, score, eos_id=None, atol=1e-3) -> dict:
 
 @pytest.fixture(scope="module")
 def hf(tiny_model):
-    from adapters.hf import HfAdapter
+    from adapters.engines.hf import HfAdapter
 
     adapter = HfAdapter()
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32"))
@@ -123,7 +123,7 @@ def test_hf_sample_is_transformers_own_sampling(hf):
 
 
 def _llama(tiny_model, cache_dir, **options):
-    from adapters.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp import LlamacppAdapter
 
     adapter = LlamacppAdapter()
     adapter.load(LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=str(tiny_model)),
@@ -205,8 +205,8 @@ VLLM_SCRIPT = r'''
 import json, sys, time
 
 from adapters.base import ADAPTERS, Unsupported
-from adapters.contract import LoadSpec, ModelSpec, SamplerSettings
-import adapters.vllm  # noqa: F401  (registers the adapter)
+from adapters.contract.specs import LoadSpec, ModelSpec, SamplerSettings
+import adapters.engines.vllm  # noqa: F401  (registers the adapter)
 
 
 def counter(llm, name):

@@ -22,12 +22,13 @@ import psutil
 import pytest
 import yaml
 
-from adapters import load_generator, server_process
-from adapters.contract import summarize
-from adapters.contract import LoadSpec, ModelSpec
-from adapters.llamacpp import LlamacppAdapter
-from orchestrator.launcher import PROJECT_ROOT
-from orchestrator.endpoint_diff import diff_endpoints, format_diff_report, read_prompts
+from adapters.contract import openai_api
+from adapters.contract.specs import LoadSpec, ModelSpec
+from adapters.contract.timing import summarize
+from adapters.engines.llamacpp import LlamacppAdapter
+from adapters.serving import load_generator, server_process
+from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.judge.endpoint_diff import diff_endpoints, format_diff_report, read_prompts
 from tests.conftest import ROOT, bench_cmd
 
 PROMPTS = ["The river ran", "Once upon a time", "In the morning the", "She said that",
@@ -40,7 +41,7 @@ HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 
 @pytest.fixture(scope="module")
 def ggufs(tiny_model, cache_dir):
-    from adapters.gguf_convert import gguf_for
+    from adapters.engines.gguf_convert import gguf_for
 
     return {q: str(gguf_for(str(tiny_model), q, cache_dir)[0]) for q in ("fp32", "q4_0")}
 
@@ -71,7 +72,7 @@ def servers(ggufs, tmp_path_factory):
 def _complete(url: str, prompt: str, max_tokens: int) -> dict:
     import httpx
 
-    body = server_process.completion_body(API, prompt, max_tokens, 0, False, None, logprobs=1)
+    body = openai_api.completion_body(API, prompt, max_tokens, 0, False, None, logprobs=1)
     return httpx.post(url + "/v1/completions", json=body, timeout=60, trust_env=False).json()
 
 
@@ -189,7 +190,7 @@ def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
     the same distribution); fp32 against q4_0 differs seed by seed, and as a distribution: the likelihood
     ratio (both sides' samples scored under both servers) finds it at 16 seeds a prompt, where the mean
     logprob under A needs thousands (benchmarks/README.md)."""
-    from orchestrator.endpoint_diff import diff_sampled, format_sampled_report
+    from orchestrator.judge.endpoint_diff import diff_sampled, format_sampled_report
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS[:4]) + "\n")
@@ -274,7 +275,7 @@ def test_likelihood_ratio_scores_either_echo_and_says_why_not(monkeypatch):
     test n/a with the reason, the other tests run."""
     import httpx
 
-    from orchestrator import endpoint_diff as ed
+    from orchestrator.judge import endpoint_diff as ed
 
     handlers = {kind: _fake_server(kind) for kind in ("aligned", "shifted", "none")}
     real = httpx.Client
@@ -320,7 +321,7 @@ SERVE_MATRIX = {
     # each served cell against its own engine offline
     "baseline": {"model": "tiny", "mode": "offline"},
     # the task layer through the servers: 20 choice items (teacher-forced prompt logprobs by id)
-    "tasks": [{"kind": "choice", "name": "ending20", "path": str(PROJECT_ROOT / "orchestrator/data/tasks/tiny-ending.jsonl"),
+    "tasks": [{"kind": "choice", "name": "ending20", "path": str(PROJECT_ROOT / "orchestrator/inputs/data/tasks/tiny-ending.jsonl"),
                "limit": 20}],
     "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
 }
@@ -328,8 +329,8 @@ SERVE_MATRIX = {
 
 @pytest.fixture(scope="module")
 def serve_run(ray_local, servers, tiny_model, tmp_path_factory):
-    from orchestrator.analysis import analyse
-    from orchestrator.runner import run_matrix
+    from orchestrator.execution.runner import run_matrix
+    from orchestrator.judge.analysis import analyse
 
     d = tmp_path_factory.mktemp("serve-run")
     data = copy.deepcopy(SERVE_MATRIX)
@@ -426,8 +427,8 @@ def test_vllm_served_cells_equal_offline(serve_run):
 def test_tasks_through_the_server_score_as_offline(serve_run):
     """vLLM's server takes ids and returns prompt logprobs: its served cells run the choice task and
     pick what its offline cell picks; llama.cpp's takes text only: the task is n/a with that reason."""
-    from orchestrator.store import RunStore
-    from orchestrator.task_verdicts import analyse_tasks
+    from orchestrator.judge.task_verdicts import analyse_tasks
+    from orchestrator.store.run_store import RunStore
 
     store, cells, _ = serve_run
     items = RunStore(store.root).read_tasks().to_pandas()
@@ -503,7 +504,7 @@ def test_every_stored_latency_is_measured_or_null_with_a_reason(serve_run):
         if r.model == "ep":
             assert missing["energy_j"] == "an endpoint given by the matrix: its energy is not ours to measure"
         elif pd.isna(r.energy_j):   # this machine has no readable RAPL counter: the meter's own reason
-            from adapters.energy import EnergyMeter
+            from adapters.meters.energy import EnergyMeter
 
             assert missing["energy_j"] == EnergyMeter("cpu").unavailable, where
         else:
@@ -536,14 +537,14 @@ def test_serve_report_and_tables(serve_run):
     # wide enough that no header folds)
     from rich.console import Console
 
-    from orchestrator.analysis import analyse
-    from orchestrator.console import compare_table
+    from orchestrator.judge.analysis import analyse
+    from orchestrator.report.console import compare_table
 
     console = Console(width=400, record=True, file=open(os.devnull, "w"))
     console.print(compare_table(analyse(store.root)))
     text = console.export_text()
     assert ("prefix hit" in text and "TTFT p50 ms" in text) == HAS_VLLM
-    from orchestrator.report import write_report
+    from orchestrator.report.write import write_report
 
     html, _ = write_report(store.root)
     assert "poisson 8/s, c&lt;=4" in html.read_text() or "poisson 8/s, c<=4" in html.read_text()
@@ -575,7 +576,7 @@ def _kill_server_when_busy(stop: threading.Event, killed: list) -> None:
 
 
 def test_server_killed_mid_cell_is_a_crashed_row_and_the_next_cell_runs(ray_local, tmp_path, ggufs):
-    from orchestrator.runner import run_matrix
+    from orchestrator.execution.runner import run_matrix
 
     data = {"name": "serve-crash", "models": {"tiny": "builtin:tiny"},
             "axes": {"framework": ["llamacpp"], "model": ["tiny"], "mode": ["serve"], "batch_size": [1, 2],
@@ -605,8 +606,8 @@ def test_server_killed_mid_cell_is_a_crashed_row_and_the_next_cell_runs(ray_loca
 
 VLLM_FLAGS_CHECK = r"""
 import json, sys
-from adapters.contract import LoadSpec, ModelSpec
-from adapters.vllm import VllmAdapter
+from adapters.contract.specs import LoadSpec, ModelSpec
+from adapters.engines.vllm import VllmAdapter
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import placement
-from orchestrator.matrix import Run
-from orchestrator.store import RunStore
+from orchestrator.matrix import placement
+from orchestrator.matrix.models import Run
+from orchestrator.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SPLIT = ["split: priors", "split: hub ids, config", "split: hub ids, unsized", "split: history", "(oracle) split: true"]

@@ -13,11 +13,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from adapters import slo_search
-from adapters.contract import SearchSpec
-from adapters.intervals import min_values_for_upper_bound, quantile_interval, wilson_interval
-from orchestrator.launcher import PROJECT_ROOT
-from orchestrator.matrix import MatrixError, parse_matrix
+from adapters.contract.intervals import min_values_for_upper_bound, quantile_interval, wilson_interval
+from adapters.contract.specs import SearchSpec
+from adapters.serving import slo_search
+from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.matrix.models import MatrixError
+from orchestrator.matrix.validate import parse_matrix
 from tests.conftest import ROOT, bench_cmd
 
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
@@ -109,7 +110,7 @@ SEARCH_MATRIX = {
 
 @pytest.fixture(scope="module")
 def searched(ray_local, tmp_path_factory):
-    from orchestrator.runner import run_matrix
+    from orchestrator.execution.runner import run_matrix
 
     d = tmp_path_factory.mktemp("slo-search")
     (d / "m.yaml").write_text(yaml.safe_dump(SEARCH_MATRIX))
@@ -122,7 +123,7 @@ def _p99(values) -> float:
 
 
 def test_vllm_search_finds_a_max_rate_met_at_it_and_missed_just_above(searched):
-    from orchestrator import searches
+    from orchestrator.judge import searches
 
     store, cells = searched
     (s,) = searches.summaries(cells).itertuples()
@@ -165,8 +166,8 @@ def test_vllm_search_finds_a_max_rate_met_at_it_and_missed_just_above(searched):
 
 
 def test_search_is_shown_and_planned_from(searched):
-    from orchestrator.plan import plan
-    from orchestrator import searches
+    from orchestrator.judge import searches
+    from orchestrator.judge.plan import plan
 
     store, cells = searched
     (s,) = searches.summaries(cells).itertuples()
@@ -187,9 +188,9 @@ def test_search_is_shown_and_planned_from(searched):
 
 
 def test_checks_judge_the_point_or_the_interval_and_count_failures():
-    """The judgement on figures from adapters.contract.summarize (timings given, not served: the
+    """The judgement on figures from adapters.contract.timing.summarize (timings given, not served: the
     arithmetic of the call, which the vLLM search above exercises on a real server)."""
-    from adapters.contract import RequestTiming, TimedRun, summarize
+    from adapters.contract.timing import RequestTiming, TimedRun, summarize
 
     # 400 requests: TTFT 1..400 ms (one token each, so no TPOT), one failed request
     reqs = [RequestTiming(sent=0.0, chunk_times=[t / 1e3], chunk_tokens=[1], output_tokens=1, end=t / 1e3)

@@ -12,16 +12,17 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
+from conftest import ROOT, SMALL_MATRIX, bench_cmd
 from scipy.stats import binomtest
 
-from conftest import ROOT, SMALL_MATRIX, bench_cmd
-from orchestrator.matrix import MatrixError, parse_matrix
-from orchestrator.runner import run_matrix
-from orchestrator.store import RunStore
-from orchestrator.task_metrics import generation_score, normalize, token_f1
-from orchestrator.task_sets import BUILTIN_TASKS, GenerationTask, read_items
-from orchestrator.task_stats import paired_change, score_interval
-from orchestrator.task_verdicts import analyse_tasks, summarize_tasks
+from orchestrator.execution.runner import run_matrix
+from orchestrator.inputs.task_metrics import generation_score, normalize, token_f1
+from orchestrator.inputs.task_sets import BUILTIN_TASKS, GenerationTask, read_items
+from orchestrator.judge.task_stats import paired_change, score_interval
+from orchestrator.judge.task_verdicts import analyse_tasks, summarize_tasks
+from orchestrator.matrix.models import MatrixError
+from orchestrator.matrix.validate import parse_matrix
+from orchestrator.store.run_store import RunStore
 
 VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
 LM_EVAL_DIR = ROOT / "tests" / "data" / "lm_eval"
@@ -190,7 +191,7 @@ def _choice_logprobs_by_hand(model_dir, prompt: str, choices: list[str]) -> list
     import torch
     from transformers import AutoModelForCausalLM
 
-    from adapters.tokenizer import Tokenizer
+    from adapters.contract.tokenizer import Tokenizer
 
     tok = Tokenizer(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -206,7 +207,7 @@ def _choice_logprobs_by_hand(model_dir, prompt: str, choices: list[str]) -> list
 
 def test_a_choice_item_scored_by_hand_gets_the_adapters_answer(task_run, tiny_model):
     _, cells, items, _ = task_run
-    item = json.loads((ROOT / "orchestrator/data/tasks/tiny-ending.jsonl").read_text().splitlines()[0])
+    item = json.loads((ROOT / "orchestrator/inputs/data/tasks/tiny-ending.jsonl").read_text().splitlines()[0])
     mine = _choice_logprobs_by_hand(tiny_model, item["prompt"], item["choices"])
     # llama.cpp keeps its KV cache in f16 by default: ~3e-4 per token off an fp32 reference, summed
     for fw, atol in (("hf", 1e-5), ("vllm", 1e-3), ("llamacpp", 2e-2)):

@@ -1,4 +1,4 @@
-"""Engine telemetry (adapters/telemetry.py) and energy (adapters/energy.py), without an engine.
+"""Engine telemetry (adapters/meters/telemetry.py) and energy (adapters/meters/energy.py), without an engine.
 
 The real engines' figures are checked in the runs that already exist: vLLM's served /metrics and
 llama-cpp-python's missing one in tests/test_serve.py, vLLM's offline counters in tests/test_vllm.py.
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 
-from adapters import telemetry
-from adapters.energy import POWERCAP, EnergyMeter
-from adapters.server_process import free_port
+from adapters.meters import telemetry
+from adapters.meters.energy import POWERCAP, EnergyMeter
+from adapters.serving.server_process import free_port
 
 
 def _registry():
@@ -186,7 +186,7 @@ def test_rapl_permission_denied_is_the_reason(tmp_path, monkeypatch):
 
 
 class NvmlDouble:
-    """Stands in for pynvml (no GPU here): only the calls adapters/energy.py makes, with counters in mJ."""
+    """Stands in for pynvml (no GPU here): only the calls adapters/meters/energy.py makes, with counters in mJ."""
 
     class NotSupported(Exception):
         pass

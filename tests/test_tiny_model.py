@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from orchestrator import tiny_model  # noqa: E402
+from orchestrator.inputs import tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT, SMALL_MATRIX
 
 from adapters.base import Unsupported
-from adapters.contract import LoadSpec, ModelSpec
-from adapters.cell_loop import NO_SPECULATION
-from adapters.telemetry import OFFLINE_GAUGES
-from adapters.vllm import Options, VllmAdapter, classify_load_error, root_cause
-from conftest import ROOT, SMALL_MATRIX
-from orchestrator.runner import run_matrix
+from adapters.contract.specs import LoadSpec, ModelSpec
+from adapters.engines.vllm import Options, VllmAdapter
+from adapters.engines.vllm_errors import classify_load_error, root_cause
+from adapters.meters.telemetry import OFFLINE_GAUGES
+from adapters.worker.cell_loop import NO_SPECULATION
+from orchestrator.execution.runner import run_matrix
 
 VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
 needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(),
@@ -206,7 +207,7 @@ def test_batch_1_and_4_both_stored_for_batch_invariance(vllm_run):
 
 @needs_vllm
 def test_vllm_fp32_is_lossless_against_transformers(vllm_run):
-    from orchestrator.analysis import analyse
+    from orchestrator.judge.analysis import analyse
 
     _, _, run_dir = vllm_run
     df = analyse(run_dir)  # the matrix's default baseline: hf fp32 default

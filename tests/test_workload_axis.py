@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from orchestrator.analysis import parse_selector
-from orchestrator.cells import expand, group
-from orchestrator.matrix import parse_matrix
-from orchestrator.store import RunStore, cell_row
+from orchestrator.judge.baselines import parse_selector
+from orchestrator.matrix.cells import expand, group
+from orchestrator.matrix.validate import parse_matrix
+from orchestrator.store.run_store import RunStore, cell_row
 from tests.conftest import ROOT
 from tests.test_matrix import problems
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from orchestrator import datasets, lengths
-from orchestrator.lengths import LengthDist
-from orchestrator.matrix import MatrixError, ShareGptWorkload, SyntheticWorkload, parse_matrix
-from orchestrator.workload import Tokenizer, timing_prompts, timing_requests
+from orchestrator.execution.prompts import Tokenizer, timing_prompts, timing_requests
+from orchestrator.inputs import datasets, lengths
+from orchestrator.inputs.lengths import LengthDist
+from orchestrator.matrix.models import MatrixError, ShareGptWorkload, SyntheticWorkload
+from orchestrator.matrix.validate import parse_matrix
 from tests.conftest import ROOT, bench_cmd
 
 SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
@@ -181,8 +182,8 @@ def test_one_length_engines_refuse_per_request_lengths():
 
 
 def test_stream_cells_and_unsupported_engines(tmp_path):
-    from orchestrator.cells import expand, group, load_label
-    from orchestrator.launcher import GroupJob, unsupported_reason
+    from orchestrator.execution.spec import GroupJob, unsupported_reason
+    from orchestrator.matrix.cells import expand, group, load_label
 
     m = parse_matrix({"models": {"t": "builtin:tiny"},
                       "axes": {"framework": ["hf", "llamacpp", "vllm"], "model": ["t"], "mode": ["offline", "stream"],

@@ -12,10 +12,10 @@ import json
 import pytest
 import yaml
 
-from adapters import load_generator
-from orchestrator.launcher import PROJECT_ROOT
-from orchestrator.matrix import ShareGptWorkload, SyntheticWorkload
-from orchestrator.workload import Tokenizer, timing_requests
+from adapters.serving import load_generator
+from orchestrator.execution.prompts import Tokenizer, timing_requests
+from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.matrix.models import ShareGptWorkload, SyntheticWorkload
 from tests.conftest import ROOT
 from tests.test_serve import API, start_llamacpp
 
@@ -48,7 +48,7 @@ MATRIX = {
 
 @pytest.fixture(scope="module")
 def workload_store(ray_local, tiny_model, tmp_path_factory):
-    from orchestrator.runner import run_matrix
+    from orchestrator.execution.runner import run_matrix
 
     d = tmp_path_factory.mktemp("workloads-run")
     (d / "m.yaml").write_text(yaml.safe_dump(MATRIX))
@@ -128,7 +128,7 @@ def test_next_turn_waits_for_the_last_and_thinks(ggufs, tmp_path, tiny_model):
 
 @pytest.fixture(scope="module")
 def ggufs(tiny_model, cache_dir):
-    from adapters.gguf_convert import gguf_for
+    from adapters.engines.gguf_convert import gguf_for
 
     return {"fp32": str(gguf_for(str(tiny_model), "fp32", cache_dir)[0])}
 
@@ -139,9 +139,10 @@ def test_two_workloads_in_one_run(workload_store, tiny_model, tmp_path):
     is each cell's own workload's (or the one `workload=` names)."""
     from typer.testing import CliRunner
 
-    from orchestrator.analysis import analyse, parse_selector
     from orchestrator.cli import app
-    from orchestrator.report import write_report
+    from orchestrator.judge.analysis import analyse
+    from orchestrator.judge.baselines import parse_selector
+    from orchestrator.report.write import write_report
 
     cells = workload_store.read_cells()
     assert sorted(cells.workload.value_counts().items()) == [("chat", 5), ("drawn", 3)]

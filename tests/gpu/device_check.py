@@ -28,8 +28,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from adapters.contract import (CellDone, CellRecord, CellSpec, GroupSpec, Loaded, LoadSpec, ModelSpec,  # noqa: E402
-                               ScoringSpec, parse_event)
+from adapters.contract.events import CellDone, Loaded, parse_event
+from adapters.contract.records import CellRecord
+from adapters.contract.specs import CellSpec, GroupSpec, LoadSpec, ModelSpec, ScoringSpec
 
 FP32_MAX_ABS = 5e-3      # CUDA vs CPU kernels: reduction order only
 BF16_MAX_ABS = 0.5       # bf16 against fp32 on the tiny model
@@ -133,7 +134,8 @@ def main() -> int:
     args = ap.parse_args()
     try:
         import torch
-        from orchestrator.tiny_model import resolve_builtin
+
+        from orchestrator.inputs.tiny_model import resolve_builtin
     except ImportError as err:
         print(f"cannot start: {err}")
         return 2

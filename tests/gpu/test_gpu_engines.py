@@ -1,6 +1,6 @@
 """The GPU check: every engine adapter on a CUDA GPU, through the real run path, against transformers.
 
-It runs matrices/gpu-check.yaml with `orchestrator.runner.run_matrix` (hf on cuda, vllm, trtllm,
+It runs matrices/gpu-check.yaml with `orchestrator.execution.runner.run_matrix` (hf on cuda, vllm, trtllm,
 lmdeploy on both its engines) and checks, per engine:
 - every cell is `ok`;
 - its teacher-forced prompt logprobs are within MAX_ABS of transformers at the same precision and
@@ -82,7 +82,7 @@ def allowed_missing(request) -> set[str]:
 
 @pytest.fixture(scope="module")
 def gpu_run(tmp_path_factory):
-    from orchestrator.runner import run_matrix
+    from orchestrator.execution.runner import run_matrix
 
     data = yaml.safe_load(MATRIX.read_text())
     if os.environ.get("LOSSLESS_BENCH_GPU_MODEL"):

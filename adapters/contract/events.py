@@ -1,0 +1,94 @@
+"""What a worker reports while it runs: one typed event per line of events.jsonl (`WorkerEvent`), and
+the facts an adapter reports after load (`LoadFacts`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from adapters.contract.specs import ContractModel
+
+
+class LoadFacts(ContractModel):
+    """Facts an adapter reports after load, stored with every cell of the group."""
+
+    versions: dict[str, str] = Field(default_factory=dict)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    kv_budget_bytes: int | None = None
+    batch_mode: Literal["batched", "sequential"] = "batched"
+    notes: list[str] = Field(default_factory=list)
+    memory_pids: list[int] = Field(default_factory=list)   # extra processes to count (engine children)
+
+
+class _Event(ContractModel):
+    t: float = 0.0                 # wall clock (time.time) when emitted
+
+
+class Started(_Event):
+    event: Literal["start"] = "start"
+    pid: int
+    python: str
+
+
+class Loaded(_Event):
+    event: Literal["loaded"] = "loaded"
+    load_s: float | None           # None: nothing was loaded here (someone else's server)
+    load_peak_mem_bytes: int | None
+    mem_source: str
+    facts: LoadFacts
+    model_fingerprint: str | None = None   # adapters.meters.provenance: the model files' content hash
+    host: dict[str, Any] = Field(default_factory=dict)   # the node's CPU, GPUs, NVIDIA driver
+    missing: dict[str, str] = Field(default_factory=dict)   # load-level figure -> why it is null
+
+
+class GroupUnsupported(_Event):
+    event: Literal["unsupported"] = "unsupported"
+    cells: list[str]
+    reason: str
+
+
+class LoadFailed(_Event):
+    event: Literal["load_failed"] = "load_failed"
+    cells: list[str]
+    reason: str
+    traceback: str | None = None
+
+
+class CellStart(_Event):
+    event: Literal["cell_start"] = "cell_start"
+    cell_id: str
+
+
+class CellDone(_Event):
+    event: Literal["cell_done"] = "cell_done"
+    cell_id: str                   # its CellRecord is <cell_id>.json, its logprob rows <cell_id>.npz
+
+
+class CellFailed(_Event):
+    event: Literal["cell_failed"] = "cell_failed"
+    cell_id: str
+    reason: str
+    traceback: str | None = None
+
+
+class CellUnsupported(_Event):
+    event: Literal["cell_unsupported"] = "cell_unsupported"
+    cell_id: str
+    reason: str
+
+
+class End(_Event):
+    event: Literal["end"] = "end"
+
+
+WorkerEvent = Annotated[Union[Started, Loaded, GroupUnsupported, LoadFailed, CellStart, CellDone, CellFailed,
+                              CellUnsupported, End], Field(discriminator="event")]
+
+
+_EVENT = TypeAdapter(WorkerEvent)
+
+
+def parse_event(line: str | bytes) -> WorkerEvent:
+    return _EVENT.validate_json(line)

@@ -1,0 +1,200 @@
+"""What a cell's measurement becomes: `CellRecord` (with `missing`: metric -> why it is null), the
+probes of an SLO search, what its engine produced for each task (`TaskOutput`: greedy ids, choice
+logprobs, lm-eval's scored items), the logprob and sample row layouts (`LOGPROB_COLUMNS`,
+`SAMPLE_COLUMNS`: the store derives its Parquet schemas from them) and the one sparse top-k rule
+(`topk_dense`, `topk_sparse`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, Iterable, Literal, Sequence, Union
+
+import numpy as np
+from pydantic import Field, TypeAdapter
+
+from adapters.contract.specs import ContractModel
+from adapters.contract.timing import CellMetrics
+
+# The samples a cell stores (<cell_id>.samples.npz): one row per (repeat, prompt, seed), its ids and
+# each sampled token's raw logprob (log-softmax of the raw logits: before temperature and filters).
+SAMPLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("repeat", "int16"),
+    ("prompt_index", "int32"),
+    ("seed", "int64"),
+    ("token_ids", "int32"),      # [rows, tokens]
+    ("logprobs", "float32"),     # [rows, tokens]
+    # the prompt's next-token top-k (raw logprobs, the one top-k rule), repeated on each of its rows: the
+    # distribution the first sampled token is tested against; width 0 where the engine could not give it
+    ("next_topk_ids", "int32"),          # [rows, next_top_k]
+    ("next_topk_logprobs", "float32"),   # [rows, next_top_k]
+)
+
+
+class GenerationOutput(ContractModel):
+    kind: Literal["generation"] = "generation"
+    name: str
+    tokens: list[list[int]]                  # per prompt: the greedy token ids
+
+
+class ChoiceOutput(ContractModel):
+    kind: Literal["choice"] = "choice"
+    name: str
+    logprobs: list[list[list[float]]]        # item -> choice -> the logprob of each continuation token
+    greedy: list[list[bool]]                 # item -> choice: every continuation token was the top-1
+
+
+class LmEvalItem(ContractModel):
+    doc_id: int
+    score: float | None                      # the task's chosen metric for this item
+    prediction: str                          # the filtered response (multiple choice: the highest loglikelihood's index)
+    target: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+    choice_logprobs: list[float] | None = None   # multiple choice: each choice's loglikelihood
+
+
+class LmEvalOutput(ContractModel):
+    kind: Literal["lm_eval"] = "lm_eval"
+    name: str
+    metric: str
+    items: list[LmEvalItem]
+
+
+class TaskError(ContractModel):
+    """A task that could not run on this cell: its figures are null with this reason."""
+
+    kind: Literal["error"] = "error"
+    name: str
+    reason: str
+
+
+TaskOutput = Annotated[Union[GenerationOutput, ChoiceOutput, LmEvalOutput, TaskError], Field(discriminator="kind")]
+
+
+TASK_OUTPUTS = TypeAdapter(list[TaskOutput])
+
+
+LOGPROB_KINDS = ("prompt", "generation")      # teacher forced | greedy; stored as these strings
+
+
+# (name, numpy dtype, is a top-k list). Row i of a prompt block scores token i+1 of the prompt; of a
+# generation block, the i-th generated token. The store's Parquet schema is derived from this.
+LOGPROB_COLUMNS: tuple[tuple[str, str, bool], ...] = (
+    ("kind", "int8", False),              # index into LOGPROB_KINDS
+    ("repeat", "int16", False),
+    ("prompt_index", "int32", False),
+    ("position", "int32", False),         # index of the scored token in its sequence
+    ("token_id", "int32", False),         # -1: a served token that maps to no single id
+    ("logprob", "float32", False),
+    ("topk_ids", "int32", True),
+    ("topk_logprobs", "float32", True),
+)
+
+
+# The one top-k rule: candidates ranked by logprob descending, ties by the lower token id; every row
+# has exactly k entries, and where fewer than k candidates exist (a vocabulary smaller than k, an
+# engine or server that returned fewer) the list is padded with id -1 and logprob -inf. Ids that
+# name no token (-1 from a server's string that maps to no single id) are not candidates.
+TOPK_PAD_ID = -1
+
+
+TOPK_PAD_LOGPROB = -math.inf
+
+
+@dataclass
+class TokenScores:
+    """Logprobs of a token sequence. Row i scores token_ids[i]; top-k by the one rule above."""
+
+    token_ids: np.ndarray          # int32 [n]
+    logprobs: np.ndarray           # float32 [n]
+    topk_ids: np.ndarray           # int32 [n, k]
+    topk_logprobs: np.ndarray      # float32 [n, k]
+
+    def __len__(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def topk_dense(logprobs: np.ndarray, actual: Sequence[int] | np.ndarray, k: int) -> TokenScores:
+    """Full-vocabulary logprobs [n, vocab] -> TokenScores with each actual token's logprob."""
+    logprobs = np.asarray(logprobs, dtype=np.float32)
+    actual = np.asarray(actual, dtype=np.int64)
+    n, vocab = logprobs.shape
+    # a stable sort of -logprob keeps equal logprobs in id order
+    order = np.argsort(-logprobs, axis=1, kind="stable")[:, :k]
+    ids = np.full((n, k), TOPK_PAD_ID, np.int32)
+    lps = np.full((n, k), TOPK_PAD_LOGPROB, np.float32)
+    w = order.shape[1]
+    ids[:, :w] = order
+    lps[:, :w] = np.take_along_axis(logprobs, order, axis=1)
+    return TokenScores(token_ids=actual.astype(np.int32),
+                       logprobs=logprobs[np.arange(n), actual] if n else np.zeros(0, np.float32),
+                       topk_ids=ids, topk_logprobs=lps)
+
+
+SparseRow = tuple[int, float, Iterable[tuple[int, float]]]   # (token id, its logprob, (id, logprob) candidates)
+
+
+def topk_sparse(rows: Sequence[SparseRow], k: int) -> TokenScores:
+    """Rows of (token id, its logprob, candidate pairs), as engines and servers return them -> TokenScores.
+    A token whose logprob the engine did not return is NaN (never a stand-in number)."""
+    n = len(rows)
+    ids = np.full((n, k), TOPK_PAD_ID, np.int32)
+    lps = np.full((n, k), TOPK_PAD_LOGPROB, np.float32)
+    for i, (_, _, pairs) in enumerate(rows):
+        ranked = sorted(((float(lp), int(tid)) for tid, lp in pairs if int(tid) >= 0), key=lambda x: (-x[0], x[1]))[:k]
+        for j, (lp, tid) in enumerate(ranked):
+            ids[i, j], lps[i, j] = tid, lp
+    return TokenScores(token_ids=np.array([r[0] for r in rows], np.int32).reshape(n),
+                       logprobs=np.array([math.nan if r[1] is None else r[1] for r in rows], np.float32).reshape(n),
+                       topk_ids=ids, topk_logprobs=lps)
+
+
+class CellRecord(CellMetrics):
+    """A cell's measurements as the worker writes them (<cell_id>.json); the launcher adds the load
+    facts and stores the row. Every field here is a column of the cells table."""
+
+    peak_mem_bytes: int | None
+    repeats: int                              # timed batches or runs made (measure.repeats, or as many as auto took)
+    repeats_halfwidth: float | None = None    # relative half-width of the throughput's 95% interval
+    spec_draft_tokens: int | None = None      # speculative decoding over the timed batches: tokens drafted,
+    spec_accepted_tokens: int | None = None   # accepted, and accepted / drafted (None: no speculation)
+    spec_acceptance: float | None = None
+    # the engine's own metrics over the timed runs (adapters/meters/telemetry.py: one definition of each)
+    prefix_cache_queries: int | None = None   # prompt tokens looked up in the prefix cache (vLLM counts tokens)
+    prefix_cache_hits: int | None = None      # of those, tokens found there (whole KV blocks)
+    prefix_cache_hit_rate: float | None = None   # hits / queries
+    preemptions: int | None = None            # requests preempted (KV cache full)
+    kv_cache_usage_max: float | None = None   # served: the largest KV-cache share used (0-1) in the gauge samples
+    requests_waiting_max: int | None = None   # served: the longest server queue in the gauge samples
+    gauge_samples: int | None = None          # served: gauge samples taken during the timed runs
+    # energy of the timed runs from the hardware's counters (adapters/meters/energy.py)
+    energy_j: float | None = None
+    energy_j_per_token: float | None = None   # energy_j / output tokens
+    energy_source: str | None = None          # which counters: rapl:package-0,... | nvml:N GPU(s)
+    duration_s: float | None = None
+    notes: list[str] = Field(default_factory=list)
+    # serve.search (adapters/serving/slo_search.py). A probe's row: its number, whether it met every SLO, what it
+    # missed and each SLO's check as JSON. The search's own row: the highest load that met them, the
+    # first load above it that missed (and what it missed), the probes made, the SLOs as JSON.
+    search_variable: str | None = None       # rate | concurrency
+    search_probe: int | None = None
+    search_meets: bool | None = None
+    search_checks: str | None = None
+    search_missed: str | None = None
+    search_max: float | None = None
+    search_fail: float | None = None
+    search_probes: int | None = None
+    search_slos: str | None = None
+
+
+class Probe(ContractModel):
+    """One load point an SLO search measured (<cell_id>.probes.json holds them in order): at `rate`
+    requests/s (None: a closed loop) with at most `concurrency` in flight; its record becomes its own row."""
+
+    rate: float | None
+    concurrency: int
+    record: CellRecord
+
+
+PROBES = TypeAdapter(list[Probe])

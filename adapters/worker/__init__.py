@@ -1,0 +1,6 @@
+"""The engine child: `python -m adapters.worker SPEC.json OUT_DIR` runs one engine group in the
+framework's own interpreter (group.py), its cells (cell_loop.py; served cells: served_cells.py) and
+their tasks (task_runner.py, task_scoring.py, lm_eval_model.py).
+
+May import: anything in adapters/. Nothing in adapters/ imports it.
+"""

@@ -1,0 +1,224 @@
+"""The child process that runs one engine group: `python -m adapters.worker SPEC.json OUT_DIR`.
+
+It runs in the framework's own interpreter, so it imports nothing from the orchestrator, only
+this package, numpy, pydantic and psutil; its input is an `adapters.contract.specs.GroupSpec`. It loads
+the engine once, then for each cell runs the warm-up and timed batches, the logprob capture, the seeded
+samples (measure.sampling) and the group's tasks (adapters.worker.task_runner), and writes for each cell
+`<cell_id>.json` (the measurements, an `adapters.contract.records.CellRecord`), `<cell_id>.npz` (the logprob
+rows), `<cell_id>.samples.npz` and `<cell_id>.tasks.json` (the task outputs). Progress goes to
+`events.jsonl`, one typed event per line, so the parent can tell which cell was running when a crash or
+a hang happened. Serve cells (`adapters.worker.served_cells`) start the engine's server here instead of
+loading the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from adapters import ADAPTERS
+from adapters.base import Adapter, Unsupported
+from adapters.contract.events import End, GroupUnsupported, Loaded, Started
+from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
+from adapters.contract.specs import CellSpec, GroupSpec, SamplingSpec, ScoringSpec, TaskSpec, engine_seed
+from adapters.contract.timing import summarize
+from adapters.meters import telemetry
+from adapters.meters.energy import EnergyMeter
+from adapters.meters.memory import MemoryTracker
+from adapters.meters.provenance import host_facts, model_fingerprint
+from adapters.worker.cell_loop import (
+    NO_SPECULATION,
+    Events,
+    LogprobRows,
+    Measured,
+    chunks,
+    load_or_report,
+    run_cells,
+    timed_repeats,
+)
+from adapters.worker.task_runner import run_tasks
+
+
+def capture_logprobs(adapter: Adapter, scoring: ScoringSpec, batch_size: int) -> dict[str, np.ndarray]:
+    """Teacher-forced and greedy logprobs of the scoring prompts, at the cell's batch size."""
+    rows = LogprobRows()
+    prompts = scoring.prompts
+    for repeat in range(scoring.repeats):
+        for first, chunk in zip(range(0, len(prompts), batch_size), chunks(prompts, batch_size)):
+            for j, (s, p) in enumerate(zip(adapter.score(chunk, scoring.top_k), chunk)):
+                rows.add(s, p, "prompt", repeat, first + j)
+            for j, (s, p) in enumerate(zip(adapter.greedy(chunk, scoring.greedy_tokens, scoring.top_k), chunk)):
+                rows.add(s, p, "generation", repeat, first + j)
+    return rows.arrays()
+
+
+def capture_samples(adapter: Adapter, sampling: SamplingSpec, batch_size: int) -> dict[str, np.ndarray]:
+    """Seeded samples of every (prompt, seed), `repeats` times, batch_size pairs per engine call."""
+    pairs = [(i, sampling.seed_offset + s) for i in range(len(sampling.prompts)) for s in range(sampling.seeds)]
+    cols: dict[str, list] = {name: [] for name, _ in SAMPLE_COLUMNS}
+    k = sampling.next_top_k
+    try:   # the next token's candidates: one greedy step, the first row's top-k
+        nxt = [g for chunk in chunks(sampling.prompts, batch_size) for g in adapter.greedy(chunk, 1, k)] if k else []
+        nxt = [(g.topk_ids[0], g.topk_logprobs[0]) for g in nxt]
+    except Unsupported:    # e.g. vLLM's max_logprobs below next_top_k: the first-token test says it has none
+        nxt = []
+    if not nxt:
+        nxt = [(np.zeros(0, np.int32), np.zeros(0, np.float32))] * len(sampling.prompts)
+    for repeat in range(sampling.repeats):
+        for batch in chunks(pairs, batch_size):
+            got = adapter.sample([sampling.prompts[i] for i, _ in batch], [engine_seed(s, i) for i, s in batch],
+                                 sampling.settings, sampling.tokens)
+            for (i, seed), scores in zip(batch, got):
+                for name, value in (("repeat", repeat), ("prompt_index", i), ("seed", seed),
+                                    ("token_ids", scores.token_ids), ("logprobs", scores.logprobs),
+                                    ("next_topk_ids", nxt[i][0]), ("next_topk_logprobs", nxt[i][1])):
+                    cols[name].append(value)
+    return {name: np.asarray(cols[name], dtype=dtype) for name, dtype in SAMPLE_COLUMNS}
+
+
+def _spec_figures(before: tuple[int, int] | None, after: tuple[int, int] | None) -> dict:
+    if before is None or after is None:
+        return {}
+    drafted, accepted = after[0] - before[0], after[1] - before[1]
+    return {"spec_draft_tokens": drafted, "spec_accepted_tokens": accepted,
+            "spec_acceptance": accepted / drafted if drafted else None}
+
+
+def _spans(cell: CellSpec, stream: bool) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(warm-up, timed) slices of the timing prompts: static batches of batch_size, or for a stream
+    one warm-up stream of warmup x batch_size requests and timed streams of stream_requests each."""
+    if stream:
+        warm = cell.warmup * cell.batch_size
+        per = cell.stream_requests
+        return ([(0, warm)] if warm else []), [(warm + r * per, warm + (r + 1) * per) for r in range(cell.repeats)]
+    n, b = len(cell.timing_prompts), cell.batch_size
+    spans = [(i, min(i + b, n)) for i in range(0, n, b)]
+    return spans[: cell.warmup], spans[cell.warmup:]
+
+
+def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
+             sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter, stream: bool = False) -> Measured:
+    def gen(span: tuple[int, int]):
+        lo, hi = span
+        lens = cell.output_lens[lo:hi] if cell.output_lens else cell.output_len
+        return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos)
+
+    warm, timed = _spans(cell, stream)
+    for span in warm:
+        gen(span)
+    memory.reset_peak()
+    spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
+    energy.reset()
+    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r])))
+    spec = _spec_figures(spec_before, adapter.spec_counters())
+    tel, tel_missing = telemetry.figures(
+        engine_before, adapter.engine_metrics(), None,
+        unavailable=None if engine_before is not None else f"{adapter.name}: {adapter.no_metrics_reason}",
+        gauges_why=telemetry.OFFLINE_GAUGES)
+    metrics = summarize(runs)
+    joules, joules_missing = energy.figures(metrics.output_tokens)
+    peak, why = memory.peak()
+    if why:
+        metrics.missing["peak_mem_bytes"] = why
+    metrics.missing.update(tel_missing | joules_missing)
+    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
+                        notes=list(cell.notes), **spec, **tel, **joules)
+    if spec and record.spec_acceptance is None:
+        record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
+    if not spec:
+        record.missing.update(NO_SPECULATION)
+    logprobs = {}
+    if scoring:
+        try:
+            logprobs = capture_logprobs(adapter, scoring, cell.batch_size)
+        except Unsupported as err:  # e.g. a KV-reuse flag that forbids full logits: keep the timings
+            record.notes.append(f"logprobs not captured: {err}")
+    samples = {}
+    if sampling:
+        try:
+            samples = capture_samples(adapter, sampling, cell.batch_size)
+        except Unsupported as err:   # the timings and logprobs stand; the samples are null with the reason
+            record.missing["samples"] = str(err)
+    return Measured(record, logprobs, run_tasks(adapter, tasks, cell.batch_size), samples)
+
+
+def _missing_modules(cls: type[Adapter]) -> list[str]:
+    return [m for m in cls.requires_modules if importlib.util.find_spec(m) is None]
+
+
+def _provenance(spec: GroupSpec, endpoint: str | None) -> dict:
+    """What the Loaded event says beyond the adapter's facts: the model's fingerprint and the host."""
+    if endpoint:
+        digest, why = None, "an endpoint given by the matrix: its model files are not ours to read"
+    else:
+        digest, why = model_fingerprint(spec.load.model.source, spec.load.cache_dir or None)
+    return {"model_fingerprint": digest, "host": host_facts(),
+            "missing": {"model_fingerprint": why} if why else {}}
+
+
+def main(spec_path: str, out_dir: str) -> int:
+    out = Path(out_dir)
+    spec = GroupSpec.model_validate_json(Path(spec_path).read_text())
+    events = Events(out)
+    events.emit(Started(pid=os.getpid(), python=sys.executable))
+    load = spec.load
+    cls = ADAPTERS[load.framework]
+    cell_ids = [c.cell_id for c in spec.cells]
+    endpoint = spec.serve.endpoint if spec.mode == "serve" and spec.serve else None   # someone else's server
+
+    missing = [] if endpoint else _missing_modules(cls)
+    if missing:
+        hint = f"; create it with: {cls.install_hint}" if cls.install_hint else ""
+        events.emit(GroupUnsupported(cells=cell_ids, reason=f"{cls.name} environment not installed in this "
+                                     f"interpreter (missing: {', '.join(missing)}){hint}"))
+        return 0
+    adapter = cls()
+    reason = None if endpoint else adapter.check(load)
+    if reason:
+        events.emit(GroupUnsupported(cells=cell_ids, reason=reason))
+        return 0
+    provenance = _provenance(spec, endpoint)
+    if spec.mode == "serve":
+        from adapters.worker.served_cells import serve_group  # the load generator and server: serve groups only
+
+        return serve_group(spec, adapter, events, out, provenance)
+
+    memory = MemoryTracker(load.device).start()
+    t0 = time.perf_counter()
+    facts = load_or_report(lambda: adapter.load(load), events, cell_ids)
+    if facts is None:
+        return 0
+    load_s = time.perf_counter() - t0
+    memory.extra_pids = facts.memory_pids
+    events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
+                       **provenance))
+
+    stream = spec.mode == "stream"
+    energy = EnergyMeter(load.device)
+    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy,
+                                                stream),
+              events, out, claims_dir=spec.claims_dir)
+    adapter.close()
+    memory.stop()
+    events.emit(End())
+    return 0
+
+
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown, which after torch takes 1-2 s of the group's time for
+    nothing: every result is on disk (files closed, events fsynced) and adapter.close() has stopped the
+    engine. (Helpers such as multiprocessing's resource tracker notice this process is gone, clean up
+    and exit by themselves, as after a normal exit.)"""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError, AttributeError):   # and C stdio buffers (engines' own output)
+        ctypes.CDLL(None).fflush(None)
+    os._exit(code)
+

@@ -1,0 +1,11 @@
+"""`bench run`: matrix -> engine groups -> Ray tasks -> engine children -> stored rows.
+
+runner.py reads top to bottom; scheduler.py, dispatch.py, ledger.py, estimate.py and model_size.py
+decide what runs where and when; spec.py, supervisor.py and rows.py are the launcher of one engine
+group (the spec written for the child, the child supervised, its files turned into rows); prompts.py
+makes every request's token ids; reaper.py ends a local cluster with its driver; jobs.py is `bench
+submit` / `bench status`.
+
+May import: orchestrator.values, orchestrator.inputs, orchestrator.matrix, orchestrator.store,
+adapters (the registry), adapters.base, adapters.contract. Never orchestrator.judge or report.
+"""

@@ -1,0 +1,99 @@
+"""`bench run`, top to bottom: matrix -> cells -> schedule -> run -> store."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from orchestrator.execution.estimate import History
+from orchestrator.execution.spec import GroupJob
+from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.matrix.cells import Cell, expand, group
+from orchestrator.matrix.models import Matrix
+from orchestrator.matrix.validate import load_matrix
+from orchestrator.store import compaction, manifest
+from orchestrator.store.run_store import RunStore
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LOSSLESS_BENCH_CACHE", Path.home() / ".cache" / "lossless-bench"))
+
+
+def framework_python(m: Matrix, framework: str) -> str:
+    """The matrix's interpreter for a framework, else its project venv (.venvs/<fw>), else this one."""
+    if framework in m.run.python:
+        return m.run.python[framework]
+    venv = PROJECT_ROOT / ".venvs" / framework / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def cells_to_run(cells: list[Cell], store: RunStore, rerun_failed: bool) -> list[Cell]:
+    stored = store.stored_status()
+    return [c for c in cells if c.cell_id not in stored or (rerun_failed and stored[c.cell_id] != "ok")]
+
+
+def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, address: str | None = None,
+               rerun_failed: bool = False, console: Console | None = None,
+               history: str | Path | None = None) -> RunStore:
+    console = console or Console(stderr=True)
+    m, text = load_matrix(matrix_path)            # every matrix mistake is raised here, before Ray
+    cells = expand(m)
+    store = RunStore(run_dir or Path("results") / m.name)
+    with store.writing():                         # the driver is the only writer of its run dir
+        _run(m, text, cells, store, address, rerun_failed, console, history)
+    return store
+
+
+def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str | None, rerun_failed: bool,
+         console: Console, history: str | Path | None = None) -> None:
+    compaction.remove_partial_writes(store)
+    todo = cells_to_run(cells, store, rerun_failed)
+    skipped = len(cells) - len(todo)
+    if skipped:
+        console.print(f"resuming {store.root}: {skipped} of {len(cells)} cells already stored")
+
+    from orchestrator.execution.scheduler import cluster_device, init_ray, schedule  # Ray only when there is work
+
+    started = datetime.now(timezone.utc).isoformat()
+    manifest.write(store, m, text, cells, started=started)
+    if todo:
+        measured = None
+        if history:   # durations earlier runs measured: the scheduler's estimates (orchestrator/execution/estimate.py)
+            measured = History.read(history)
+            console.print(f"estimates from {measured.runs} run{'' if measured.runs == 1 else 's'} under {history}: {len(measured.cell_s)} cells and "
+                          f"{len(measured.load_s)} engine loads measured")
+        init_ray(address)
+        device = cluster_device() if m.run.device == "auto" else m.run.device
+        jobs = [GroupJob(run_id=store.run_id, group=g, matrix=m, device=device,
+                         python=framework_python(m, g.framework), cache_dir=str(cache_root()))
+                for g in group(todo)]
+        counts = {"ok": 0, "not ok": 0}
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("ok {task.fields[ok]}  not ok {task.fields[bad]}"), TimeElapsedColumn(),
+                   TimeRemainingColumn())
+        # refreshed once a second (rich's default is 10): the driver shares the CPUs with the engines it times
+        with Progress(*columns, console=console, transient=False, refresh_per_second=1) as progress:
+            task = progress.add_task(m.name, total=len(todo), ok=0, bad=0)
+
+            def on_done(job: GroupJob, rows) -> None:
+                planned = 0
+                for row, logprobs, tasks, samples in rows:
+                    row.setdefault("started_at", started)
+                    store.write_cell(row, logprobs, tasks, samples)
+                    if row.get("search_probe") is None:   # a search's probes are rows, not planned cells
+                        planned += 1
+                        counts["ok" if row["status"] == "ok" else "not ok"] += 1
+                progress.update(task, advance=planned, ok=counts["ok"], bad=counts["not ok"])
+
+            schedule(jobs, on_done, measured)
+    try:  # a few large files instead of two per cell (orchestrator/store/compaction.py); crash-safe
+        compaction.compact(store)
+    except Exception as e:  # the per-cell files are intact and readable; `bench compact` tries again
+        console.print(f"[yellow]compaction of {store.root} failed ({type(e).__name__}: {e}); the results are "
+                      f"complete as per-cell files, `bench compact {store.root}` tries again[/yellow]")
+    manifest.write(store, m, text, cells, started=started, ended=datetime.now(timezone.utc).isoformat())

@@ -1,0 +1,200 @@
+"""Engine groups -> Ray tasks. One task per group, or per part of a group the dispatcher split, asking
+for the group's GPUs or CPUs on the node orchestrator/execution/dispatch.py chose (Ray's node affinity).
+
+The driver decides which part runs where and when, from estimates (orchestrator/execution/estimate.py): Ray
+would start any task on any node with room, with no reservations and no idea how long a task takes.
+The driver is the only writer of results: tasks hand their rows back and the driver stores each
+part as soon as its task finishes. A task lost with its node is submitted again (bounded); a
+group no node can satisfy is reported before anything starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from orchestrator.execution import model_size, reaper
+from orchestrator.execution.dispatch import Dispatcher, Work
+from orchestrator.execution.estimate import GroupFacts, History, estimate_groups
+from orchestrator.execution.ledger import Stealing
+from orchestrator.execution.rows import CellResult
+from orchestrator.execution.spec import GroupJob, base_row
+from orchestrator.execution.supervisor import run_group
+from orchestrator.matrix import placement
+
+Rows = list[CellResult]
+REFRESH_S = 30.0   # how often to look for nodes that joined the cluster
+STEAL_POLL_S = 1.0  # how often to look at the running parts' progress while a node could steal
+
+
+def init_ray(address: str | None = None) -> None:
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    else:
+        # address="local": always a fresh local instance; without it ray.init joins any cluster another
+        # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus.
+        # The cluster is this driver's: a watchdog kills what is left of it when the driver ends (reaper.py)
+        reaper.start()
+        ctx = ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
+                       log_to_driver=False)
+        reaper.watch(ctx.address_info["session_dir"])
+
+
+def cluster_device() -> str:
+    return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+
+
+def alive_nodes() -> dict[str, dict[str, float]]:
+    return {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
+
+
+def job_need(job: GroupJob, nodes: list[dict[str, float]]) -> placement.Need:
+    g, run = job.group, job.matrix.run
+    # a CPU group's "whole node" is sized on the nodes that could host it at all
+    routed = placement.group_need(g.framework, g.options, run, job.device, [])
+    hosts = [n.get("CPU", 0) for n in nodes if placement.fits(routed, {**n, "CPU": float("inf")})]
+    return placement.group_need(g.framework, g.options, run, job.device, hosts)
+
+
+# max_retries=0: Ray does not re-run a group by itself; the driver decides (node loss only).
+# No engine runs in the Ray worker (each group's engine is a child interpreter that exits with it), so
+# CPU groups reuse Ray workers: a fresh one per group (max_calls=1) cost 0.7-2 s of the group's time on
+# a 2-core host, and its replacement started while the next group's engine was being timed. GPU groups
+# keep a fresh worker each (max_calls=1, Ray's own default for GPU tasks; Ray takes it only in the decorator).
+def _run_on_node(job: GroupJob) -> Rows:
+    node = ray.get_runtime_context().get_node_id()
+    return [r._replace(row=r.row | {"node_id": node}).packed() for r in run_group(job)]
+
+
+@ray.remote(max_retries=0)
+def _group_task(job: GroupJob) -> Rows:
+    return _run_on_node(job)
+
+
+@ray.remote(max_retries=0, max_calls=1)
+def _gpu_group_task(job: GroupJob) -> Rows:
+    return _run_on_node(job)
+
+
+def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
+    return [CellResult(base_row(job, c) | {"status": status, "reason": reason}) for c in job.group.cells]
+
+
+def facts(job: GroupJob) -> GroupFacts:
+    g, entry = job.group, job.matrix.model_entry(job.group.model)
+    size, how = model_size.weight_bytes(entry.source, g.quantization, entry.revision)
+    return GroupFacts(g.framework, g.engine_key, tuple(c.cell_id for c in g.cells), None if how == "unknown" else size,
+                      placement.engine_gpus(g.options), job.device, entry.source.endswith(".gguf"))
+
+
+def part_job(job: GroupJob, part: Work) -> GroupJob:
+    """The job of one part: the group with only the part's cells, in the part's order (the dispatcher puts
+    the longest first); the whole job when that is all of them in their own order."""
+    if part.cells == tuple(range(len(job.group.cells))):
+        return job
+    return dataclasses.replace(job, group=dataclasses.replace(job.group, cells=[job.group.cells[i] for i in part.cells]),
+                               tries=0)
+
+
+def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], history: History | None = None) -> None:
+    """Run every job on the cluster; call on_done(job, rows) in the driver as each job or part finishes."""
+    nodes = alive_nodes()
+    runnable = []
+    for job in jobs:
+        reason = placement.infeasible_reason(job_need(job, list(nodes.values())), list(nodes.values()))
+        if reason:
+            on_done(job, status_rows(job, "unsupported", reason))
+        else:
+            runnable.append(job)
+    if not runnable:
+        return
+    estimates = estimate_groups([facts(j) for j in runnable], history)
+    works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s), splittable=not _shared_server(j),
+                  load_sigma=e.load_sigma, cell_sigma=tuple(e.cell_sigma)) for j, e in zip(runnable, estimates)]
+    run = runnable[0].matrix.run
+    dispatcher = Dispatcher(nodes, works, split_groups=run.split_groups, steal_cells=run.steal_cells)
+    parts: dict[Work, GroupJob] = {}
+    pending: dict = {}
+    stealing = Stealing(dispatcher, lambda part, i: part.key.group.cells[i].cell_id) if dispatcher.could_steal() else None
+
+    def submit(part: Work, node: str) -> None:
+        job = parts.setdefault(part, part_job(part.key, part))
+        if stealing is not None:
+            stealing.register(part, job)
+        job.tries += 1
+        need = part.need
+        task = _gpu_group_task if need.gpus else _group_task
+        affinity = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        pending[task.options(**need.ray_options(), scheduling_strategy=affinity).remote(job)] = (job, part)
+
+    def start_thief(victim: Work, thief: Work) -> None:
+        # the victim, if sent again after a node loss, runs only the cells it kept
+        tries = parts[victim].tries
+        parts[victim] = part_job(victim.key, victim)
+        parts[victim].tries = tries
+        submit(thief, dispatcher.running[thief])
+
+    def give_up(part: Work, why: str) -> None:
+        job = parts.setdefault(part, part_job(part.key, part))
+        on_done(job, status_rows(job, "failed", why))
+
+    def report_lost() -> None:
+        while dispatcher.lost:
+            give_up(dispatcher.lost.pop(), "lost with its node; no node alive offers what it needs any more")
+
+    looked = time.monotonic()
+    while True:
+        if time.monotonic() - looked > REFRESH_S:   # nodes that joined take work (their type may be new)
+            dispatcher.set_nodes(alive_nodes())
+            report_lost()
+            looked = time.monotonic()
+        for part, node in dispatcher.step():
+            submit(part, node)
+        if stealing is not None:
+            for victim, thief in stealing.poll():
+                start_thief(victim, thief)
+        if not pending and not (stealing and stealing.waiting):
+            # nothing runs and nothing more could start: what still waits has no node left to run on
+            dispatcher.lost += [e[2] for h in dispatcher.pending.values() for e in h]
+            report_lost()
+            return
+        looking = stealing is not None and (stealing.waiting or dispatcher.can_steal())
+        wait = STEAL_POLL_S if looking else REFRESH_S
+        if not pending:       # only answers to wait for
+            time.sleep(wait)
+            continue
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+        for ref in done:
+            job, part = pending.pop(ref)
+            try:
+                rows = [r.unpacked() for r in ray.get(ref)]
+            except Exception as err:  # the task's worker or node died; run_group itself never raises
+                if stealing is not None:
+                    stealing.lost(job.part_id)
+                if job.tries <= job.matrix.run.node_retries:
+                    dispatcher.set_nodes(alive_nodes())   # placed again on the nodes left after the loss
+                    dispatcher.requeue(part)
+                    report_lost()
+                    continue
+                dispatcher.finished(part)
+                rows = status_rows(job, "failed", f"lost {job.tries} times (node or worker died): "
+                                                  f"{type(err).__name__}: {str(err)[-1500:]}")
+            else:
+                dispatcher.finished(part)
+                thief = stealing.finished(part, {r.row["cell_id"] for r in rows}) if stealing else None
+                if thief is not None:
+                    start_thief(part, thief)
+            on_done(job, rows)
+
+
+def _shared_server(job: GroupJob) -> bool:
+    """Serve cells against someone else's server: parts running at once would load the same server."""
+    return job.group.mode == "serve" and bool(job.matrix.model_entry(job.group.model).endpoint)

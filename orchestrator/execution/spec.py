@@ -1,0 +1,185 @@
+"""An engine group as the worker will see it: the job the scheduler hands the launcher (`GroupJob`),
+the `GroupSpec` written for the child (prompts, tasks and samples as token ids), the row every cell
+starts from, and why a group cannot start in its environment at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import adapters
+from adapters.contract.specs import (
+    CellSpec,
+    GroupSpec,
+    LoadSpec,
+    ModelSpec,
+    SamplerSettings,
+    SamplingSpec,
+    ScoringSpec,
+    ServeSpec,
+)
+from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
+from orchestrator.inputs import task_sets
+from orchestrator.inputs.chat import ChatRenderer
+from orchestrator.matrix.cells import Cell, EngineGroup
+from orchestrator.matrix.models import Matrix, stable_dump
+
+# the checkout the engine child imports `adapters` from (its PYTHONPATH), and what rows never show
+PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
+
+
+@dataclass
+class GroupJob:
+    """What a Ray task needs to run one engine group (picklable)."""
+
+    run_id: str
+    group: EngineGroup
+    matrix: Matrix
+    device: str
+    python: str
+    cache_dir: str
+    tries: int = 0          # times the scheduler has sent this group to Ray
+    ledger: Any = None      # work stealing (orchestrator/execution/ledger.py): the driver's ledger actor, and this part's id
+    part_id: str = ""
+
+
+def load_kind(m: Matrix, cell: Cell) -> str:
+    """batch (an offline static batch), closed (a served closed loop), or the arrival of a served rate."""
+    if cell.mode in ("offline", "stream"):
+        return "batch" if cell.mode == "offline" else "stream"
+    if cell.search:
+        return f"search {m.serve.search.variable}"
+    return "closed" if math.isinf(cell.request_rate) else m.serve.arrival
+
+
+def base_row(job: GroupJob, cell: Cell) -> dict:
+    m = job.matrix
+    return {
+        "run_id": job.run_id, "cell_id": cell.cell_id, "engine_key": cell.engine_key,
+        "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
+        "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
+        "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
+        "workload": cell.workload, "workload_json": json.dumps(stable_dump(m.workload_of(cell.workload)), sort_keys=True),
+        "device": job.device,
+        "warmup": m.measure.warmup, "group_tries": job.tries,
+        "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
+        "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
+        "endpoint": m.model_entry(cell.model).endpoint if cell.mode == "serve" else None,
+        "search_id": cell.cell_id if cell.search else None,
+    }
+
+
+def _resolve_source(source: str, cache_dir: str) -> str:
+    if source.startswith("builtin:"):
+        from orchestrator.inputs.tiny_model import resolve_model_source
+
+        return resolve_model_source(source, Path(cache_dir))
+    return source
+
+
+def tokenizer_source(job: GroupJob) -> str:
+    entry = job.matrix.model_entry(job.group.model)
+    return _resolve_source(entry.tokenizer or entry.source, job.cache_dir)
+
+
+def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_sets.Loaded) -> GroupSpec:
+    m, g = job.matrix, job.group
+    entry = m.model_entry(g.model)
+    source = _resolve_source(entry.source, job.cache_dir)
+    serve = g.mode == "serve"
+    api = adapters.ADAPTERS[g.framework].server_api if serve else None
+    as_text = serve and not api.prompt_ids   # a server that takes text only gets the prompts' text
+    auto = m.measure.auto_repeats if m.measure.repeats == "auto" else None
+    repeats = auto.max_repeats if auto else m.measure.repeats   # prompts are prepared for the most
+    # a chat workload: the model's own template renders the messages (NoChatTemplate: unsupported rows)
+    chat = ChatRenderer(tokenizer_source(job), entry.trust_remote_code) if is_chat_group(m, cells) else None
+    spec_cells, longest = [], 0
+    for c in cells:
+        per_run = {"serve": m.serve.requests, "stream": m.measure.stream_requests}.get(g.mode, c.batch_size)
+        n = m.measure.warmup * c.batch_size + repeats * per_run
+        # a drawn or dataset workload: the cell's input_len / output_len cap (datasets) or name (drawn) lengths
+        w = m.workload_of(c.workload)
+        req = timing_requests(w, tok, n, _cap(w, "input_lengths", c.input_len), _cap(w, "output_lengths", c.output_len),
+                              g.mode, chat)
+        prompts, texts = req.prompts, None
+        if as_text and not getattr(w, "chat", False):
+            prompts, texts = text_prompts(tok, prompts)
+        outs = req.output_lens or [c.output_len] * len(prompts)
+        longest = max([longest] + [len(p) + o for p, o in zip(prompts, outs)])
+        spec_cells.append(CellSpec(
+            cell_id=c.cell_id, batch_size=c.batch_size, output_len=c.output_len, warmup=m.measure.warmup,
+            repeats=repeats, auto=auto, ignore_eos=m.measure.ignore_eos, timing_prompts=prompts, timing_texts=texts,
+            timing_messages=req.messages if serve else None,
+            request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate,
+            output_lens=req.output_lens, follows=req.follows, think_time_s=req.think_time_s,
+            stream_requests=per_run if g.mode == "stream" else 0,
+            notes=([f"workload: {c.workload}"] if c.workload else []) + req.notes))
+    scoring = scoring_prompts(m.measure, tok)
+    task_specs = task_sets.task_specs(tasks, tok, tokenizer_source(job), entry.trust_remote_code,
+                                      max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
+    load = LoadSpec(
+        framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
+        gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
+        cache_dir=str(Path(job.cache_dir) / "engines"), seed=0,
+        max_running=g.cells[0].batch_size if g.mode == "stream" else None,
+        context_len=max([longest] + [m.measure.scoring_len + max(
+            m.measure.greedy_tokens, m.measure.sampling.tokens if m.measure.sampling else 0)]),
+        model=ModelSpec(name=g.model, source=source, trust_remote_code=entry.trust_remote_code, revision=entry.revision))
+    return GroupSpec(
+        mode=g.mode, load=load, cells=spec_cells,
+        scoring=None if serve and not m.serve.capture_logprobs else ScoringSpec(
+            prompts=scoring, texts=[tok.decode(p) for p in scoring] if as_text else None,
+            top_k=m.measure.top_k, greedy_tokens=m.measure.greedy_tokens, repeats=m.measure.score_repeats),
+        serve=None if not serve else ServeSpec(
+            **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
+            # one seed per server (arrivals, request seeds): the first cell's workload's, where workloads differ
+            startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload_of(cells[0].workload), "seed", 0)),
+        tasks=task_specs, sampling=_sampling_spec(m, scoring))
+
+
+def _cap(workload, field: str, axis_value: int) -> int:
+    """The most tokens a request may have: a drawn distribution's upper end, else the axis value."""
+    dist = getattr(workload, field, None)
+    return dist.upper if dist is not None else axis_value
+
+
+def _sampling_spec(m: Matrix, scoring: list[list[int]]) -> SamplingSpec | None:
+    s = m.measure.sampling
+    if s is None:
+        return None
+    return SamplingSpec(prompts=scoring[: s.prompts or len(scoring)], seeds=s.seeds, seed_offset=s.seed_offset,
+                        tokens=s.tokens, repeats=s.repeats, next_top_k=s.next_top_k,
+                        settings=SamplerSettings(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p))
+
+
+def is_chat_group(m: Matrix, cells: list[Cell]) -> bool:
+    """Whether any of these cells runs a chat workload (the model's chat template, /v1/chat/completions)."""
+    return any(getattr(m.workload_of(c.workload), "chat", False) for c in cells)
+
+
+def unsupported_reason(job: GroupJob, python: str) -> str | None:
+    """What rules a group out before any process starts: the engine's declared support, the env."""
+    cls, g = adapters.ADAPTERS[job.group.framework], job.group
+    endpoint = g.mode == "serve" and job.matrix.model_entry(g.model).endpoint
+    if g.mode == "serve" and cls.server_api is None:
+        return f"{g.framework} has no OpenAI-compatible server to run serve cells with" + (
+            f": {cls.no_server_reason}" if cls.no_server_reason else "")
+    if g.mode == "serve" and is_chat_group(job.matrix, g.cells) and not cls.server_api.chat:
+        return f"{g.framework}'s server is not driven through /v1/chat/completions here (chat workloads: vllm, llamacpp)"
+    if g.mode == "stream" and not cls.streams:
+        return f"{g.framework} has no stream mode: {cls.no_stream_reason}"
+    if endpoint:
+        return None   # someone else's server: nothing of the engine runs here
+    if g.quantization not in cls.quantizations:
+        return f"{g.framework} does not run quantization {g.quantization} (it runs: {', '.join(cls.quantizations)})"
+    if cls.needs_cuda and job.device != "cuda":
+        return f"{g.framework} needs CUDA; this run's device is {job.device}"
+    if not Path(python).exists() and shutil.which(python) is None:
+        hint = f"; create it with: {cls.install_hint}" if cls.install_hint else ""
+        return f"{g.framework} environment not installed: its interpreter (run.python.{g.framework}) does not exist{hint}"
+    return None

@@ -1,0 +1,242 @@
+"""Runs one engine group in a child interpreter and turns whatever happens into one row per cell.
+
+The child (`python -m adapters.worker`) gets its own process group and dies with its parent, so a
+segfault, an OOM kill, a hang or leaked GPU memory ends only that child. A crash or a timeout in
+one cell becomes that cell's row, and a fresh child is started for the cells still to run.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from adapters.contract.events import (
+    CellDone,
+    CellFailed,
+    CellStart,
+    CellUnsupported,
+    GroupUnsupported,
+    Loaded,
+    LoadFailed,
+    parse_event,
+)
+from adapters.contract.processes import die_with_parent
+from adapters.contract.records import CellRecord
+from orchestrator.execution.prompts import Tokenizer
+from orchestrator.execution.rows import (
+    CellResult,
+    load_facts,
+    measured,
+    probe_rows,
+    read_logprob_rows,
+    read_sample_rows,
+    read_task_rows,
+    scrub_paths,
+    with_traceback,
+)
+from orchestrator.execution.spec import (
+    PROJECT_ROOT,
+    GroupJob,
+    base_row,
+    build_spec,
+    tokenizer_source,
+    unsupported_reason,
+)
+from orchestrator.inputs import task_sets
+from orchestrator.inputs.chat import NoChatTemplate
+
+POLL_S = 0.05
+
+
+STDERR_TAIL_CHARS = 2000
+
+
+def _own_group_dying_with_parent() -> None:
+    os.setsid()          # its own process group: a kill of the group takes the engine's helpers too
+    die_with_parent()    # and it must not outlive its Ray worker
+
+
+def _read_events(path: Path, offset: int) -> tuple[list, int]:
+    if not path.exists():
+        return [], offset
+    with open(path) as f:
+        f.seek(offset)
+        chunk = f.read()
+    # only whole lines; a partial last line is read again next time
+    whole, _, _ = chunk.rpartition("\n")
+    events = [parse_event(line) for line in whole.splitlines() if line.strip()]
+    return events, offset + len(whole) + (1 if whole else 0)
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-STDERR_TAIL_CHARS:].strip()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (the kernel's OOM killer sends this when memory runs out)" if -code == signal.SIGKILL else ""
+        return f"killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def run_group(job: GroupJob) -> list[CellResult]:
+    """Run every cell of the group; returns exactly one row per cell, but for the cells the driver moved to
+    another node while this part ran (work stealing: their rows come from there)."""
+    if job.ledger is None:
+        return _run_group(job, None)
+    from orchestrator.execution.ledger import PartChannel
+
+    channel = PartChannel(job.ledger, job.part_id)
+    try:
+        return _run_group(job, channel)
+    finally:
+        channel.close()
+        shutil.rmtree(channel.claims_dir, ignore_errors=True)
+
+
+def _run_group(job: GroupJob, channel) -> list[CellResult]:
+    by_id = {c.cell_id: c for c in job.group.cells}
+    results: dict[str, CellResult] = {}
+    probes: list[CellResult] = []      # SLO-search probes: rows of their own, stored before their search's
+    remaining = list(job.group.cells)
+    gone = channel.withdrawn if channel else set()   # cells given up to another node: not ours to row
+    python = job.python or sys.executable
+    attempt = 0
+
+    def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None, tasks=None,
+               samples=None):
+        row = base_row(job, by_id[cell_id]) | {"status": status, "reason": scrub_paths(reason), "attempt": attempt}
+        if by_id[cell_id].search:   # whatever became of the search, the probes it made are rows
+            probes.extend(probe_rows(job, by_id[cell_id], work / f"{cell_id}.probes.json", loaded, attempt))
+        results[cell_id] = CellResult(row | (extra or {}), lp, tasks, samples)
+
+    work, loaded = Path(tempfile.gettempdir()) / "bench-no-group", None   # before the first worker: no probes
+    reason = unsupported_reason(job, python)
+    if reason:
+        for c in remaining:
+            finish(c.cell_id, "unsupported", reason)
+        return probes + [results[c.cell_id] for c in job.group.cells]
+
+    try:
+        entry = job.matrix.model_entry(job.group.model)
+        tok = Tokenizer(tokenizer_source(job), entry.trust_remote_code)
+        tasks = task_sets.load_tasks(job.matrix.tasks)
+        spec_all = build_spec(job, remaining, tok, tasks)
+        if channel:
+            spec_all.claims_dir = channel.claims_dir
+    except NoChatTemplate as err:  # known only here, where a hub model's tokenizer is fetched
+        for c in remaining:
+            finish(c.cell_id, "unsupported", str(err))
+        return probes + [results[c.cell_id] for c in job.group.cells]
+    except Exception as err:  # a bad dataset, a missing model dir: every cell fails, with the reason
+        for c in remaining:
+            finish(c.cell_id, "failed", f"preparing prompts: {type(err).__name__}: {err}")
+        return probes + [results[c.cell_id] for c in job.group.cells]
+    m = job.matrix
+
+    while remaining:
+        attempt += 1
+        work = Path(tempfile.mkdtemp(prefix="bench-group-"))
+        ids = {c.cell_id for c in remaining} - gone
+        spec = spec_all.model_copy(update={"cells": [s for s in spec_all.cells if s.cell_id in ids]})
+        (work / "spec.json").write_text(spec.model_dump_json())
+        log = open(work / "output.log", "wb")
+        env = os.environ | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.Popen([python, "-m", "adapters.worker", str(work / "spec.json"), str(work)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=work, env=env, preexec_fn=_own_group_dying_with_parent)
+        current: str | None = None
+        loaded = None
+
+        def handle(ev) -> None:
+            nonlocal current, loaded
+            if isinstance(ev, Loaded):
+                loaded = ev
+                if channel:
+                    channel.report("load", ev.load_s or 0.0)
+            elif isinstance(ev, CellStart):
+                current = ev.cell_id
+                if channel:
+                    channel.report("start", time.time())
+            elif isinstance(ev, CellDone):
+                cid = ev.cell_id
+                record = CellRecord.model_validate_json((work / f"{cid}.json").read_text())
+                if channel:
+                    channel.report("done", record.duration_s or 0.0)
+                task_table, not_run = read_task_rows(job.run_id, cid, work / f"{cid}.tasks.json", tasks, tok)
+                record.missing.update(not_run)
+                finish(cid, "ok", extra=measured(loaded, record), lp=read_logprob_rows(job.run_id, cid, work / f"{cid}.npz"),
+                       tasks=task_table, samples=read_sample_rows(job.run_id, cid, work / f"{cid}.samples.npz"))
+                current = None
+            elif isinstance(ev, (CellFailed, CellUnsupported)):
+                if channel:
+                    channel.report("done", 0.0)
+                finish(ev.cell_id, "failed" if isinstance(ev, CellFailed) else "unsupported",
+                       with_traceback(ev), extra=load_facts(loaded))
+                current = None
+            elif isinstance(ev, (GroupUnsupported, LoadFailed)):
+                for cid in ev.cells:
+                    finish(cid, "unsupported" if isinstance(ev, GroupUnsupported) else "failed", with_traceback(ev))
+
+        offset, timed_out = 0, False
+        deadline = time.monotonic() + m.run.load_timeout_s
+        while True:
+            exited = proc.poll() is not None  # read the events after checking, so none are missed
+            events, offset = _read_events(work / "events.jsonl", offset)
+            for ev in events:
+                handle(ev)
+                if isinstance(ev, CellStart):
+                    deadline = time.monotonic() + m.run.cell_timeout_s
+            if exited:
+                break
+            if channel:
+                channel.poll()
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                timed_out = True
+                break
+            _sleep_unless_exits(proc, POLL_S)
+        log.close()
+        tail = _tail(work / "output.log")
+        pending = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
+        if timed_out:
+            what = f"cell timeout {m.run.cell_timeout_s:g}s" if current else f"load timeout {m.run.load_timeout_s:g}s"
+            victims = [current] if current else [c.cell_id for c in pending]
+            for cid in victims:
+                finish(cid, "timeout", f"killed after the {what}; last output:\n{tail}", extra=load_facts(loaded))
+        elif pending:
+            how = _describe_exit(proc.returncode)
+            victims = [current] if current else [c.cell_id for c in pending]
+            where = "while running this cell" if current else ("before any cell ran" if not loaded else "between cells")
+            for cid in victims:
+                finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=load_facts(loaded))
+        shutil.rmtree(work, ignore_errors=True)
+        remaining = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
+    return probes + [results[c.cell_id] for c in job.group.cells if c.cell_id not in gone]
+
+
+def _sleep_unless_exits(proc: subprocess.Popen, seconds: float) -> None:
+    """Sleep, but wake as the child exits: the group's end is seen at once, not up to POLL_S later.
+    One wake-up per poll either way (Popen.wait(timeout) would poll ever faster while an engine is timed)."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):   # not Linux >= 5.3, or the child is gone already
+        time.sleep(seconds)
+        return
+    try:
+        select.select([fd], [], [], seconds)
+    finally:
+        os.close(fd)

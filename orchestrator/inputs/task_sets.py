@@ -1,0 +1,212 @@
+"""The matrix's `tasks:` section: task sets every cell runs after its timings and logprobs.
+
+    tasks:
+      - tiny-lastword                       # a built-in task, by name (BUILTIN_TASKS)
+      - {kind: generation, name: qa, path: data/qa.jsonl, metric: exact_match, stop: ["\\n"], max_tokens: 32}
+      - {kind: choice, name: mc, path: data/mc.jsonl, metric: acc_norm}
+      - {kind: lm_eval, task: my_task, include_path: tasks/, limit: 50}
+
+Item files are JSONL: generation `{prompt, answer}` or `{prompt, answers: [...]}`; choice
+`{prompt, choices: [...], answer_index}`. lm-eval tasks are lm-eval's own (a local task YAML with
+`dataset_path: json` and `data_files` runs without a network). Files are read and checked by
+`bench validate`, before any engine starts; the driver tokenizes every item with the group's
+tokenizer (`task_specs`), so every engine of a model scores the same ids.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from adapters.contract.specs import ChoiceTaskSpec, GenerationTaskSpec, LmEvalTaskSpec, TaskSpec
+from adapters.contract.tokenizer import Tokenizer
+
+BUILTIN_DIR = Path(__file__).parent / "data" / "tasks"
+# binary metrics score 0 or 1 per item (McNemar's test applies); the others are continuous in [0, 1]
+GENERATION_METRICS = ("exact_match", "regex_match", "contains", "token_f1", "rouge_l", "chrf", "bleu")
+CHOICE_METRICS = ("acc", "acc_norm")
+BINARY_METRICS = ("exact_match", "regex_match", "contains", "acc", "acc_norm")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GenerationTask(_Strict):
+    kind: Literal["generation"]
+    name: str
+    path: str = Field(description="JSONL of {prompt, answer} or {prompt, answers: [...]}")
+    metric: Literal[GENERATION_METRICS] = Field("exact_match", description="exact_match, regex_match, contains "
+                                                "(after SQuAD-style normalisation), token_f1, rouge_l (rouge-score), "
+                                                "chrf, bleu (sacrebleu); the best over an item's answers")
+    regex: str | None = Field(None, description="regex_match: the pattern whose match in the prediction is compared")
+    regex_pick: Literal["first", "last"] = Field("last", description="regex_match: which match (GSM8K: the last number)")
+    stop: list[str] = Field(default_factory=lambda: ["\n"], description="The prediction ends at the first of these")
+    max_tokens: int = Field(32, ge=1)
+    limit: int | None = Field(None, ge=1, description="Only the first `limit` items")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as err:
+                raise ValueError(f"not a valid regular expression: {err}") from None
+        return v
+
+
+class ChoiceTask(_Strict):
+    kind: Literal["choice"]
+    name: str
+    path: str = Field(description="JSONL of {prompt, choices: [...], answer_index}")
+    metric: Literal[CHOICE_METRICS] = Field("acc", description="acc: the highest summed logprob; acc_norm: per "
+                                            "byte of the choice's text (lm-eval's length normalisation)")
+    limit: int | None = Field(None, ge=1)
+
+
+class LmEvalTask(_Strict):
+    kind: Literal["lm_eval"]
+    task: str = Field(description="The lm-eval task name")
+    name: str | None = Field(None, description="Default: the task name")
+    include_path: str | None = Field(None, description="A folder of lm-eval task YAMLs (local datasets: relative "
+                                     "data_files resolve against this folder)")
+    num_fewshot: int | None = Field(None, ge=0)
+    limit: int | None = Field(None, ge=1)
+    metric: str | None = Field(None, description="The per-item metric stored as the score (default: the task's first)")
+
+
+TaskEntry = Annotated[Union[GenerationTask, ChoiceTask, LmEvalTask], Field(discriminator="kind")]
+
+BUILTIN_TASKS: dict[str, GenerationTask | ChoiceTask] = {
+    "tiny-lastword": GenerationTask(kind="generation", name="tiny-lastword", path=str(BUILTIN_DIR / "tiny-lastword.jsonl"),
+                                    metric="regex_match", regex=r"\w+", regex_pick="first", stop=["."], max_tokens=4),
+    "tiny-continue": GenerationTask(kind="generation", name="tiny-continue", path=str(BUILTIN_DIR / "tiny-continue.jsonl"),
+                                    metric="rouge_l", stop=["."], max_tokens=24),
+    "tiny-ending": ChoiceTask(kind="choice", name="tiny-ending", path=str(BUILTIN_DIR / "tiny-ending.jsonl")),
+}
+
+
+def task_name(entry: TaskEntry) -> str:
+    return entry.name or entry.task if isinstance(entry, LmEvalTask) else entry.name
+
+
+def resolve(entries: list) -> list[TaskEntry]:
+    """The matrix's entries with built-in names replaced by their definitions (checked by `problems`)."""
+    return [BUILTIN_TASKS[e] if isinstance(e, str) else e for e in entries]
+
+
+@dataclass
+class Items:
+    """One task's items as the driver holds them: the texts, the answers the metrics compare with."""
+
+    prompts: list[str]
+    answers: list[list[str]] = field(default_factory=list)      # generation: an item's acceptable answers
+    choices: list[list[str]] = field(default_factory=list)      # choice: the continuations' texts
+    answer_index: list[int] = field(default_factory=list)
+
+
+def read_items(entry: GenerationTask | ChoiceTask) -> Items:
+    """The item file, checked line by line (ValueError: the line and what it lacks)."""
+    items = Items(prompts=[])
+    with open(entry.path) as f:
+        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    for n, line in lines[: entry.limit]:
+        where = f"line {n} of {entry.path}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not JSON ({err.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f"{where}: expected an object with a string 'prompt'")
+        items.prompts.append(row["prompt"])
+        if isinstance(entry, GenerationTask):
+            answers = row.get("answers", [row["answer"]] if "answer" in row else None)
+            if not (isinstance(answers, list) and answers and all(isinstance(a, str) for a in answers)):
+                raise ValueError(f"{where}: expected 'answer' (a string) or 'answers' (a list of strings)")
+            items.answers.append(answers)
+        else:
+            choices, k = row.get("choices"), row.get("answer_index")
+            if not (isinstance(choices, list) and len(choices) >= 2 and all(isinstance(c, str) and c for c in choices)):
+                raise ValueError(f"{where}: expected 'choices', a list of 2 or more non-empty strings")
+            if not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k < len(choices)):
+                raise ValueError(f"{where}: expected 'answer_index', an index into 'choices'")
+            items.choices.append(choices)
+            items.answer_index.append(k)
+    if not items.prompts:
+        raise ValueError(f"{entry.path} holds no items")
+    return items
+
+
+def problems(entries: list) -> list[str]:
+    """What is wrong with the tasks section, as `tasks[i].key: message` lines (bench validate)."""
+    out, seen = [], {}
+    for i, e in enumerate(entries):
+        where = f"tasks[{i}]"
+        if isinstance(e, str):
+            if e not in BUILTIN_TASKS:
+                out.append(f"{where}: unknown built-in task {e!r} (known: {', '.join(BUILTIN_TASKS)}; or a mapping "
+                           "with kind: generation | choice | lm_eval)")
+                continue
+            e = BUILTIN_TASKS[e]
+        name = task_name(e)
+        if name in seen:
+            out.append(f"{where}: a second task named {name!r} (tasks[{seen[name]}]); give one a `name`")
+        seen[name] = i
+        if isinstance(e, LmEvalTask):
+            if e.include_path and not Path(e.include_path).is_dir():
+                out.append(f"{where}.include_path: no such folder: {e.include_path}")
+            continue
+        if isinstance(e, GenerationTask) and e.metric == "regex_match" and not e.regex:
+            out.append(f"{where}.regex: regex_match needs a pattern")
+        if not Path(e.path).is_file():
+            out.append(f"{where}.path: no such file: {e.path}")
+            continue
+        try:
+            read_items(e)
+        except (ValueError, OSError) as err:
+            out.append(f"{where}.path: {err}")
+    return out
+
+
+Loaded = dict[str, tuple[TaskEntry, Items | None]]   # task name -> its entry and items (lm-eval: None)
+
+
+def load_tasks(entries: list) -> Loaded:
+    """The matrix's tasks, built-in names resolved and item files read once (lm-eval reads its own)."""
+    return {task_name(e): (e, None if isinstance(e, LmEvalTask) else read_items(e)) for e in resolve(entries)}
+
+
+def task_specs(tasks: Loaded, tok: Tokenizer, tokenizer_source: str, trust_remote_code: bool,
+               max_length: int) -> list[TaskSpec]:
+    """The tasks as the engine process gets them: every text as this model's token ids."""
+    specs: list[TaskSpec] = []
+    for e, items in tasks.values():
+        if isinstance(e, LmEvalTask):
+            include = str(Path(e.include_path).resolve()) if e.include_path else None
+            specs.append(LmEvalTaskSpec(name=task_name(e), task=e.task, include_path=include,
+                                        num_fewshot=e.num_fewshot, limit=e.limit, metric=e.metric,
+                                        tokenizer=tokenizer_source, trust_remote_code=trust_remote_code,
+                                        max_length=max_length))
+            continue
+        if isinstance(e, GenerationTask):
+            specs.append(GenerationTaskSpec(name=e.name, prompts=[tok.encode(p) for p in items.prompts],
+                                            max_tokens=e.max_tokens))
+        else:
+            contexts, choices = [], []
+            for prompt, texts in zip(items.prompts, items.choices):
+                ctx = tok.encode(prompt)
+                # encode the whole, as lm-eval does, so a token spanning the boundary stays one token;
+                # where the whole does not start with the context's ids, the choice is encoded alone
+                wholes = [tok.encode(prompt + c) for c in texts]
+                conts = [w[len(ctx):] if w[:len(ctx)] == ctx and len(w) > len(ctx) else tok.encode(c)
+                         for w, c in zip(wholes, texts)]
+                contexts.append(ctx)
+                choices.append(conts)
+            specs.append(ChoiceTaskSpec(name=e.name, contexts=contexts, choices=choices))
+    return specs

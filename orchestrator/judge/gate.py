@@ -1,0 +1,293 @@
+"""`bench gate`: a policy file of rules (axis values -> what their cells must reach) checked against
+the verdicts of orchestrator/judge/analysis.py (one run: each cell against its baseline) or of
+orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same config in a stored run).
+
+    bench gate RUN --policy policy.yaml [--against OLD_RUN] [--junit FILE] [--format md]
+        checks = evaluate(analyse(RUN) or compare_runs(RUN, OLD), load_policy(path), against=...)
+        exit 1 when any check failed, 2 for a usage error (PolicyError)
+
+    policy.yaml:
+        rules:
+          - match: {framework: vllm, quantization: [fp16, bf16]}   # list: each value must be present
+            must_be: lossless                                     # identical | lossless | near-lossless
+            max_slowdown: 0.05            # --against: output tokens/s may not drop by more than 5%
+            max_ttft_p99_increase: 0.10   # --against: TTFT p99 may not rise by more than 10%
+            max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
+            task: {name: tiny-ending, min_ratio: 0.99, no_regression: true}   # the task layer
+            sampling: {same_distribution: true}   # the sampling layer (or identical: true)
+    With --noise-run OLD_REPEAT (OLD's matrix run again) the intervals also hold the run-to-run drift
+    the repeats inside one run cannot see; without it they hold the repeats only.
+    A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
+    OLD); so does a listed value no cell has. A speed bound fails only when the 95% interval of the
+    NEW/OLD ratio lies wholly beyond it, so noise alone never fails a build; a ratio with no interval
+    (fewer than 2 repeats on a side) cannot show that, and fails as "cannot judge". Peak memory is one
+    number per cell: its bound is checked on the ratio itself. A task rule reads the task layer
+    (orchestrator/judge/task_verdicts.py): min_ratio fails when the 95% interval of the metric's ratio to the
+    baseline's (OLD's with --against) lies wholly below it, no_regression when the paired test finds a
+    regression; a cell without the task's rows, or a baseline without them, fails as "cannot judge".
+    A sampling rule reads the sampling layer (orchestrator/judge/sampling_verdicts.py): identical fails unless
+    every seeded sample equals the baseline's with the same seed (where both sides promise it),
+    same_distribution when the distribution tests find a difference; a cell without samples, or with a
+    verdict of n/a, fails as "cannot judge".
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrator.judge.baselines import CONFIG_AXES, INT_AXES, axis_value
+from orchestrator.judge.logits import VERDICTS
+from orchestrator.matrix.cells import load_label
+from orchestrator.matrix.models import AXES, MatrixError
+from orchestrator.matrix.validate import pydantic_problems
+from orchestrator.values import finite
+
+# bound -> (the cross-run column it reads, what it says)
+SPEED_BOUNDS = {"max_slowdown": ("tok_s", "output tokens/s"), "max_ttft_p99_increase": ("ttft_p99", "TTFT p99"),
+                "max_memory_increase": ("mem", "peak memory")}
+
+
+class PolicyError(MatrixError):
+    """All the mistakes found in one policy file, one `path: message` per line (as for a matrix)."""
+
+    def __init__(self, problems: list[str], source: str = "policy"):
+        super().__init__(problems, source)
+
+
+class TaskRule(BaseModel):
+    """The task layer: a task's metric on the cell against its baseline (or OLD's cell), item by item."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="The task's name in the matrix's tasks section")
+    min_ratio: float | None = Field(None, gt=0, description="Least cell/baseline ratio of the metric (MLPerf's "
+                                    "tiers: 0.99, 0.999); fails only when the ratio's 95% interval is wholly below")
+    no_regression: bool = Field(False, description="Fail when the paired test finds a regression (p < task_alpha)")
+
+    @model_validator(mode="after")
+    def _something(self) -> "TaskRule":
+        if self.min_ratio is None and not self.no_regression:
+            raise ValueError("a task rule needs min_ratio or no_regression: true")
+        return self
+
+
+class SamplingRule(BaseModel):
+    """The sampling layer: the cell's seeded samples against its baseline's (or OLD's cell's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    identical: bool = Field(False, description="Every sample identical to the baseline's with the same seed")
+    same_distribution: bool = Field(False, description="Fail when a distribution test finds a difference "
+                                    "(p < sampling_alpha over the tests run)")
+
+    @model_validator(mode="after")
+    def _something(self) -> "SamplingRule":
+        if not (self.identical or self.same_distribution):
+            raise ValueError("a sampling rule needs identical: true or same_distribution: true")
+        return self
+
+    def label(self) -> str:
+        return "sampling " + " ".join(k for k in ("identical", "same_distribution") if getattr(self, k))
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    match: dict[str, Any] = Field(default_factory=dict, description="Axis values (a list: any of them, each required)")
+    must_be: Literal["identical", "lossless", "near-lossless"] | None = None
+    max_slowdown: float | None = Field(None, ge=0, lt=1, description="--against: most output tokens/s may drop")
+    max_ttft_p99_increase: float | None = Field(None, ge=0, description="--against: most TTFT p99 may rise")
+    max_memory_increase: float | None = Field(None, ge=0, description="--against: most peak memory may rise")
+    task: TaskRule | None = None
+    sampling: SamplingRule | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> "Rule":
+        if self.must_be is None and not self.speed_bounds() and self.task is None and self.sampling is None:
+            raise ValueError("a rule needs must_be, a bound (max_slowdown, max_ttft_p99_increase, "
+                             "max_memory_increase), a task rule or a sampling rule")
+        return self
+
+    def speed_bounds(self) -> dict[str, float]:
+        return {k: v for k in SPEED_BOUNDS if (v := getattr(self, k)) is not None}
+
+    @field_validator("match")
+    @classmethod
+    def _axis_values(cls, v: dict) -> dict:
+        unknown = sorted(set(v) - set(AXES))
+        if unknown:
+            raise ValueError(f"unknown axis {', '.join(map(repr, unknown))} (known: {', '.join(AXES)})")
+        for axis, value in v.items():
+            values = value if isinstance(value, list) else [value]
+            if not values:
+                raise ValueError(f"{axis}: an empty list matches nothing")
+            for x in values:
+                if axis == "request_rate":
+                    ok, want = isinstance(x, (int, float)) and not isinstance(x, bool), "a number"
+                elif axis in INT_AXES:
+                    ok, want = isinstance(x, int) and not isinstance(x, bool), "an integer"
+                else:
+                    ok, want = isinstance(x, str), "a string"
+                if not ok:
+                    raise ValueError(f"{axis}: expected {want}, got {x!r}")
+        return v
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rules: list[Rule] = Field(min_length=1)
+
+
+def load_policy(path: str | Path) -> Policy:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise PolicyError([f"(yaml): {err}"], str(path)) from None
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as err:
+        raise PolicyError(pydantic_problems(err), str(path)) from None
+
+
+@dataclass
+class Check:
+    """One rule against one cell (or a rule's value that no cell has): a JUnit test case."""
+
+    rule: int
+    name: str          # e.g. "must_be lossless", "max_slowdown 0.05"
+    cell: str          # the cell's label, or "(no cell)"
+    cell_id: str | None
+    passed: bool
+    message: str
+
+
+def _where(r: dict) -> str:
+    return "/".join(str(r[a]) for a in CONFIG_AXES if r[a] != "offline") + " " + (
+        load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load"))
+        if r["mode"] in ("serve", "stream") else f"batch={r['batch_size']}")
+
+
+def _speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
+    col, what = SPEED_BOUNDS[bound]
+    if col == "mem":
+        ratio = r.get("mem_ratio")
+        if not finite(ratio):
+            return False, f"cannot judge {what}: no ratio (not measured on a side, or not ok)"
+        ok = ratio <= 1 + limit
+        return ok, f"{what} x{ratio:.3f} (one peak per cell, no interval) {'<=' if ok else '>'} x{1 + limit:.3f}"
+    ratio, lo, hi = r.get(f"{col}_ratio"), r.get(f"{col}_lo"), r.get(f"{col}_hi")
+    if not (finite(lo) and finite(hi)):
+        return False, f"cannot judge {what}: no interval (needs 2+ repeats on both sides)"
+    run_sd = r.get(f"{col}_run_sd")
+    noise = f", run drift sd {100 * run_sd:.1f}%" if finite(run_sd) else ", repeats only"
+    shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {r.get(f'{col}_n')}{noise})"
+    if bound == "max_slowdown":   # worse is lower: fail only if even the interval's top is below the bound
+        ok = hi >= 1 - limit
+        return ok, f"{shown}: " + ("within noise of" if ok and lo < 1 - limit else "") + (
+            f"above x{1 - limit:.3f}" if ok else f"wholly below x{1 - limit:.3f}")
+    ok = lo <= 1 + limit
+    return ok, f"{shown}: " + ("within noise of" if ok and hi > 1 + limit else "") + (
+        f"below x{1 + limit:.3f}" if ok else f"wholly above x{1 + limit:.3f}")
+
+
+def _task_check(tv: pd.DataFrame | None, cell_id: str, rule: TaskRule) -> tuple[bool, str]:
+    hit = None if tv is None or tv.empty else tv[(tv.cell_id == cell_id) & (tv.task == rule.name)]
+    if hit is None or hit.empty:
+        return False, f"cannot judge task {rule.name}: the cell has no rows for it"
+    r = hit.iloc[0].to_dict()
+    if r["task_verdict"] == "n/a":
+        return False, f"cannot judge task {rule.name}: {r['task_reason']}"
+    fails = []
+    if rule.no_regression and r["task_verdict"] == "regressed":
+        fails.append("a significant regression")
+    bound = ""
+    if rule.min_ratio is not None:
+        if not (finite(r.get("ratio_lo")) and finite(r.get("ratio_hi"))):
+            return False, f"cannot judge task {rule.name}: no ratio (the baseline's {r['metric']} is 0)"
+        below = r["ratio_hi"] < rule.min_ratio   # even the interval's top is below the bound
+        if below:
+            fails.append(f"ratio wholly below x{rule.min_ratio:g}")
+        bound = (f"ratio x{r['ratio']:.4f} [95% CI {r['ratio_lo']:.4f}, {r['ratio_hi']:.4f}] "
+                 + ("wholly below" if below else "within noise of" if r["ratio_lo"] < rule.min_ratio else "above")
+                 + f" x{rule.min_ratio:g}; ")
+    return not fails, f"task {rule.name}: {bound}{r['task_verdict']}: {r['task_reason']}"
+
+
+def _sampling_check(sv: pd.DataFrame | None, cell_id: str, rule: SamplingRule) -> tuple[bool, str]:
+    hit = None if sv is None or sv.empty else sv[sv.cell_id == cell_id]
+    if hit is None or hit.empty:
+        return False, "cannot judge sampling: the cell has no samples"
+    r = hit.iloc[0].to_dict()
+    if r.get("sampling_verdict", "n/a") == "n/a" or (rule.same_distribution and r.get("dist_verdict") == "n/a"):
+        return False, f"cannot judge sampling: {r.get('sampling_reason')}"
+    fails = []
+    if rule.identical and r.get("seed_verdict") != "identical":
+        fails.append("not identical seed by seed" if r.get("seed_verdict") == "differs" else
+                     "identity not promised against this baseline")
+    if rule.same_distribution and r.get("dist_verdict") == "different":
+        fails.append("a different distribution")
+    return not fails, ("; ".join(fails) + ": " if fails else "") + f"{r['sampling_verdict']}: {r['sampling_reason']}"
+
+
+def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFrame | None = None,
+             sampling: pd.DataFrame | None = None) -> list[Check]:
+    """Every (rule, cell) check. Speed bounds need `against` (a cross-run frame); task rules read `tasks`
+    (orchestrator/judge/task_verdicts.py), sampling rules `sampling` (orchestrator/judge/sampling_verdicts.py), both of
+    the same comparison."""
+    checks: list[Check] = []
+    rank = {v: i for i, v in enumerate(VERDICTS)}
+    for i, rule in enumerate(policy.rules):
+        if rule.speed_bounds() and not against:
+            raise PolicyError([f"rules[{i}]: {', '.join(rule.speed_bounds())} compare with a stored run: "
+                               "give --against OLD_RUN"])
+        wants = {a: [axis_value(a, x) for x in (v if isinstance(v, list) else [v])] for a, v in rule.match.items()}
+        have = list(zip(*[[axis_value(a, x) for x in df[a]] for a in wants])) if wants else [()] * len(df)
+        hit = np.array([all(h in w for h, w in zip(row, wants.values())) for row in have], dtype=bool)
+        task_name = None
+        if rule.task:
+            task_name = f"task {rule.task.name}" + (f" min_ratio {rule.task.min_ratio:g}" if rule.task.min_ratio
+                                                     else "") + (" no_regression" if rule.task.no_regression else "")
+        names = ([f"must_be {rule.must_be}"] if rule.must_be else []) + [f"{k} {v:g}" for k, v in
+                                                                        rule.speed_bounds().items()] + \
+            ([task_name] if task_name else []) + ([rule.sampling.label()] if rule.sampling else [])
+        present = {row for row, h in zip(have, hit) if h}
+        for combo in itertools.product(*wants.values()):  # every value a rule lists must have been run
+            if combo not in present:
+                named = ", ".join(f"{a}={c}" for a, c in zip(wants, combo)) or "any axis values"
+                checks.append(Check(i, " + ".join(names), "(no cell)", None, False, f"no cell for {named}"))
+        for r in df[hit].to_dict("records"):
+            cell = _where(r)
+            if rule.must_be:
+                ok = r["verdict"] != "n/a" and rank[r["verdict"]] <= rank[rule.must_be]
+                checks.append(Check(i, f"must_be {rule.must_be}", cell, r["cell_id"], ok,
+                                    f"{r['verdict']}: {r['reason']}"))
+            for bound, limit in rule.speed_bounds().items():
+                if r.get("only_in"):
+                    ok, msg = False, r["reason"]
+                else:
+                    ok, msg = _speed_check(r, bound, limit)
+                checks.append(Check(i, f"{bound} {limit:g}", cell, r["cell_id"], ok, msg))
+            if rule.task:
+                ok, msg = (False, r["reason"]) if r.get("only_in") else _task_check(tasks, r["cell_id"], rule.task)
+                checks.append(Check(i, task_name, cell, r["cell_id"], ok, msg))
+            if rule.sampling:
+                ok, msg = (False, r["reason"]) if r.get("only_in") else _sampling_check(sampling, r["cell_id"],
+                                                                                         rule.sampling)
+                checks.append(Check(i, rule.sampling.label(), cell, r["cell_id"], ok, msg))
+    return checks
+
+
+def check_line(c: Check) -> str:
+    return f"rule {c.rule} ({c.name}): " + (f"{c.cell_id} {c.cell}: " if c.cell_id else "") + c.message
+
+
+def gate(df: pd.DataFrame, policy: Policy, against: bool = False) -> tuple[bool, list[str]]:
+    """(True, []) when every check passes; else one line per failed check."""
+    failed = [c for c in evaluate(df, policy, against) if not c.passed]
+    return not failed, [check_line(c) for c in failed]

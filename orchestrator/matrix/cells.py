@@ -1,0 +1,185 @@
+"""Matrix -> cells -> engine groups.
+
+A cell is one point of the matrix; its id is a hash of its canonical config, so the same cell has
+the same id in every run (that is what makes resume work). Cells that differ only in batch size,
+lengths or request rate share an engine key, and so one engine load (or one server start).
+
+Axes that do not apply are not axes of a cell: an offline cell has no request rate, a model with an
+endpoint has no offline cells, and a flag set a framework does not define is not a cell of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapters.base import normalize_quantization
+from orchestrator.matrix.models import AXES, Matrix, MatrixError, SyntheticWorkload, axis_values, stable_dump
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Cell:
+    framework: str
+    model: str
+    quantization: str
+    flags: str
+    batch_size: int
+    input_len: int
+    output_len: int
+    options: dict = field(hash=False, compare=False)
+    mode: str = "offline"
+    request_rate: float | None = None      # serve cells: requests/s (inf: closed loop); offline, search: None
+    search: bool = False                   # a serve cell whose load is searched (serve.search)
+    workload: str | None = None            # the named workload it runs (None: the matrix's single workload section)
+    cell_id: str = ""
+    engine_key: str = ""
+
+    def axes(self) -> dict[str, Any]:
+        return {a: getattr(self, a) for a in AXES}
+
+
+@dataclass
+class EngineGroup:
+    engine_key: str
+    framework: str
+    model: str
+    quantization: str
+    flags: str
+    options: dict
+    cells: list[Cell]
+    mode: str = "offline"
+
+
+def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
+    fw = values["framework"]
+    options = m.flag_sets(fw)[values["flags"]] or {}
+    quant = normalize_quantization(values["quantization"])
+    model = m.model_entry(values["model"])
+    # the serving fields are left out where unset, so ids of cells without them stay as they were
+    entry = model.model_dump(exclude={k for k in ("endpoint", "api_key_env") if getattr(model, k) is None})
+    engine = {"framework": fw, "model": entry, "quantization": quant, "flags": values["flags"], "options": options}
+    serve = values["mode"] == "serve"
+    if values["mode"] != "offline":  # only other modes name theirs, so offline ids stay what they were before modes
+        engine["mode"] = values["mode"]
+    if values["mode"] == "stream":   # the engine's own cap on running requests is set at load
+        engine["max_running"] = values["batch_size"]
+    canonical = engine | {a: values[a] for a in ("batch_size", "input_len", "output_len")} | {
+        "workload": stable_dump(m.workload_of(values["workload"])), "measure": stable_dump(m.measure)}
+    if values["workload"] is not None:   # a named workload: its name too (a single section's ids stay as they were)
+        canonical["workload_name"] = values["workload"]
+    search = serve and m.serve.search is not None
+    if serve:
+        canonical |= {"request_rate": values["request_rate"], "serve": serve_settings(m)}
+    return Cell(framework=fw, model=values["model"], quantization=quant, flags=values["flags"],
+                batch_size=values["batch_size"], input_len=values["input_len"],
+                output_len=values["output_len"], options=options, mode=values["mode"],
+                request_rate=float(values["request_rate"]) if serve and not search else None, search=search,
+                workload=values["workload"], cell_id=_hash(canonical), engine_key=_hash(engine))
+
+
+def serve_settings(m: Matrix) -> dict[str, Any]:
+    """The serve section as it enters a serve cell's id: keys added later are left out where unset, so
+    the ids of cells that do not use them stay as they were."""
+    return m.serve.model_dump(exclude={k for k in ("slo_e2e_ms", "search") if getattr(m.serve, k) is None})
+
+
+def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
+    """(axis, why) where an axis combination is not a cell, None where it is one."""
+    if point["flags"] not in m.flag_sets(point["framework"]):
+        return "flags", (f"flag set '{point['flags']}' is not defined for {point['framework']} "
+                         f"(defined: {', '.join(m.flag_sets(point['framework']))})")
+    if point["mode"] != "serve" and m.model_entry(point["model"]).endpoint:
+        return "mode", f"model '{point['model']}' has an endpoint, so it makes serve cells only"
+    return None
+
+
+def _point(m: Matrix, values: dict[str, Any]) -> dict[str, Any]:
+    if values["mode"] != "serve":
+        values["request_rate"] = None  # a static batch, or a stream submitted at once, has no arrival rate
+    elif m.serve.search is not None:
+        values["request_rate"] = None  # the search chooses it
+        if m.serve.search.variable == "concurrency":   # and the concurrency: one search per configuration
+            values["batch_size"] = int(m.serve.search.high)
+    w = m.workload_of(values["workload"])
+    if isinstance(w, SyntheticWorkload):   # drawn lengths: the row names their mean
+        for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
+            if dist is not None:
+                values[axis] = dist.nominal
+    return values
+
+
+def matches(values: dict[str, Any], rule: dict[str, Any]) -> bool:
+    """A rule matches when every key it names equals the value (or is in the list it gives)."""
+    for key, want in rule.items():
+        wants = want if isinstance(want, list) else [want]
+        have = values.get(key)
+        if key == "quantization":
+            wants, have = [normalize_quantization(str(w)) for w in wants], normalize_quantization(str(have))
+        if have not in wants:
+            return False
+    return True
+
+
+def expand(m: Matrix) -> list[Cell]:
+    """Every axis combination, minus `exclude`, plus `include`, in a stable order without duplicates."""
+    combos = []
+    for values in itertools.product(*(axis_values(m, a) for a in AXES)):
+        point = _point(m, dict(zip(AXES, values)))
+        if _applies(m, point) or any(matches(point, rule) for rule in m.exclude):
+            continue
+        combos.append(point)
+    problems = []
+    for i, rule in enumerate(m.include):
+        point = _point(m, {a: rule.get(a, axis_values(m, a)[0]) for a in AXES})
+        why = _applies(m, point)
+        if why:
+            problems.append(f"include[{i}].{why[0]}: {why[1]}")
+            continue
+        combos.append(point)
+    if problems:
+        raise MatrixError(problems)
+    cells, seen = [], set()
+    for point in combos:
+        cell = _make_cell(m, point)
+        if cell.cell_id not in seen:
+            seen.add(cell.cell_id)
+            cells.append(cell)
+    if not cells:
+        raise MatrixError(["axes: the matrix expands to no cells (check exclude rules and flag sets)"])
+    return cells
+
+
+def load_label(mode: str | None, batch_size: int, request_rate: float | None, arrival: str | None = None) -> str:
+    """How a cell's load reads in tables: 'batch 4' offline, 'c=4' a served closed loop of 4, and
+    'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight; 'stream c<=4' a stream with at most
+    4 running; 'search rate, c<=4' an SLO search (its row's rate: the maximum found)."""
+    if mode == "stream":
+        return f"stream c<={batch_size}"
+    if mode != "serve":
+        return f"batch {batch_size}"
+    if arrival in ("search rate", "search concurrency"):
+        return f"{arrival}, c<={batch_size}"
+    if request_rate is None or request_rate != request_rate or request_rate == float("inf"):
+        return f"c={batch_size}"
+    return f"{arrival or 'rate'} {request_rate:g}/s, c<={batch_size}"
+
+
+def group(cells: list[Cell]) -> list[EngineGroup]:
+    groups: dict[str, EngineGroup] = {}
+    for c in cells:
+        g = groups.get(c.engine_key)
+        if g is None:
+            g = groups[c.engine_key] = EngineGroup(c.engine_key, c.framework, c.model, c.quantization,
+                                                   c.flags, c.options, [], c.mode)
+        g.cells.append(c)
+    for g in groups.values():
+        # small batches first: a crash at a large batch then leaves the small ones measured
+        g.cells.sort(key=lambda c: (c.batch_size, c.request_rate or 0, c.input_len, c.output_len))
+    return list(groups.values())

@@ -1,0 +1,315 @@
+"""The matrix YAML read and checked: every mistake collected with its YAML path and the valid choices,
+and raised together as one `MatrixError` before any engine starts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
+from pydantic import ValidationError
+
+from adapters import ADAPTERS
+from adapters.base import QUANTIZATIONS, normalize_quantization
+from orchestrator.inputs import chat, datasets, hf_datasets, task_sets
+from orchestrator.matrix.models import (
+    AXES,
+    DEFAULT_FLAGS,
+    MODES,
+    HfWorkload,
+    Matrix,
+    MatrixError,
+    SyntheticWorkload,
+    Workload,
+    axis_values,
+)
+
+# every workload kind (the discriminator's values), from the Workload union: a kind added there is known here
+_WORKLOAD_KINDS = tuple(k for cls in get_args(get_args(Workload)[0]) for k in get_args(cls.model_fields["kind"].annotation))
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _WORKLOAD_KINDS and (out.endswith("workload") or (i == 2 and loc[0] == "workloads")):
+            continue  # the discriminator tag pydantic adds is not part of the YAML path
+        elif out.startswith("tasks[") and (part in ("str", "generation", "choice", "lm_eval")
+                                            or str(part).startswith("tagged-union[")):
+            continue  # nor are a task entry's branches (a built-in name, or a mapping of a kind)
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        if len(loc) >= 3 and loc[0] == "models" and loc[2] in ("str", "ModelEntry"):
+            # a model is a string or a mapping: report the branch the YAML took, without pydantic's tag
+            if (loc[2] == "str") == isinstance(e.get("input"), dict) and len(loc) == 3:
+                continue
+            loc = loc[:2] + loc[3:]
+        if len(loc) == 3 and loc[0] == "tasks" and loc[2] == "str" and isinstance(e.get("input"), dict):
+            continue  # a task given as a mapping: its errors are the mapping's, not "not a string"
+        path = _path(loc)
+        if prefix:
+            path = f"{prefix}.{path}" if path != "(top level)" else prefix
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        problems.append(f"{path}: {msg}")
+    return problems
+
+
+def _known(values) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def _check_semantics(m: Matrix) -> list[str]:
+    """Mistakes pydantic cannot see: names that must refer to frameworks, models, flag sets, levels."""
+    problems: list[str] = []
+    frameworks = list(ADAPTERS)
+    for i, fw in enumerate(m.axes.framework):
+        if fw not in ADAPTERS:
+            problems.append(f"axes.framework[{i}]: unknown framework '{fw}' (known: {_known(frameworks)})")
+    for i, model in enumerate(m.axes.model):
+        if model not in m.models:
+            problems.append(f"axes.model[{i}]: unknown model '{model}' (defined in models: {_known(m.models) or 'none'})")
+        elif m.model_entry(model).endpoint and "serve" not in m.axes.mode:
+            problems.append(f"models.{model}.endpoint: a model with an endpoint makes serve cells only, and "
+                            f"axes.mode has no serve (it has: {_known(m.axes.mode)})")
+    for i, q in enumerate(m.axes.quantization):
+        if normalize_quantization(q) not in QUANTIZATIONS:
+            problems.append(f"axes.quantization[{i}]: unknown quantization '{q}' (known: {_known(QUANTIZATIONS)})")
+    for fw, sets in m.flags.items():
+        if fw not in ADAPTERS:
+            problems.append(f"flags.{fw}: unknown framework '{fw}' (known: {_known(frameworks)})")
+            continue
+        for set_name, options in sets.items():
+            try:
+                ADAPTERS[fw].Options(**(options or {}))
+            except ValidationError as err:
+                for p in pydantic_problems(err, prefix=f"flags.{fw}.{set_name}"):
+                    known = _known(ADAPTERS[fw].Options.model_fields)
+                    problems.append(p + (f" (known options for {fw}: {known})" if p.endswith("unknown key") else ""))
+    defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
+    for i, name in enumerate(m.axes.flags):
+        if name not in defined:
+            problems.append(f"axes.flags[{i}]: unknown flag set '{name}' (defined: {_known(sorted(defined))})")
+    for fw in m.run.python:
+        if fw not in ADAPTERS:
+            problems.append(f"run.python.{fw}: unknown framework '{fw}' (known: {_known(frameworks)})")
+    for section in ("include", "exclude"):
+        for i, rule in enumerate(getattr(m, section)):
+            problems += _check_rule(m, rule, f"{section}[{i}]", need_all=(section == "include"))
+    problems += _check_rule(m, m.baseline, "baseline", need_all=False, allow_lists=False)
+    problems += task_sets.problems(m.tasks)
+    if m.serve.search is not None:
+        problems += _search_problems(m)
+    problems += _workload_problems(m)
+    return problems
+
+
+def _workload_problems(m: Matrix) -> list[str]:
+    """One workload section or named ones with their axis; then every workload the cells run on its own."""
+    problems = []
+    names = list(m.workloads or ())
+    if m.workloads is not None and "workload" in m.model_fields_set:
+        problems.append("workloads: give either workload (one workload for every cell) or workloads (named, "
+                        "with the workload axis), not both")
+    if m.workloads is not None and not names:
+        problems.append("workloads: no workload named (give at least one, or use the single workload section)")
+    if m.axes.workload is not None and m.workloads is None:
+        problems.append("axes.workload: the axis names entries of workloads, and the matrix defines none "
+                        "(a single workload section needs no axis)")
+    for i, name in enumerate(m.axes.workload or ()):
+        if m.workloads is not None and name not in m.workloads:
+            problems.append(f"axes.workload[{i}]: unknown workload '{name}' (defined in workloads: "
+                            f"{_known(names) or 'none'})")
+    run = m.named_workloads()
+    for path, w in run:
+        problems += _one_workload_problems(m, path, w)
+    for axis in ("input_len", "output_len"):
+        # the axis applies to the workloads that do not draw these lengths; with none left it sweeps nothing
+        drawing = [p for p, w in run if getattr(w, f"{axis[:-4]}_lengths", None) is not None]
+        if m.workloads and axis in m.axes.model_fields_set and run and len(drawing) == len(run):
+            where = ", ".join(f"{p}.{axis[:-4]}_lengths" for p in drawing)
+            problems.append(f"axes.{axis}: every workload draws these lengths ({where}); leave the axis out")
+    return problems
+
+
+def _one_workload_problems(m: Matrix, path: str, w) -> list[str]:
+    """Lengths drawn by the workload leave no fixed-length axis to sweep; a local file must exist and parse."""
+    problems = []
+    if isinstance(w, SyntheticWorkload):
+        for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
+            # with several workloads the axis is the other workloads' (this one's cells name the mean)
+            if dist is not None and axis in m.axes.model_fields_set and path == "workload":
+                problems.append(f"axes.{axis}: the workload draws these lengths (workload.{axis[:-4]}_lengths); "
+                                f"leave the axis out, or drop workload.{axis[:-4]}_lengths for a fixed sweep")
+        if w.prefix_groups > 1 and not w.shared_prefix_len:
+            problems.append(f"{path}.prefix_groups: prefix groups need {path}.shared_prefix_len > 0 (the "
+                            "tokens each group's requests share)")
+        if w.input_lengths is not None and w.shared_prefix_len >= w.input_lengths.min:
+            problems.append(f"{path}.shared_prefix_len: {w.shared_prefix_len} tokens is not below the shortest "
+                            f"drawn prompt ({path}.input_lengths.min {w.input_lengths.min})")
+    elif isinstance(w, HfWorkload):
+        problems += hf_datasets.problems(w, path)
+    elif not w.cluster_only:
+        why = datasets.check(w.kind, w.path, getattr(w, "field", "text"), getattr(w, "output_field", None))
+        if why:
+            problems.append(f"{path}.path: {why}")
+    return problems + _chat_problems(m, w, path)
+
+
+def _chat_problems(m: Matrix, w, where: str) -> list[str]:
+    """A chat workload needs a chat template: checked here for local tokenizers (a hub model's is checked
+    on the node, where a model without one gives `unsupported` rows)."""
+    if not getattr(w, "chat", False):
+        return []
+    out = []
+    for name in dict.fromkeys(m.axes.model):
+        if name not in m.models:
+            continue
+        entry = m.model_entry(name)
+        src = entry.tokenizer or entry.source
+        if src.startswith("builtin:"):
+            continue   # the built-in models carry a chat template (orchestrator/inputs/tiny_model.py)
+        if chat.has_local_template(src) is False:
+            key = "tokenizer" if entry.tokenizer else "source"
+            out.append(f"{where}.chat: model '{name}' has no chat template (models.{name}.{key}: {src} has no "
+                       "chat_template in tokenizer_config.json, no chat_template.jinja); drop chat (the "
+                       f"conversations go as 'User: ...' text), or give models.{name}.tokenizer a tokenizer dir "
+                       "with a chat template")
+    if isinstance(w, HfWorkload) and not w.messages_field:
+        out.append(f"{where}.chat: chat needs conversations: set {where}.messages_field (the column of "
+                   "[{role, content}] turns), not field")
+    return out
+
+
+def deferred_checks(m: Matrix) -> list[str]:
+    """What bench validate cannot check on this machine, said rather than passed over: hub datasets and the
+    chat templates of hub models are looked at on the node that runs the cells."""
+    out = []
+    for path, w in m.named_workloads():
+        if isinstance(w, HfWorkload) and not hf_datasets.is_local(w.name):
+            out.append(f"{path}.name: '{w.name}' is not a local path: a hub dataset (or a path on the cluster), "
+                       "loaded (and its fields checked) on the node that runs the cells, not here")
+        if getattr(w, "chat", False):
+            for name in dict.fromkeys(m.axes.model):
+                entry = m.model_entry(name) if name in m.models else None
+                src = entry and (entry.tokenizer or entry.source)
+                if src and not src.startswith("builtin:") and chat.has_local_template(src) is None:
+                    out.append(f"{path}.chat: model '{name}' ({src}) is not local: its chat template is checked on "
+                               "the node (none there: unsupported rows)")
+    return out
+
+
+def _search_problems(m: Matrix) -> list[str]:
+    """A search config that could not give an answer, said before anything starts."""
+    from adapters.contract.intervals import min_values_for_upper_bound
+
+    s, out = m.serve.search, []
+    slos = ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms", "goodput")
+    if all(getattr(s, k) is None for k in slos):
+        out.append(f"serve.search: no SLO to search against (give at least one of: {_known(slos)})")
+    if s.low >= s.high:
+        out.append(f"serve.search.high: must be above low ({s.low:g}), got {s.high:g}")
+    if s.variable == "concurrency":
+        for key in ("low", "high"):
+            if getattr(s, key) != int(getattr(s, key)):
+                out.append(f"serve.search.{key}: a concurrency is a whole number, got {getattr(s, key):g}")
+    if s.goodput is not None and all(getattr(m.serve, k) is None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
+        out.append("serve.search.goodput: goodput counts requests within the per-request SLOs, and none is set "
+                   "(set serve.slo_ttft_ms, slo_tpot_ms or slo_e2e_ms)")
+    if "serve" not in m.axes.mode:
+        out.append(f"serve.search: searches serve cells, and axes.mode has no serve (it has: {_known(m.axes.mode)})")
+    if any(not math.isinf(r) for r in m.axes.request_rate):
+        out.append("axes.request_rate: serve.search chooses the load of every serve cell; leave the axis out "
+                   f"(it has: {_known(m.axes.request_rate)})")
+    if m.measure.repeats == "auto":
+        out.append("measure.repeats: 'auto' is not supported with serve.search (give a number of timed runs per probe)")
+    elif s.judge == "interval" and any(getattr(s, k) is not None for k in slos[:3]):
+        need = min_values_for_upper_bound(0.99, s.level)
+        have = m.serve.requests * m.measure.repeats
+        if have < need:
+            out.append(f"serve.search.judge: 'interval' needs at least {need} requests per probe for a p99's "
+                       f"{s.level:.0%} interval to have an upper end; serve.requests x measure.repeats is {have} "
+                       f"(raise them, or use judge: point)")
+    return out
+
+
+def _check_rule(m: Matrix, rule: dict, path: str, need_all: bool, allow_lists: bool = True) -> list[str]:
+    problems = []
+    if not isinstance(rule, dict):
+        return [f"{path}: expected a mapping of axis -> value"]
+    for key, value in rule.items():
+        if key not in AXES:
+            problems.append(f"{path}.{key}: unknown axis (known: {_known(AXES)})")
+            continue
+        values = value if isinstance(value, list) and allow_lists and not need_all else [value]
+        for v in values:
+            bad = _bad_axis_value(m, key, v)
+            if bad:
+                problems.append(f"{path}.{key}: {bad}")
+    if need_all:
+        # an include entry may leave an axis out only where that axis has a single value
+        for axis in AXES:
+            if axis not in rule and len(axis_values(m, axis)) != 1:
+                problems.append(f"{path}: missing axis '{axis}' (the axis has several values, so the cell is ambiguous)")
+    return problems
+
+
+def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
+    if axis == "framework" and v not in ADAPTERS:
+        return f"unknown framework '{v}' (known: {_known(ADAPTERS)})"
+    if axis == "model" and v not in m.models:
+        return f"unknown model '{v}' (defined in models: {_known(m.models)})"
+    if axis == "quantization" and (not isinstance(v, str) or normalize_quantization(v) not in QUANTIZATIONS):
+        return f"unknown quantization '{v}' (known: {_known(QUANTIZATIONS)})"
+    if axis in ("batch_size", "input_len", "output_len") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        return f"expected a positive integer, got {v!r}"
+    if axis == "mode" and v not in MODES:
+        return f"unknown mode {v!r} (known: {_known(MODES)})"
+    if axis == "request_rate" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+        return f"expected a positive number of requests/s (.inf: a closed loop), got {v!r}"
+    if axis == "workload" and (not m.workloads or v not in m.workloads):
+        return f"unknown workload {v!r} (defined in workloads: {_known(m.workloads or ()) or 'none'})"
+    if axis == "flags":
+        defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
+        if v not in defined:
+            return f"unknown flag set '{v}' (defined: {_known(sorted(defined))})"
+    return None
+
+
+def parse_matrix(data: Any, source: str = "matrix") -> Matrix:
+    if not isinstance(data, dict):
+        raise MatrixError(["(top level): expected a mapping with at least 'models' and 'axes'"], source)
+    try:
+        matrix = Matrix.model_validate(data)
+    except ValidationError as err:
+        raise MatrixError(pydantic_problems(err), source) from None
+    problems = _check_semantics(matrix)
+    if problems:
+        raise MatrixError(problems, source)
+    return matrix
+
+
+def load_matrix(path: str | Path) -> tuple[Matrix, str]:
+    """Read and validate a matrix file; returns the model and the text as given (for the manifest)."""
+    path = Path(path)
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise MatrixError([f"(yaml): {err}"], str(path)) from None
+    return parse_matrix(data, str(path)), text
+
+
+def json_schema() -> dict:
+    return Matrix.model_json_schema()

@@ -1,0 +1,126 @@
+"""The sampling layer as both report formats show it (orchestrator/judge/sampling_verdicts.py): one row per cell
+with samples, its columns defined once here (key, header, sort value, text, css class) for the HTML panel
+(report_html.py) and the report.md table (report_md.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from orchestrator.report.data import first_line, num
+from orchestrator.values import finite
+
+SAMPLING_VERDICT_ORDER = ("different", "same distribution", "identical", "n/a")
+SAMPLING_VERDICT_COLOR = {"identical": "#1a7f37", "same distribution": "#4caf50", "different": "#d73027",
+                          "n/a": "#8c8c8c"}
+
+
+@dataclass
+class SamplingLayer:
+    table: pd.DataFrame          # analyse_sampling: one row per ok cell with samples
+    error: str | None = None     # why the sampling analysis could not run
+    alpha: float = 0.01
+    shift: float = 0.05
+
+
+def load_sampling(root: str | Path, manifest: dict) -> SamplingLayer | None:
+    """The layer, or why not (a failure leaves the rest of the report standing); None for a run whose
+    matrix drew no samples (the report then has no sampling section)."""
+    from orchestrator.judge.sampling_verdicts import analyse_sampling
+
+    if not ((manifest.get("matrix") or {}).get("measure") or {}).get("sampling"):
+        return None
+    tol = (manifest.get("matrix") or {}).get("tolerances") or {}
+    alpha, shift = tol.get("sampling_alpha", 0.01), tol.get("sampling_shift", 0.05)
+    try:
+        return SamplingLayer(analyse_sampling(root), None, alpha, shift)
+    except Exception as e:  # noqa: BLE001 - reported on the page, not raised
+        return SamplingLayer(pd.DataFrame(), f"{type(e).__name__}: {first_line(str(e), 400)}", alpha, shift)
+
+
+def no_sampling_text(manifest: dict) -> str:
+    if not ((manifest.get("matrix") or {}).get("measure") or {}).get("sampling"):
+        return "This run drew no seeded samples: set measure.sampling in the matrix for the sampling layer."
+    return "No cell stored samples (every cell not ok, or its engine could not sample: see each cell's reason)."
+
+
+def _seed(r: dict) -> str:
+    v = r.get("seed_verdict")
+    if v in (None, "n/a") or not finite(r.get("seed_identical")):
+        return "not promised" if v == "n/a" else ""
+    div = f", first divergence at token {r['seed_first_div_mean']:.1f}" if finite(r.get("seed_first_div_mean")) else ""
+    return f"{r['seed_identical']:.0%} identical{div}"
+
+
+def _two(r: dict) -> str:
+    if not finite(r.get("dist_p")):
+        return ""
+    return (f"p={r['dist_p']:.3g}, shift {r['dist_shift']:+.4f}, n {int(r['dist_n_cell'])} vs {int(r['dist_n_base'])} "
+            f"({int(r['dist_seeds_cell'])} vs {int(r['dist_seeds_base'])} seeds)")
+
+
+def _first(r: dict) -> str:
+    if not finite(r.get("first_p")):
+        return f"n/a: {first_line(r.get('first_reason'), 160)}" if isinstance(r.get("first_reason"), str) else ""
+    out = f" ({int(r['first_outside'])} outside)" if r.get("first_outside") else ""
+    return f"p={r['first_p']:.3g}, n {int(r['first_n'])} draws, {int(r['first_prompts'])} prompts{out}"
+
+
+def _need(r: dict) -> str:
+    out = num(r.get("seeds_needed"), ".0f")
+    if r.get("dist_verdict") == "same distribution" and finite(r.get("seeds_for_shift")):
+        out += f" (this shift: ~{int(r['seeds_for_shift'])})"
+    return out
+
+
+def columns() -> list[tuple[str, str, Callable[[dict], Any], Callable[[dict], str], str]]:
+    rank = {v: i for i, v in enumerate(SAMPLING_VERDICT_ORDER)}
+    return [
+        ("config", "engine config", lambda r: r["config"], lambda r: r["config"], ""),
+        ("batch", "batch", lambda r: r["batch_size"], lambda r: str(r["batch_size"]), "n"),
+        ("samples", "samples", lambda r: r.get("samples_n"), lambda r: num(r.get("samples_n"), ".0f"), "n"),
+        ("repeatable", "repeatable", lambda r: r.get("repeatable"),
+         lambda r: f"{r['repeatable']:.0%}" if finite(r.get("repeatable")) else "", "n"),
+        ("seed", "seed by seed", lambda r: r.get("seed_identical"), _seed, ""),
+        ("two", "two-sample test", lambda r: r.get("dist_p"), _two, ""),
+        ("first", "first-token test", lambda r: r.get("first_p"), _first, ""),
+        ("verdict", "verdict", lambda r: rank.get(r.get("sampling_verdict"), 9), lambda r: r.get("sampling_verdict") or "n/a",
+         "verdict"),
+        ("need", "seeds to detect", lambda r: r.get("seeds_needed"), _need, "n"),
+    ]
+
+
+def explanation(layer: SamplingLayer) -> str:
+    return (f"Each cell's seeded samples against its baseline's. Repeatable: the share of (prompt, seed) samples "
+            f"identical between the cell's two passes. Seed by seed (where both sides promise it: the same engine): "
+            f"the share identical to the baseline's sample of the same seed, and where the others first differ. "
+            f"Two tests of the distribution: the two-sample test (a permutation of seeds on each sample's mean raw "
+            f"logprob, centred per prompt: n samples, the shift in nats/token) and the first-token test (each "
+            f"prompt's first sampled token against the baseline's next-token logprobs after the cell's sampler: "
+            f"G-tests with simulated nulls, Bonferroni over prompts); the verdict is different where either p is "
+            f"below {layer.alpha:g} / (tests run) (sampling_alpha, Bonferroni over the tests), else same distribution "
+            f"(identical where every seed matched). Seeds to detect: seeds each side for the two-sample test to find "
+            f"a shift of {layer.shift:g} nats/token (sampling_shift) with 80% power, and where no difference was "
+            f"detected, ~how many would find a shift of the size observed.")
+
+
+def rows(layer: SamplingLayer, cells: pd.DataFrame) -> list[dict]:
+    """The layer's rows with each cell's config label (from the report's cells frame), worst first."""
+    t = layer.table
+    if t is None or t.empty:
+        return []
+    labels = cells.set_index("cell_id").get("config") if "config" in cells else None
+    out = []
+    for r in t.to_dict("records"):
+        r["config"] = (labels.get(r["cell_id"]) if labels is not None else None) or \
+            f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}"
+        out.append(r)
+    rank = {v: i for i, v in enumerate(SAMPLING_VERDICT_ORDER)}
+    return sorted(out, key=lambda r: (rank.get(r.get("sampling_verdict"), 9), r["config"], r["batch_size"]))
+
+
+def why(r: dict) -> str:
+    return first_line(r.get("sampling_reason"), 600)

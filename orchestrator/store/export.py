@@ -1,0 +1,74 @@
+"""`bench export`: a run's cells and logprobs tables as CSV or JSONL."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from orchestrator.store.run_store import RunStore
+from orchestrator.store.runs import is_run
+from orchestrator.store.schema import LOGPROBS_SCHEMA
+
+
+def _plain(v: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, lists recursively."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _write_rows(batches, names: list[str], path: Path, fmt: str) -> int:
+    import csv
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    n = 0
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.writer(f) if fmt == "csv" else None
+            if writer:
+                writer.writerow(names)
+            for batch in batches:
+                for row in batch.to_pylist():
+                    values = [_plain(row.get(k)) for k in names]
+                    if writer:
+                        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, list) else v
+                                         for v in values])
+                    else:
+                        f.write(json.dumps(dict(zip(names, values)), allow_nan=False) + "\n")
+                    n += 1
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return n
+
+
+def export_run(run_dir: str | Path, fmt: str = "csv", out_dir: str | Path | None = None,
+               logprobs: bool = True) -> dict[Path, int]:
+    """cells.<fmt> (and logprobs.<fmt>) in out_dir (default RUN/export); {path: rows written}.
+
+    CSV: one header row, list columns as JSON arrays, missing values empty. JSONL: one JSON object
+    per line, missing values and NaN as null.
+    """
+    if fmt not in ("csv", "jsonl"):
+        raise ValueError(f"format must be csv or jsonl, got {fmt!r}")
+    store = RunStore(run_dir)
+    if not is_run(store.root):
+        raise FileNotFoundError(f"{store.root} is not a run directory (no cells/ and no manifest.json)")
+    out = Path(out_dir) if out_dir else store.root / "export"
+    # arrow, not pandas: integer columns with a null stay integers; each cell once (its newest copy)
+    cells = store.read_cells_table()
+    written = {out / f"cells.{fmt}": _write_rows(cells.to_batches(), cells.schema.names, out / f"cells.{fmt}", fmt)}
+    if logprobs:
+        path = out / f"logprobs.{fmt}"
+        batches = store.logprob_batches(batch_size=65536)
+        written[path] = _write_rows(batches, LOGPROBS_SCHEMA.names, path, fmt)
+    return written
