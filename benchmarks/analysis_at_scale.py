@@ -9,7 +9,7 @@
 1. A synthetic run is written the way `bench run` writes one: the cells come from a real matrix
    (`orchestrator.matrix.cells.expand`: real cell ids and engine keys), 5 frameworks x 27 models x 4
    quantizations x 4 flag sets x 8 batch sizes x 6 lengths, sampled down to --cells with every
-   baseline cell kept; each row starts as `launcher.base_row` and every cell is stored with
+   baseline cell kept; each row starts as `orchestrator.execution.rows.cell_row` and every cell is stored with
    `RunStore.write_cell` (one record per cell appended to the run's journal, as `bench run` stores
    it; a checkout before the journal wrote a cells and a logprobs file per cell), and the
    manifest with `manifest.write`. hf and llama.cpp do not run fp8 (`unsupported` rows) and 1.5%
@@ -54,7 +54,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.execution.spec import GroupJob, base_row  # noqa: E402
+from orchestrator.execution.rows import cell_row  # noqa: E402
+from orchestrator.execution.spec import GroupJob  # noqa: E402
 from orchestrator.matrix.cells import expand, group  # noqa: E402
 from orchestrator.matrix.validate import parse_matrix  # noqa: E402
 from orchestrator.store import manifest  # noqa: E402
@@ -158,7 +159,7 @@ def cell_logprobs(run_id: str, cell, truth: dict, scoring_len: int, shift: float
 
 
 def measured(cell, status: str, rng, started: str) -> dict:
-    """What the launcher adds to base_row for a finished cell (the columns CELLS_SCHEMA has)."""
+    """What the launcher adds to cell_row's configuration columns for a finished cell (the columns CELLS_SCHEMA has)."""
     size = 1 + int(cell.model[1:]) % 6 * 12
     facts = {"node_id": f"{rng.integers(1 << 48):012x}", "attempt": 1, "started_at": started,
              "versions": json.dumps({cell.framework: "1.0.0", "torch": "2.13.0"}), "notes": "[]",
@@ -203,7 +204,7 @@ def _write_slice(part: int, parts: int) -> int:
     for i in range(part, len(p["cells"]), parts):
         cell, status = p["cells"][i], p["statuses"][i]
         rng = np.random.default_rng([p["seed"], i])   # per cell: the same values whatever --jobs is
-        row = base_row(p["jobs"][cell.engine_key], cell) | measured(cell, status, rng, p["started"])
+        row = cell_row(p["jobs"][cell.engine_key], cell, status) | measured(cell, status, rng, p["started"])
         row = {k: v for k, v in row.items() if k in allowed}
         lp = None
         if status == "ok":

@@ -74,6 +74,7 @@ from orchestrator.execution.dispatch import Dispatcher, Progress, Work  # noqa: 
 from orchestrator.execution.estimate import GroupFacts, History, estimate_groups  # noqa: E402
 from orchestrator.matrix import placement  # noqa: E402
 from orchestrator.matrix.models import Run  # noqa: E402
+from orchestrator.store.schema import json_object  # noqa: E402
 
 GB = 1e9
 
@@ -268,13 +269,13 @@ def measured_workload(run_dir: str | Path, n_cells: int, cluster: list[NodeType]
     if df.empty:
         raise SystemExit(f"{run_dir}: no ok cells with a duration_s to draw from")
     sources = {}
-    manifest = store.read_manifest()
-    for name, entry in (manifest.get("matrix", {}).get("models") or {}).items():
+    stored = store.read_manifest().to_json()["matrix"]
+    for name, entry in (stored.get("models") or {}).items():
         sources[name] = entry if isinstance(entry, str) else entry.get("source", name)
     measured = []
     for _, cells in df.groupby("engine_key"):
         first = cells.iloc[0]
-        options = json.loads(first["flags_json"] or "{}")
+        options = json_object(first["flags_json"])
         measured.append((first["framework"], first["model"], placement.engine_gpus(options),
                          float(first["load_s"]) if first["load_s"] == first["load_s"] else 0.0,
                          [float(d) for d in cells["duration_s"]], first.get("quantization")))

@@ -214,7 +214,7 @@ def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
     store = RunStore(run)
     everything = store.read_cells()
     cells = everything[~searches.is_probe(everything)]    # the probes get a table of their own
-    name = (store.read_manifest().get("matrix") or {}).get("name")
+    name = store.read_manifest().name
     counts = ", ".join(f"{n} {s}" for s, n in cells.status.value_counts().items())
     print_table(summary_table(cells, title=f"{store.root}" + (f" (matrix {name})" if name else "")
                             + f": {len(cells)} cells" + (f", {counts}" if counts else "")))
@@ -251,7 +251,7 @@ def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
         _fail(str(e))
     if df.empty:
         _fail(f"no cells stored in {run}")
-    out.print(plan_table(df, qps, input_len, output_len, RunStore(run).read_manifest().get("host"), gpu_hour_cost))
+    out.print(plan_table(df, qps, input_len, output_len, RunStore(run).read_manifest().host or None, gpu_hour_cost))
 
 
 @app.command("export")

@@ -4,7 +4,6 @@ import which: tests/test_layout.py."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -139,7 +138,7 @@ def test_served_errors_queue_and_goodput():
     run = TimedRun(start=0.0, end=1.0, requests=[*ok.requests, bad], not_sent=1)
     m = summarize([run], slo_ttft_ms=250.0)
     assert (m.requests, m.requests_sent, m.requests_planned, m.errors) == (1, 2, 3, 1)
-    assert json.loads(m.errors_by_kind) == {"http": 1} and m.queue_ms_p50 == pytest.approx(100.0)
+    assert m.errors_by_kind == {"http": 1} and m.queue_ms_p50 == pytest.approx(100.0)
     assert m.goodput == 0.0                       # its TTFT of 300 ms misses the 250 ms SLO
     assert summarize([run], slo_ttft_ms=400.0).goodput == pytest.approx(1 / 3)
 

@@ -37,7 +37,8 @@ RULES: dict[str, set[str]] = {
     f"{A}.worker": {A, f"{A}.base", f"{A}.contract", f"{A}.meters", f"{A}.serving", f"{A}.engines"},
 }
 # what the contract may import from outside the project: every engine environment has these
-CONTRACT_DEPS = {"numpy", "pydantic", "tokenizers", "transformers"}   # the last two inside the tokenizer's load
+# (inside functions: tokenizers and transformers where a tokenizer loads, pynvml where the host has GPUs)
+CONTRACT_DEPS = {"numpy", "pydantic", "tokenizers", "transformers", "pynvml"}
 MAX_MODULES_PER_FOLDER = 15
 MAX_MODULE_LINES = 600
 

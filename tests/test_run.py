@@ -91,9 +91,9 @@ def test_fixed_schemas_and_readers(small_run):
 def test_manifest_records_what_ran_and_where_without_paths(small_run):
     store, path = small_run
     manifest = store.read_manifest()
-    assert manifest["matrix_text"] == path.read_text()
-    assert len(manifest["cells"]) == 4
-    assert manifest["host"]["cpu_count"] >= 1 and "ray" in manifest["driver_versions"]
+    assert manifest.matrix_text == path.read_text() and manifest.matrix.name == "small"   # a real Matrix
+    assert len(manifest.cells) == 4
+    assert manifest.host["cpu_count"] >= 1 and "ray" in manifest.driver_versions
     text = (store.root / "manifest.json").read_text()
     for f in (store.root / "cells").rglob("*.parquet"):
         text += pd.read_parquet(f).to_json()

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, TypeAdapter
 
+from adapters.contract.host import HostFacts
 from adapters.contract.specs import ContractModel
 
 
@@ -39,7 +40,7 @@ class Loaded(_Event):
     mem_source: str
     facts: LoadFacts
     model_fingerprint: str | None = None   # adapters.meters.provenance: the model files' content hash
-    host: dict[str, Any] = Field(default_factory=dict)   # the node's CPU, GPUs, NVIDIA driver
+    host: HostFacts | None = None  # the node's CPU, memory, GPUs, NVIDIA driver
     missing: dict[str, str] = Field(default_factory=dict)   # load-level figure -> why it is null
 
 

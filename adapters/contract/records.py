@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Iterable, Literal, Sequence, Union
+from typing import Annotated, Any, Iterable, Literal, Sequence, Union
 
 import numpy as np
 from pydantic import Field, TypeAdapter
 
 from adapters.contract.specs import ContractModel
-from adapters.contract.timing import CellMetrics
+from adapters.contract.timing import CellMetrics, Int32
 
 # The samples a cell stores (<cell_id>.samples.npz): one row per (repeat, prompt, seed), its ids and
 # each sampled token's raw logprob (log-softmax of the raw logits: before temperature and filters).
@@ -155,7 +155,7 @@ class CellRecord(CellMetrics):
     facts and stores the row. Every field here is a column of the cells table."""
 
     peak_mem_bytes: int | None
-    repeats: int                              # timed batches or runs made (measure.repeats, or as many as auto took)
+    repeats: Int32                            # timed batches or runs made (measure.repeats, or as many as auto took)
     repeats_halfwidth: float | None = None    # relative half-width of the throughput's 95% interval
     spec_draft_tokens: int | None = None      # speculative decoding over the timed batches: tokens drafted,
     spec_accepted_tokens: int | None = None   # accepted, and accepted / drafted (None: no speculation)
@@ -167,7 +167,7 @@ class CellRecord(CellMetrics):
     preemptions: int | None = None            # requests preempted (KV cache full)
     kv_cache_usage_max: float | None = None   # served: the largest KV-cache share used (0-1) in the gauge samples
     requests_waiting_max: int | None = None   # served: the longest server queue in the gauge samples
-    gauge_samples: int | None = None          # served: gauge samples taken during the timed runs
+    gauge_samples: Int32 | None = None        # served: gauge samples taken during the timed runs
     # energy of the timed runs from the hardware's counters (adapters/meters/energy.py)
     energy_j: float | None = None
     energy_j_per_token: float | None = None   # energy_j / output tokens
@@ -175,17 +175,17 @@ class CellRecord(CellMetrics):
     duration_s: float | None = None
     notes: list[str] = Field(default_factory=list)
     # serve.search (adapters/serving/slo_search.py). A probe's row: its number, whether it met every SLO, what it
-    # missed and each SLO's check as JSON. The search's own row: the highest load that met them, the
-    # first load above it that missed (and what it missed), the probes made, the SLOs as JSON.
+    # missed and each SLO's check. The search's own row: the highest load that met them, the first load
+    # above it that missed (and what it missed), the probes made, the search's config (SLOs, bounds, judge).
     search_variable: str | None = None       # rate | concurrency
-    search_probe: int | None = None
+    search_probe: Int32 | None = None
     search_meets: bool | None = None
-    search_checks: str | None = None
+    search_checks: dict[str, dict[str, Any]] | None = None   # per SLO: value, interval lo/hi, slo, n, met
     search_missed: str | None = None
     search_max: float | None = None
     search_fail: float | None = None
-    search_probes: int | None = None
-    search_slos: str | None = None
+    search_probes: Int32 | None = None
+    search_slos: dict[str, Any] | None = None
 
 
 class Probe(ContractModel):

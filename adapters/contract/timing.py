@@ -6,9 +6,8 @@ Where each figure is taken, per adapter and mode, is written in results/README.m
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import numpy as np
 from pydantic import Field
@@ -84,14 +83,19 @@ ENGINE_TTFT_MARGIN_MS = 1.0
 ENGINE_TTFT_MARGIN_REL = 0.10
 
 
+# A whole number the cells table stores in 32 bits (counts of requests and runs); any other int is 64-bit.
+# The store derives each column's type from these annotations (orchestrator/store/schema.py).
+Int32 = Annotated[int, "int32"]
+
+
 class CellMetrics(ContractModel):
     """Every speed figure of one cell, from `summarize`. A null figure has its reason in `missing`."""
 
-    requests: int                             # ok timed requests
-    requests_planned: int
-    requests_sent: int
-    errors: int
-    errors_by_kind: str                       # JSON kind -> count
+    requests: Int32                             # ok timed requests
+    requests_planned: Int32
+    requests_sent: Int32
+    errors: Int32
+    errors_by_kind: dict[str, int]            # error kind -> count
     output_tokens: int
     prompt_tokens: int | None
     output_tok_s: float | None                # mean over runs of (output tokens / run wall time)
@@ -234,7 +238,7 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
         agrees = abs(ours - theirs) <= max(ENGINE_TTFT_MARGIN_MS, ENGINE_TTFT_MARGIN_REL * ours)
     out = CellMetrics(
         requests=ok_n, requests_planned=planned, requests_sent=sent, errors=sum(errors.values()),
-        errors_by_kind=json.dumps(errors, sort_keys=True), output_tokens=out_total, prompt_tokens=prompt_total,
+        errors_by_kind=dict(sorted(errors.items())), output_tokens=out_total, prompt_tokens=prompt_total,
         output_tok_s=float(np.mean(tok_s)) if tok_s else None,
         total_tok_s=float(np.mean(total_s)) if total_s else None,
         req_s=float(np.mean(req_s)) if req_s else None, output_tok_s_runs=[float(x) for x in tok_s],

@@ -1,5 +1,5 @@
-"""What a cell ran on, beyond its config: the model's content fingerprint and the host's hardware and
-drivers. Taken in the worker (the files and the GPU are on its node), stored with every cell, so that
+"""What a cell ran on, beyond its config: the model's content fingerprint (the host's hardware and
+drivers: adapters/contract/host.py). Taken in the worker (the files are on its node), stored with every cell, so that
 two runs can say what changed between them (`bench compare NEW --against OLD`).
 
 The fingerprint is a BLAKE2b over the weights, config and tokenizer files of a local model (their
@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 
 # what decides a model's outputs: weights, configs, tokenizer (not READMEs, not images)
@@ -84,32 +83,3 @@ def _save(path: Path, cache: dict) -> None:
         tmp = path.with_suffix(f".tmp-{os.getpid()}")
         tmp.write_text(json.dumps(merged))
         os.replace(tmp, path)
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def host_facts() -> dict:
-    """The node's CPU, and where NVML answers, its GPUs and the NVIDIA driver (the engine's CUDA
-    version is in the cell's versions)."""
-    facts: dict = {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "os": platform.platform(terse=True)}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        facts["nvidia_driver"] = str(pynvml.nvmlSystemGetDriverVersion())
-        facts["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion()
-        facts["gpus"] = [str(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)))
-                         for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception as err:   # no NVML (a CPU host, or the library missing): said, not guessed
-        facts["gpus"] = None
-        facts["nvml"] = f"unavailable: {type(err).__name__}"
-    return facts

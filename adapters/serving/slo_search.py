@@ -26,7 +26,6 @@ every probe so a crash keeps the probes before it); the search's own row summari
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,11 +88,11 @@ def missed_text(found: dict[str, dict], judge: str) -> str | None:
     return "; ".join(parts) or None
 
 
-def _json(found: dict[str, dict]) -> str:
+def _stored_checks(found: dict[str, dict]) -> dict[str, dict]:
+    """The checks as a row stores them: a figure that is not a finite number is null."""
     def num(v):
         return None if v is None or not math.isfinite(v) else v
-    return json.dumps({k: {**c, "value": num(c["value"]), "lo": num(c["lo"]), "hi": num(c["hi"])}
-                       for k, c in found.items()}, sort_keys=True)
+    return {k: {**c, "value": num(c["value"]), "lo": num(c["lo"]), "hi": num(c["hi"])} for k, c in sorted(found.items())}
 
 
 @dataclass
@@ -138,7 +137,7 @@ def search(s: SearchSpec, probe: Callable[[float], tuple[CellRecord, float | Non
         found = checks(record, s)
         record.search_variable, record.search_probe = s.variable, len(probes)
         record.search_meets = all(c["met"] for c in found.values())
-        record.search_checks, record.search_missed = _json(found), missed_text(found, s.judge)
+        record.search_checks, record.search_missed = _stored_checks(found), missed_text(found, s.judge)
         probes.append(Probe(rate=rate, concurrency=conc, record=record))
         probes_file.write_bytes(PROBES.dump_json(probes))   # a crash keeps the probes made so far
         if record.search_meets:
@@ -163,7 +162,7 @@ def summary_record(s: SearchSpec, outcome: Outcome, probes: list[Probe]) -> Cell
         rec.notes = rec.notes + [f"figures of probe {best.record.search_probe}, the highest load that met the SLOs"]
     else:
         why = "no probe met the SLOs" if probes else "no probe was made"
-        rec = CellRecord(requests=0, requests_planned=0, requests_sent=0, errors=0, errors_by_kind="{}",
+        rec = CellRecord(requests=0, requests_planned=0, requests_sent=0, errors=0, errors_by_kind={},
                          output_tokens=0, prompt_tokens=None, output_tok_s=None, total_tok_s=None, req_s=None,
                          output_tok_s_runs=[], goodput=None, goodput_req_s=None, ttft_ms=[], tpot_ms=[], e2e_ms=[],
                          chunk_tokens_mean=None, itl_samples=0, engine_ttft_ms=None, engine_ttft_ms_p50=None,
@@ -173,7 +172,7 @@ def summary_record(s: SearchSpec, outcome: Outcome, probes: list[Probe]) -> Cell
     rec.search_variable, rec.search_probe, rec.search_meets, rec.search_checks = s.variable, None, None, None
     rec.search_max, rec.search_fail, rec.search_missed = outcome.max_met, outcome.first_miss, outcome.missed
     rec.search_probes = len(probes)
-    rec.search_slos = json.dumps(s.model_dump(), sort_keys=True)
+    rec.search_slos = s.model_dump()
     rec.notes = rec.notes + outcome.notes
     if outcome.max_met is None:
         rec.missing["search_max"] = f"the lowest load probed ({s.low:g}) missed: {outcome.missed}"

@@ -26,13 +26,14 @@ import numpy as np
 from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
 from adapters.contract.events import End, GroupUnsupported, Loaded, Started
+from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
 from adapters.contract.specs import CellSpec, GroupSpec, SamplingSpec, ScoringSpec, TaskSpec, engine_seed
 from adapters.contract.timing import summarize
 from adapters.meters import telemetry
 from adapters.meters.energy import EnergyMeter
 from adapters.meters.memory import MemoryTracker
-from adapters.meters.provenance import host_facts, model_fingerprint
+from adapters.meters.provenance import model_fingerprint
 from adapters.worker.cell_loop import (
     NO_SPECULATION,
     Events,

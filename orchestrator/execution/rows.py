@@ -6,7 +6,6 @@ of an SLO search's probes, and engine output scrubbed of machine paths.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import sys
@@ -20,10 +19,11 @@ import pyarrow as pa
 from adapters.contract.events import Loaded
 from adapters.contract.records import LOGPROB_COLUMNS, LOGPROB_KINDS, PROBES, TASK_OUTPUTS, CellRecord, TaskError
 from orchestrator.execution.prompts import Tokenizer
-from orchestrator.execution.spec import PROJECT_ROOT, GroupJob, base_row
+from orchestrator.execution.spec import PROJECT_ROOT, GroupJob, load_kind
 from orchestrator.inputs.task_metrics import task_rows
 from orchestrator.matrix.cells import Cell
-from orchestrator.store.schema import LOGPROBS_SCHEMA, SAMPLES_SCHEMA, TASKS_SCHEMA
+from orchestrator.matrix.models import stable_dump
+from orchestrator.store.schema import CELLS_SCHEMA, LOGPROBS_SCHEMA, SAMPLES_SCHEMA, TASKS_SCHEMA
 
 
 class CellResult(NamedTuple):
@@ -148,10 +148,10 @@ def probe_rows(job: GroupJob, cell: Cell, path: Path, loaded: Loaded | None, att
         closed = p.rate is None
         rec = p.record
         rec.missing["logprobs"] = "a search probe: the outputs are captured once, on the search's own row"
-        rows.append(CellResult(base_row(job, cell) | measured(loaded, rec) | {
-            "cell_id": probe_id(cell.cell_id, rec.search_probe), "status": "ok", "reason": None, "attempt": attempt,
-            "batch_size": p.concurrency, "request_rate": math.inf if closed else p.rate,
-            "load": "closed" if closed else job.matrix.serve.arrival}))
+        rows.append(CellResult(cell_row(
+            job, cell, "ok", attempt=attempt, loaded=loaded, record=rec, cell_id=probe_id(cell.cell_id, rec.search_probe),
+            batch_size=p.concurrency, request_rate=math.inf if closed else p.rate,
+            load="closed" if closed else job.matrix.serve.arrival)))
     return rows
 
 
@@ -159,21 +159,57 @@ def with_traceback(ev) -> str:
     return ev.reason + (f"\n{ev.traceback}" if getattr(ev, "traceback", None) else "")
 
 
-def load_facts(loaded: Loaded | None) -> dict:
-    if loaded is None:
-        return {}
-    f = loaded.facts
-    return {"load_s": loaded.load_s, "load_peak_mem_bytes": loaded.load_peak_mem_bytes,
-            "mem_source": loaded.mem_source, "versions": json.dumps(f.versions, sort_keys=True),
-            "engine_args": scrub_paths(json.dumps(f.engine_args, sort_keys=True, default=str)),
-            "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode, "notes": json.dumps(f.notes),
-            "model_fingerprint": loaded.model_fingerprint, "host": json.dumps(loaded.host, sort_keys=True),
-            "missing": json.dumps(loaded.missing, sort_keys=True)}
+def cell_row(job: GroupJob, cell: Cell, status: str, reason: str | None = None, *, attempt: int | None = None,
+             loaded: Loaded | None = None, record: CellRecord | None = None, **columns: Any) -> dict[str, Any]:
+    """The one builder of a cell's row (the columns of orchestrator/store/schema.py's cells table): the
+    cell's configuration, its status and why, the facts its engine reported after load, what the worker
+    measured, and `columns` over those (a probe's own load point). Values stay Python values (dicts and
+    lists in the JSON columns: the store encodes them); a name that is no column is an error here,
+    where the row is made."""
+    m = job.matrix
+    row: dict[str, Any] = {
+        "run_id": job.run_id, "cell_id": cell.cell_id, "engine_key": cell.engine_key,
+        "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
+        "flags": cell.flags, "flags_json": cell.options,
+        "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
+        "workload": cell.workload, "workload_json": stable_dump(m.workload_of(cell.workload)),
+        "device": job.device,
+        "warmup": m.measure.warmup, "group_tries": job.tries,
+        "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
+        "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
+        "endpoint": m.model_entry(cell.model).endpoint if cell.mode == "serve" else None,
+        "search_id": cell.cell_id if cell.search else None,
+        "status": status, "reason": scrub_paths(reason), "attempt": attempt,
+    }
+    notes: list[str] = []
+    missing: dict[str, str] = {}
+    if loaded is not None:
+        f = loaded.facts
+        row |= {"load_s": loaded.load_s, "load_peak_mem_bytes": loaded.load_peak_mem_bytes,
+                "mem_source": loaded.mem_source, "versions": f.versions, "engine_args": _scrubbed(f.engine_args),
+                "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode,
+                "model_fingerprint": loaded.model_fingerprint,
+                "host": loaded.host.model_dump(mode="json") if loaded.host is not None else None}
+        notes, missing = list(f.notes), dict(loaded.missing)
+    if record is not None:
+        row |= record.model_dump(exclude={"notes", "missing"})
+        notes, missing = notes + record.notes, missing | record.missing
+    if loaded is not None or record is not None:
+        row |= {"notes": notes, "missing": missing}
+    row |= columns
+    unknown = set(row) - set(CELLS_SCHEMA.names)
+    if unknown:
+        raise KeyError(f"not in the cells schema: {sorted(unknown)}")
+    return row
 
 
-def measured(loaded: Loaded | None, record: CellRecord) -> dict:
-    facts = load_facts(loaded)
-    values = record.model_dump(exclude={"notes", "missing"})
-    notes = (loaded.facts.notes if loaded else []) + record.notes
-    missing = (loaded.missing if loaded else {}) | record.missing
-    return facts | values | {"notes": json.dumps(notes), "missing": json.dumps(missing, sort_keys=True)}
+def _scrubbed(value: Any) -> Any:
+    """`value` with this machine's paths out of every key and text (a value JSON cannot hold as it is,
+    a Path say, as its text)."""
+    if isinstance(value, dict):
+        return {scrub_paths(str(k)): _scrubbed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    return scrub_paths(str(value))

@@ -22,8 +22,8 @@ from orchestrator.execution import model_size, reaper
 from orchestrator.execution.dispatch import Dispatcher, Work
 from orchestrator.execution.estimate import GroupFacts, History, estimate_groups
 from orchestrator.execution.ledger import Stealing
-from orchestrator.execution.rows import CellResult
-from orchestrator.execution.spec import GroupJob, base_row
+from orchestrator.execution.rows import CellResult, cell_row
+from orchestrator.execution.spec import GroupJob
 from orchestrator.execution.supervisor import run_group
 from orchestrator.matrix import placement
 
@@ -85,7 +85,7 @@ def _gpu_group_task(job: GroupJob) -> Rows:
 
 
 def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
-    return [CellResult(base_row(job, c) | {"status": status, "reason": reason}) for c in job.group.cells]
+    return [CellResult(cell_row(job, c, status, reason)) for c in job.group.cells]
 
 
 def facts(job: GroupJob) -> GroupFacts:

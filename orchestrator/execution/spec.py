@@ -5,7 +5,6 @@ starts from, and why a group cannot start in its environment at all.
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prom
 from orchestrator.inputs import task_sets
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.matrix.cells import Cell, EngineGroup
-from orchestrator.matrix.models import Matrix, stable_dump
+from orchestrator.matrix.models import Matrix
 
 # the checkout the engine child imports `adapters` from (its PYTHONPATH), and what rows never show
 PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
@@ -55,23 +54,6 @@ def load_kind(m: Matrix, cell: Cell) -> str:
     if cell.search:
         return f"search {m.serve.search.variable}"
     return "closed" if math.isinf(cell.request_rate) else m.serve.arrival
-
-
-def base_row(job: GroupJob, cell: Cell) -> dict:
-    m = job.matrix
-    return {
-        "run_id": job.run_id, "cell_id": cell.cell_id, "engine_key": cell.engine_key,
-        "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
-        "flags": cell.flags, "flags_json": json.dumps(cell.options, sort_keys=True),
-        "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
-        "workload": cell.workload, "workload_json": json.dumps(stable_dump(m.workload_of(cell.workload)), sort_keys=True),
-        "device": job.device,
-        "warmup": m.measure.warmup, "group_tries": job.tries,
-        "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
-        "mode": cell.mode, "request_rate": cell.request_rate, "load": load_kind(m, cell),
-        "endpoint": m.model_entry(cell.model).endpoint if cell.mode == "serve" else None,
-        "search_id": cell.cell_id if cell.search else None,
-    }
 
 
 def _resolve_source(source: str, cache_dir: str) -> str:

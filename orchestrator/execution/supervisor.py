@@ -32,19 +32,16 @@ from adapters.contract.records import CellRecord
 from orchestrator.execution.prompts import Tokenizer
 from orchestrator.execution.rows import (
     CellResult,
-    load_facts,
-    measured,
+    cell_row,
     probe_rows,
     read_logprob_rows,
     read_sample_rows,
     read_task_rows,
-    scrub_paths,
     with_traceback,
 )
 from orchestrator.execution.spec import (
     PROJECT_ROOT,
     GroupJob,
-    base_row,
     build_spec,
     tokenizer_source,
     unsupported_reason,
@@ -115,12 +112,14 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
     python = job.python or sys.executable
     attempt = 0
 
-    def finish(cell_id: str, status: str, reason: str | None = None, extra: dict | None = None, lp=None, tasks=None,
-               samples=None):
-        row = base_row(job, by_id[cell_id]) | {"status": status, "reason": scrub_paths(reason), "attempt": attempt}
+    def finish(cell_id: str, status: str, reason: str | None = None, *, facts: bool = False,
+               record: CellRecord | None = None, lp=None, tasks=None, samples=None):
+        """The cell's row: with the engine's load facts where it ran on this loaded engine (`facts`)."""
         if by_id[cell_id].search:   # whatever became of the search, the probes it made are rows
             probes.extend(probe_rows(job, by_id[cell_id], work / f"{cell_id}.probes.json", loaded, attempt))
-        results[cell_id] = CellResult(row | (extra or {}), lp, tasks, samples)
+        row = cell_row(job, by_id[cell_id], status, reason, attempt=attempt, loaded=loaded if facts else None,
+                       record=record)
+        results[cell_id] = CellResult(row, lp, tasks, samples)
 
     work, loaded = Path(tempfile.gettempdir()) / "bench-no-group", None   # before the first worker: no probes
     reason = unsupported_reason(job, python)
@@ -177,14 +176,14 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
                     channel.report("done", record.duration_s or 0.0)
                 task_table, not_run = read_task_rows(job.run_id, cid, work / f"{cid}.tasks.json", tasks, tok)
                 record.missing.update(not_run)
-                finish(cid, "ok", extra=measured(loaded, record), lp=read_logprob_rows(job.run_id, cid, work / f"{cid}.npz"),
+                finish(cid, "ok", facts=True, record=record, lp=read_logprob_rows(job.run_id, cid, work / f"{cid}.npz"),
                        tasks=task_table, samples=read_sample_rows(job.run_id, cid, work / f"{cid}.samples.npz"))
                 current = None
             elif isinstance(ev, (CellFailed, CellUnsupported)):
                 if channel:
                     channel.report("done", 0.0)
                 finish(ev.cell_id, "failed" if isinstance(ev, CellFailed) else "unsupported",
-                       with_traceback(ev), extra=load_facts(loaded))
+                       with_traceback(ev), facts=True)
                 current = None
             elif isinstance(ev, (GroupUnsupported, LoadFailed)):
                 for cid in ev.cells:
@@ -216,13 +215,13 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
             what = f"cell timeout {m.run.cell_timeout_s:g}s" if current else f"load timeout {m.run.load_timeout_s:g}s"
             victims = [current] if current else [c.cell_id for c in pending]
             for cid in victims:
-                finish(cid, "timeout", f"killed after the {what}; last output:\n{tail}", extra=load_facts(loaded))
+                finish(cid, "timeout", f"killed after the {what}; last output:\n{tail}", facts=True)
         elif pending:
             how = _describe_exit(proc.returncode)
             victims = [current] if current else [c.cell_id for c in pending]
             where = "while running this cell" if current else ("before any cell ran" if not loaded else "between cells")
             for cid in victims:
-                finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", extra=load_facts(loaded))
+                finish(cid, "crashed", f"engine process {how} {where}; last output:\n{tail}", facts=True)
         shutil.rmtree(work, ignore_errors=True)
         remaining = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
     return probes + [results[c.cell_id] for c in job.group.cells if c.cell_id not in gone]

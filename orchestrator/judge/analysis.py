@@ -26,18 +26,19 @@ from orchestrator.judge.baselines import CONFIG_AXES, noise_pairs, resolve_basel
 from orchestrator.judge.logits import NOISE_METRICS, journal_layouts, judge, pair_metrics, reference_rows
 from orchestrator.judge.speed import add_speed
 from orchestrator.matrix.models import AXES, Matrix, Tolerances
+from orchestrator.store.manifest import Manifest
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import CELLS_SCHEMA
 
 _DUCKDB_MEMORY = "3GB"       # the whole analysis must stay under 4 GiB
 
 
-def run_settings(root: Path, baseline: dict | None, tolerances: Tolerances | None) -> tuple[dict, Tolerances]:
-    matrix = RunStore(root).read_manifest().get("matrix") or {}
+def run_settings(manifest: Manifest, baseline: dict | None, tolerances: Tolerances | None) -> tuple[dict, Tolerances]:
+    """The baseline selector and the tolerances: the ones given, else the run's matrix's."""
     if baseline is None:
-        baseline = matrix.get("baseline") or Matrix.model_fields["baseline"].default_factory()
+        baseline = manifest.baseline or Matrix.model_fields["baseline"].default_factory()
     if tolerances is None:
-        tolerances = Tolerances.model_validate(matrix.get("tolerances") or {})
+        tolerances = manifest.tolerances
     unknown = sorted(set(baseline) - set(AXES))
     if unknown:
         raise ValueError(f"baseline: unknown axis {unknown} (known: {', '.join(AXES)})")
@@ -92,7 +93,8 @@ def cells_logprob_files(root: Path, cells: pd.DataFrame) -> dict[str, str]:
 def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Tolerances | None = None) -> pd.DataFrame:
     """One row per cell: axes, status, verdict, reason, quality metrics, noise floors and speed."""
     root = Path(run_dir)
-    baseline, tolerances = run_settings(root, baseline, tolerances)
+    manifest = RunStore(root).read_manifest()
+    baseline, tolerances = run_settings(manifest, baseline, tolerances)
     with duckdb_connection() as con:
         cells = read_run_cells(con, root)
         files = cells_logprob_files(root, cells)
@@ -109,7 +111,8 @@ def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Toler
         ], ignore_index=True).astype({"a_rep": "int16", "b_rep": "int16"})
         pairs["pair_id"] = np.arange(len(pairs), dtype=np.int64)
         located = {c: v for c, v in RunStore(root).layout().compacted_rows().items() if files.get(c) == str(v[0])}
-        pm = pair_metrics(con, pairs, files, tolerances.atol, reference_rows(root), located, journal_layouts(root))
+        pm = pair_metrics(con, pairs, files, tolerances.atol, reference_rows(manifest.measure), located,
+                          journal_layouts(root))
     pm["abs_ppl_rel"] = pm["ppl_rel"].abs()
 
     df = cells.merge(pm[pm.kind == "base"].drop(columns=["kind", "a_cell", "a_rep", "a_file", "b_cell", "b_rep", "b_file",

@@ -16,7 +16,6 @@ driver, the workload). A cell present in only one run is a row that says so.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from orchestrator.judge.logits import journal_layouts, judge, pair_metrics, refe
 from orchestrator.judge.speed import speed_call, speed_intervals
 from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import JSON_COLUMNS, json_value
 
 # (name, cells column, its per-repeat samples, larger is better)
 SPEED = (
@@ -68,11 +68,9 @@ def provenance_changes(old: dict, new: dict) -> list[str]:
             v = row.get(col)
             if isinstance(v, float) and v != v:   # pandas' null
                 v = None
-            if isinstance(v, str) and v[:1] in "{[":
-                try:
-                    v = json.loads(v)
-                except ValueError:
-                    pass
+            if col in JSON_COLUMNS:   # compared key by key
+                parsed = json_value(v)
+                v = v if parsed is None else parsed
             _flat(col, v, side)
     return [f"{k}: {a.get(k, '(none)')} -> {b.get(k, '(none)')}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not k.endswith(_INCIDENTAL)]
@@ -109,7 +107,8 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
     unknown = sorted(set(match or ()) - set(AXES))
     if unknown:
         raise MatchError(f"--match: unknown axis {', '.join(unknown)} (known: {', '.join(AXES)})")
-    _, tolerances = run_settings(old_root, None, tolerances)
+    old_manifest = RunStore(old_root).read_manifest()
+    _, tolerances = run_settings(old_manifest, None, tolerances)
     with duckdb_connection() as con:
         new, old = read_run_cells(con, new_root), read_run_cells(con, old_root)
         new_files, old_files = cells_logprob_files(new_root, new), cells_logprob_files(old_root, old)
@@ -135,7 +134,7 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
         # the reference rows all come from OLD: its compacted layout locates them
         located = {c: v for c, v in RunStore(old_root).layout().compacted_rows().items()
                    if old_files.get(c) == str(v[0])}
-        pm = pair_metrics(con, pairs, {}, tolerances.atol, reference_rows(old_root), located,
+        pm = pair_metrics(con, pairs, {}, tolerances.atol, reference_rows(old_manifest.measure), located,
                            journal_layouts(new_root, old_root))
     pm["abs_ppl_rel"] = pm["ppl_rel"].abs()
 

@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from orchestrator.matrix.models import Tolerances
+from orchestrator.matrix.models import Measure, Tolerances
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import LOGPROBS_SCHEMA
 from orchestrator.values import finite
@@ -209,15 +209,9 @@ def _chunks(pairs: pd.DataFrame, ref_rows: float):
         yield pairs.iloc[start:]
 
 
-def reference_rows(root: Path) -> float:
-    """Logprob rows of one repeat of a cell, as the matrix's measure section sizes it (else 1000)."""
-    from orchestrator.matrix.models import Measure
-
-    try:
-        m = Measure.model_validate((RunStore(root).read_manifest().get("matrix") or {}).get("measure") or {})
-        return m.scoring_prompts * (m.scoring_len - 1 + m.greedy_tokens)
-    except Exception:
-        return 1000.0
+def reference_rows(measure: Measure) -> float:
+    """Logprob rows of one repeat of a cell, as the matrix's measure section sizes it."""
+    return measure.scoring_prompts * (measure.scoring_len - 1 + measure.greedy_tokens)
 
 
 def _ref_rows_from_row_groups(chunk: pd.DataFrame, located: dict) -> pa.Table | None:

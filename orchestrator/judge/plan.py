@@ -62,6 +62,7 @@ import pandas as pd
 from orchestrator.judge import searches
 from orchestrator.matrix.placement import engine_gpus
 from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import json_object
 from orchestrator.values import finite
 
 COLUMNS = ["config", "engine_key", "framework", "model", "quantization", "flags", "device", "unit",
@@ -78,7 +79,7 @@ def gpus_per_replica(row: dict) -> tuple[int, str]:
     scheduler reserves them), 1 node on CPU."""
     if str(row.get("device") or "cpu") == "cpu":
         return 1, "node"
-    return engine_gpus({**searches.json_dict(row.get("engine_args")), **searches.json_dict(row.get("flags_json"))}), "GPU"
+    return engine_gpus({**json_object(row.get("engine_args")), **json_object(row.get("flags_json"))}), "GPU"
 
 
 def _config_label(r: dict) -> str:
@@ -261,7 +262,7 @@ def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: 
 def _search_unusable(c: dict, input_len: int, output_len: int, slo_ttft: float | None,
                      slo_tpot: float | None) -> str | None:
     """Why a configuration's SLO search cannot answer this plan (None: it can)."""
-    slos = searches.json_dict(c.get("search_slos"))
+    slos = json_object(c.get("search_slos"))
     if c["status"] != "ok":
         return f"the search's status is {c['status']}"
     if not finite(c.get("search_max")):
@@ -280,7 +281,7 @@ def _plan_from_search(row: dict, c: dict, qps: float, output_len: int, cost: flo
                       max_replicas: int | None) -> dict:
     """A replica serves the searched maximum: the highest request rate that met the search's SLOs (a
     concurrency search: the requests/s measured at the highest concurrency that met them)."""
-    slos = searches.json_dict(c.get("search_slos"))
+    slos = json_object(c.get("search_slos"))
     rate_search = c.get("search_variable") == "rate"
     rate = float(c["search_max"]) if rate_search else float(c["req_s"])
     gpr, unit = gpus_per_replica(c)

@@ -31,14 +31,15 @@ from orchestrator.judge.analysis import run_settings
 from orchestrator.judge.sampling_stats import first_token_test, permutation_test, sampler_probs, seeds_to_detect
 from orchestrator.judge.task_verdicts import layer_cells, with_baselines, with_old_partners
 from orchestrator.matrix.models import AXES, Tolerances
+from orchestrator.store.manifest import Manifest
 from orchestrator.store.run_store import RunStore
 
 SAMPLING_VERDICTS = ("identical", "same distribution", "different", "n/a")
 
 
-def _sampler(root: Path) -> SamplerSettings | None:
-    s = (RunStore(root).read_manifest().get("matrix") or {}).get("measure", {}).get("sampling")
-    return SamplerSettings(**{k: s[k] for k in SamplerSettings.model_fields if k in s}) if s else None
+def _sampler(manifest: Manifest) -> SamplerSettings | None:
+    s = manifest.sampling
+    return SamplerSettings(**s.model_dump(include=set(SamplerSettings.model_fields))) if s else None
 
 
 def _first_token(base: pd.DataFrame, first: pd.DataFrame, framework: str, settings: SamplerSettings | None) -> dict:
@@ -164,16 +165,18 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
 
 def analyse_sampling(run_dir: str | Path, baseline: dict | None = None, tolerances: Tolerances | None = None) -> pd.DataFrame:
     root = Path(run_dir)
-    selector, tol = run_settings(root, baseline, tolerances)
+    manifest = RunStore(root).read_manifest()
+    selector, tol = run_settings(manifest, baseline, tolerances)
     samples = _samples(root)
     cells = with_baselines(layer_cells(root), samples.cell_id, selector, "samples")
-    return sampling_verdicts(cells, samples, samples, cells, tol, _sampler(root))
+    return sampling_verdicts(cells, samples, samples, cells, tol, _sampler(manifest))
 
 
 def compare_sampling_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.DataFrame,
                           tolerances: Tolerances | None = None) -> pd.DataFrame:
     """NEW's cells against their partners in OLD (cell_id -> baseline_cell_id, as compare_runs pairs them)."""
     new_root, old_root = Path(new_dir), Path(old_dir)
-    _, tol = run_settings(new_root, {}, tolerances)
+    manifest = RunStore(new_root).read_manifest()
+    _, tol = run_settings(manifest, {}, tolerances)
     return sampling_verdicts(with_old_partners(new_root, old_root, pairs), _samples(new_root), _samples(old_root),
-                             layer_cells(old_root), tol, _sampler(new_root))
+                             layer_cells(old_root), tol, _sampler(manifest))

@@ -7,9 +7,9 @@ probes 0..n-1 in place, so only probes numbered below the search's own `search_p
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
+
+from orchestrator.store.schema import json_object
 
 
 def is_probe(cells: pd.DataFrame) -> pd.Series:
@@ -37,30 +37,19 @@ def probes(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def checks(row) -> dict:
-    return json_dict(row.get("search_checks") if isinstance(row, dict) else getattr(row, "search_checks", None))
-
-
-def json_dict(text) -> dict:
-    """A JSON object stored as text (a row's JSON column); {} for null, malformed or not an object."""
-    if not isinstance(text, str) or not text:
-        return {}
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return {}
-    return v if isinstance(v, dict) else {}
+    return json_object(row.get("search_checks") if isinstance(row, dict) else getattr(row, "search_checks", None))
 
 
 def slos_text(row: dict) -> str:
     """The SLOs a search was run against, and how a p99 was judged: 'ttft p99<=300ms, goodput>=0.9 (point)'."""
-    slos = json_dict(row.get("search_slos"))
+    slos = json_object(row.get("search_slos"))
     stated = [f"{k.replace('_p99_ms', ' p99')}<={slos[k]:g}ms" for k in ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms")
               if slos.get(k) is not None] + ([f"goodput>={slos['goodput']:g}"] if slos.get("goodput") else [])
     return ", ".join(stated) + f" ({slos.get('judge', 'point')})"
 
 
 def variable(row: dict) -> str:
-    return row.get("search_variable") or json_dict(row.get("search_slos")).get("variable", "rate")
+    return row.get("search_variable") or json_object(row.get("search_slos")).get("variable", "rate")
 
 
 def load_text(variable: str, v) -> str:

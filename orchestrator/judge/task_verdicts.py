@@ -17,7 +17,6 @@ n/a with the reason its row stored; perplexity stays in the logit layer's ppl co
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from orchestrator.judge.baselines import resolve_baselines
 from orchestrator.judge.task_stats import paired_change, score_interval
 from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import json_object
 
 TASK_VERDICTS = ("no change", "improved", "regressed")
 _ITEM_COLUMNS = ["cell_id", "task", "metric", "item_index", "score"]
@@ -67,7 +67,7 @@ def _not_run(cells: pd.DataFrame) -> dict[str, dict[str, str]]:
     """cell_id -> {task: why it has no rows} from the cells' `missing` (task:<name> keys)."""
     out = {}
     for cid, missing in zip(cells.cell_id, cells.missing):
-        stored = json.loads(missing) if isinstance(missing, str) and missing else {}   # null (NaN): a cell not ok
+        stored = json_object(missing)   # null (NaN): a cell not ok
         why = {k[len("task:"):]: v for k, v in stored.items() if k.startswith("task:")}
         if why:
             out[cid] = why
@@ -166,7 +166,7 @@ def task_verdicts(cells: pd.DataFrame, items: pd.DataFrame, base_items: pd.DataF
 def analyse_tasks(run_dir: str | Path, baseline: dict | None = None, tolerances: Tolerances | None = None) -> pd.DataFrame:
     """Every cell's tasks against the run's baseline config (the selector of analysis.analyse)."""
     root = Path(run_dir)
-    selector, tol = run_settings(root, baseline, tolerances)
+    selector, tol = run_settings(RunStore(root).read_manifest(), baseline, tolerances)
     items = _items(root)
     cells = with_baselines(layer_cells(root), items.cell_id, selector, "task rows")
     cells["base_key"] = cells.baseline_cell_id.map(cells.set_index("cell_id").engine_key)
@@ -178,7 +178,7 @@ def compare_task_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.DataFr
     """NEW's cells against their partners in OLD; `pairs`: cell_id (NEW) -> baseline_cell_id (OLD),
     as compare_runs gives them."""
     new_root, old_root = Path(new_dir), Path(old_dir)
-    _, tol = run_settings(new_root, {}, tolerances)
+    _, tol = run_settings(RunStore(new_root).read_manifest(), {}, tolerances)
     cells = with_old_partners(new_root, old_root, pairs)
     old_cells, old_items = layer_cells(old_root), _items(old_root)
     cells["base_key"] = cells.baseline_cell_id.map(old_cells.set_index("cell_id").engine_key)

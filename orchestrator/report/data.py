@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.matrix.cells import load_label
+from orchestrator.store.manifest import Manifest
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import STATUSES
 from orchestrator.values import finite
@@ -90,7 +91,7 @@ def _merge_task_summary(df: pd.DataFrame, tasks: TaskLayer, rows: pd.Series | No
     return df
 
 
-def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, dict, str | None, TaskLayer]:
+def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, Manifest, str | None, TaskLayer]:
     """(one row per cell: stored columns + analysis columns + the task summary, manifest, why the
     analysis failed or None, the task layer). tasks=False skips the task analysis (empty layer)."""
     store = RunStore(run_dir)
@@ -176,7 +177,7 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
     from orchestrator.judge.cross_run import MatchError, compare_runs
 
     old_df, old_manifest, old_error, _ = load(old_root, tasks=False)   # OLD's own task verdicts are not shown
-    name = str(old_manifest.get("run_id") or Path(old_root).name)
+    name = str(old_manifest.run_id or Path(old_root).name)
     error = None
     try:
         pairs = compare_runs(new_root, old_root, match)
@@ -424,8 +425,8 @@ def count_task_verdicts(df: pd.DataFrame) -> dict[str, int]:
     return {v: int(counts.get(v, 0)) for v in TASK_VERDICT_ORDER}
 
 
-def no_tasks_text(manifest: dict) -> str:
+def no_tasks_text(manifest: Manifest) -> str:
     """What the report says where a run has no task rows."""
-    if (manifest.get("matrix") or {}).get("tasks"):
+    if manifest.tasks:
         return "The matrix has a tasks section, but no cell stored task rows."
     return "No task rows: the matrix had no tasks section (add `tasks:` to it to score task sets in every cell)."

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from orchestrator.matrix.models import Tolerances
 from orchestrator.report import data as report_data
 from orchestrator.report.data import (
     TASK_VERDICT_ORDER,
@@ -42,7 +43,7 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
             "#bcbd22", "#17becf")
 
 
-def quality_figure(df: pd.DataFrame, tolerances: dict, against: Any = None, tasks: Any = None) -> tuple[Any, list[str]]:
+def quality_figure(df: pd.DataFrame, tolerances: Tolerances, against: Any = None, tasks: Any = None) -> tuple[Any, list[str]]:
     """(figure or None, labels of the cells it cannot place on the KL axis). against: a
     report_data.Against, whose moves (each configuration's point in OLD to its point here) are drawn
     as arrows. tasks: a report_data.TaskLayer; with task rows, a dropdown (plotly updatemenus: the page
@@ -98,7 +99,7 @@ def _x_span(speedup: pd.Series, lo: pd.Series, hi: pd.Series) -> tuple[float, fl
     return (x_lo if x_lo > 0 else float(speedup[speedup > 0].min())), x_hi
 
 
-def _kl_view(fig, d: pd.DataFrame, tolerances: dict, against: Any) -> tuple[dict, tuple[float, float]]:
+def _kl_view(fig, d: pd.DataFrame, tolerances: Tolerances, against: Any) -> tuple[dict, tuple[float, float]]:
     """The logit layer's view: speedup against KL(baseline || cell), coloured by verdict, with the
     tolerances, the noise floor and the frontier (lower KL is better). Returns (its layout, x span)."""
     import plotly.graph_objects as go
@@ -135,7 +136,7 @@ def _kl_view(fig, d: pd.DataFrame, tolerances: dict, against: Any) -> tuple[dict
                         symbol=["diamond" if k == 0 else "circle" for k in g.kl_mean]),
             error_x=_x_error(g, VERDICT_COLOR[verdict]), hovertext=[hover(r) for r in g.itertuples()], hoverinfo="text"))
     _frontier(fig, d[d.front], "kl_plot")
-    lines = [(tolerances.get("kl_lossless"), "kl_lossless", "#4caf50"), (tolerances.get("kl_near"), "kl_near", "#e6a700")]
+    lines = [(tolerances.kl_lossless, "kl_lossless", "#4caf50"), (tolerances.kl_near, "kl_near", "#e6a700")]
     noise = d.noise_kl_mean[d.noise_kl_mean.map(finite) & (d.noise_kl_mean > 0)]
     if len(noise):
         lines.append((float(noise.max()), "baseline noise floor", "#7f7f7f"))

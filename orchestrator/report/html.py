@@ -67,6 +67,7 @@ from orchestrator.report.html_tables import (
     task_tables,
     versions_rows,
 )
+from orchestrator.store.manifest import Manifest
 from orchestrator.values import finite
 
 _CSS = """
@@ -131,11 +132,11 @@ document.body.setAttribute('data-plots', Array.prototype.filter.call(document.qu
 """
 
 
-def _task_panel(tasks: Any, df: pd.DataFrame, manifest: dict, against: Any = None) -> str:
+def _task_panel(tasks: Any, df: pd.DataFrame, manifest: Manifest, against: Any = None) -> str:
     """The task layer: per task its cells against the baseline, item by item (orchestrator/judge/task_verdicts.py);
     with --against, per task each cell against its partner in OLD; and perplexity, the logit layer's
     task figure, per cell."""
-    alpha = ((manifest.get("matrix") or {}).get("tolerances") or {}).get("task_alpha", 0.05)
+    alpha = manifest.tolerances.task_alpha
     parts = ['<h2 id="tasks">Task layer</h2>']
     if tasks is not None and tasks.error:
         parts.append(f'<div class="banner">The task analysis could not run: {esc(tasks.error)}</div>')
@@ -167,7 +168,7 @@ def _task_panel(tasks: Any, df: pd.DataFrame, manifest: dict, against: Any = Non
     return "\n".join(parts)
 
 
-def _sampling_panel(layer: Any, df: pd.DataFrame, manifest: dict) -> str:
+def _sampling_panel(layer: Any, df: pd.DataFrame, manifest: Manifest) -> str:
     """The sampling layer: per cell with samples, seed by seed and both distribution tests
     (orchestrator/report/sampling_panel.py defines the columns, shared with report.md)."""
     parts = ['<h2 id="sampling">Sampling layer</h2>']
@@ -242,7 +243,7 @@ def _duration(s: dict) -> str:
         return "not ended (running, or killed)"
 
 
-def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
+def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_error: str | None = None,
                 against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None) -> str:
     """The page; against (a report_data.Against) adds the moves from OLD to the quality plot and the
     section with this run against OLD; tasks (a report_data.TaskLayer) the task quality axes and panel;
@@ -250,15 +251,13 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
     import plotly
     import plotly.offline
 
-    matrix = manifest.get("matrix") or {}
-    tolerances = matrix.get("tolerances") or {}
-    baseline = matrix.get("baseline") or {}
-    host = manifest.get("host") or {}
+    stored = manifest.to_json()["matrix"]   # the matrix as the run dir holds it, shown as it is
+    tolerances, baseline, host = manifest.tolerances, manifest.baseline, manifest.host
     status_counts, verdict_counts = count_statuses(df), count_verdicts(df)
     bad = df[df.status != "ok"]
 
     parts = [f"<h1>{esc(run_name)}</h1>",
-             f'<div class="muted">matrix <b>{esc(matrix.get("name", "?"))}</b> · {len(df)} cells · '
+             f'<div class="muted">matrix <b>{esc(manifest.name or "?")}</b> · {len(df)} cells · '
              f'baseline {esc(", ".join(f"{k}={v}" for k, v in baseline.items()) or "-")} · generated '
              f'{_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}</div>',
              '<div id="script-errors" class="banner" style="display:none"></div>']
@@ -350,30 +349,31 @@ def render_html(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error:
 
     # provenance
     gpus = host.get("gpus") or []
-    gpu_text = "; ".join(f"{g.get('name')} ({(g.get('memory_bytes') or 0) / 2**30:.0f} GiB, driver {g.get('driver')})"
+    gpu_text = "; ".join(f"{g.get('name')} ({(g.get('memory_bytes') or 0) / 2**30:.0f} GiB, driver "
+                         f"{g.get('driver') or host.get('nvidia_driver')})"
                          for g in gpus) or "none (CPU run)"
     mem = host.get("memory_bytes")
     host_rows = [("CPU", f"{host.get('cpu', '?')} × {host.get('cpu_count', '?')}"), ("GPUs", gpu_text),
                  ("memory", f"{mem / 2**30:.1f} GiB" if finite(mem) else "?"), ("OS", host.get("os", "?")),
                  ("machine", host.get("machine", "?")), ("Python", host.get("python", "?"))]
-    sessions = manifest.get("sessions") or []
+    sessions = [s.model_dump() for s in manifest.sessions]
     sess = "".join(f"<tr><td>{esc(s.get('started'))}</td><td>{esc(s.get('ended') or '-')}</td>"
                    f"<td>{esc(_duration(s))}</td></tr>" for s in sessions)
-    drivers = sorted((manifest.get("driver_versions") or {}).items())
+    drivers = sorted(manifest.driver_versions.items())
     parts.append("<h2>Provenance</h2><div class='grid'>")
-    parts.append("<div><h3>Run</h3>" + kv_table([("run", run_name), ("run_id", manifest.get("run_id", "?")),
-                                              ("matrix", matrix.get("name", "?")),
-                                              ("schema version", manifest.get("schema_version", "?")),
-                                              ("cells planned / stored", f"{len(manifest.get('cells') or [])} / {len(df)}"),
-                                              ("workload", json.dumps(matrix.get("workloads")
-                                                                      or matrix.get("workload") or {})),
+    parts.append("<div><h3>Run</h3>" + kv_table([("run", run_name), ("run_id", manifest.run_id or "?"),
+                                              ("matrix", manifest.name or "?"),
+                                              ("schema version", manifest.schema_version or "?"),
+                                              ("cells planned / stored", f"{len(manifest.cells)} / {len(df)}"),
+                                              ("workload", json.dumps(stored.get("workloads")
+                                                                      or stored.get("workload") or {})),
                                               ("baseline", json.dumps(baseline)),
-                                              ("tolerances", json.dumps(tolerances))])
+                                              ("tolerances", json.dumps(tolerances.model_dump(), sort_keys=True))])
                  + f"<h3>Sessions</h3><table><thead><tr><th>started</th><th>ended</th><th>took</th></tr></thead>{sess}</table></div>")
     parts.append("<div><h3>Host</h3>" + kv_table(host_rows) + "<h3>Driver (orchestrator) versions</h3>" + kv_table(drivers) + "</div>")
     parts.append("</div><h3>Engine versions per cell</h3>" + versions_rows(df))
-    if manifest.get("matrix_text"):
-        parts.append(f"<details><summary>The matrix as given</summary><pre>{esc(manifest['matrix_text'])}</pre></details>")
+    if manifest.matrix_text:
+        parts.append(f"<details><summary>The matrix as given</summary><pre>{esc(manifest.matrix_text)}</pre></details>")
     parts.append(f"<p class='muted'>lossless-bench report · plotly {plotly.__version__} inlined; works offline.</p>")
 
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

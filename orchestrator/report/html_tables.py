@@ -5,7 +5,6 @@ run against OLD, the task tables, perplexity, versions; each column defined once
 from __future__ import annotations
 
 import html
-import json
 import math
 from typing import Any, Callable
 
@@ -36,6 +35,7 @@ from orchestrator.report.data import (
     why_text,
 )
 from orchestrator.report.figures import STATUS_COLOR, TASK_VERDICT_COLOR, VERDICT_COLOR
+from orchestrator.store.schema import json_value
 from orchestrator.values import as_text, finite
 
 
@@ -388,10 +388,9 @@ def versions_rows(df: pd.DataFrame) -> str:
     # one parse per distinct versions text, not per cell
     for (fw, v), n in pd.DataFrame({"fw": df.framework.astype(str), "v": versions.astype(object)}) \
             .groupby(["fw", "v"], dropna=False).size().items():
-        try:
-            text = ", ".join(f"{k} {x}" for k, x in sorted(json.loads(v).items())) if isinstance(v, str) and v else ""
-        except ValueError:
-            text = str(v)
+        parsed = json_value(v)
+        text = (", ".join(f"{k} {x}" for k, x in sorted(parsed.items())) if isinstance(parsed, dict)
+                else str(v) if isinstance(v, str) and v else "")
         key = (str(fw), text or "(not recorded)")
         groups[key] = groups.get(key, 0) + int(n)
     rows = "".join(f"<tr><td>{esc(fw)}</td><td>{esc(text)}</td><td class='n'>{n}</td></tr>"

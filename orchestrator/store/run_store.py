@@ -39,7 +39,16 @@ import pyarrow.parquet as pq
 
 from orchestrator.store.journal import JOURNAL_DIR, JournalWriter
 from orchestrator.store.layout import Layout
-from orchestrator.store.schema import CELL_FILE_OPTIONS, CELLS_FILE_SCHEMA, CELLS_SCHEMA, LOGPROBS_SCHEMA, SIDE_TABLES
+from orchestrator.store.manifest import Manifest
+from orchestrator.store.schema import (
+    CELL_FILE_OPTIONS,
+    CELLS_FILE_SCHEMA,
+    CELLS_SCHEMA,
+    JSON_COLUMNS,
+    LOGPROBS_SCHEMA,
+    SIDE_TABLES,
+    encode_json,
+)
 
 
 def _atomic_write_table(table: pa.Table, path: Path, options: dict | None = None) -> None:
@@ -67,12 +76,15 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def cell_row(values: dict[str, Any]) -> pa.Table:
-    """One cells-file row (no framework column); missing columns are null, unknown keys an error."""
+    """One cells-file row (no framework column) from a row's Python values: the JSON columns encoded,
+    missing columns null, unknown keys an error."""
     unknown = set(values) - set(CELLS_SCHEMA.names)
     if unknown:
         raise KeyError(f"not in the cells schema: {sorted(unknown)}")
-    names = CELLS_FILE_SCHEMA.names
-    return pa.Table.from_pylist([{name: values.get(name) for name in names}], schema=CELLS_FILE_SCHEMA)
+    row = {name: values.get(name) for name in CELLS_FILE_SCHEMA.names}
+    for name in JSON_COLUMNS:
+        row[name] = encode_json(row[name])
+    return pa.Table.from_pylist([row], schema=CELLS_FILE_SCHEMA)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -206,12 +218,17 @@ class RunStore:
         schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
         return pa.Table.from_batches(list(self.layout().side_batches(name, columns)), schema=schema)
 
-    def write_manifest(self, manifest: dict) -> None:
-        atomic_write_text(self.root / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    def write_manifest(self, manifest: Manifest | dict) -> None:
+        """Write the manifest (a dict is read as a Manifest first, as a stored one would be)."""
+        if not isinstance(manifest, Manifest):
+            manifest = Manifest.model_validate(manifest)
+        atomic_write_text(self.root / "manifest.json",
+                          json.dumps(manifest.to_json(), indent=2, sort_keys=True, default=str))
 
-    def read_manifest(self) -> dict:
+    def read_manifest(self) -> Manifest:
+        """The manifest (orchestrator/store/manifest.py); an empty one where the run dir has none."""
         path = self.root / "manifest.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        return Manifest.model_validate(json.loads(path.read_text()) if path.exists() else {})
 
 
 _WRITER_LOCKS: dict[str, list] = {}   # resolved run dir -> [open lock file, depth]

@@ -26,12 +26,12 @@ def list_runs(results: str | Path) -> pd.DataFrame:
         planned_rows = [p is None for p in t["search_probe"].to_pylist()]   # a search's probes are extra rows
         status = [s for s, keep in zip(t["status"].to_pylist(), planned_rows) if keep]
         frameworks = t["framework"].to_pylist()
-        sessions = manifest.get("sessions") or []
-        started = min((s["started"] for s in sessions if s.get("started")), default=None)
-        ended = sessions[-1].get("ended") if sessions else None
-        rows.append({"run": path.name, "path": str(path), "matrix": (manifest.get("matrix") or {}).get("name"),
+        sessions = manifest.sessions
+        started = min((s.started for s in sessions if s.started), default=None)
+        ended = sessions[-1].ended if sessions else None
+        rows.append({"run": path.name, "path": str(path), "matrix": manifest.name,
                      "ok": sum(s == "ok" for s in status), "stored": len(status),
-                     "planned": len(manifest.get("cells") or []) or len(status),
+                     "planned": len(manifest.cells) or len(status),
                      "frameworks": ",".join(sorted(set(frameworks))), "started": started, "ended": ended})
     return pd.DataFrame(rows, columns=["run", "path", "matrix", "ok", "stored", "planned", "frameworks", "started",
                                        "ended"])

@@ -1,121 +1,152 @@
 """The run directory's tables: their fixed Parquet schemas (cells, and the side tables logprobs,
-tasks and samples) and the writer settings of each.
+tasks and samples), the writer settings of each, and the cells columns that hold JSON.
+
+The cells table's measured columns are the worker's `CellRecord` fields, typed from it, as the logprob
+table is the worker's `LOGPROB_COLUMNS`: a figure added to the contract is a column, or an error here.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 import pyarrow as pa
 
-from adapters.contract.records import LOGPROB_COLUMNS
+from adapters.contract.records import LOGPROB_COLUMNS, CellRecord
 
 SCHEMA_VERSION = 1
 
-
 _f64 = pa.float64()
-
-
 _list_f64 = pa.list_(pa.float64())
 
+# The driver's own columns of the cells table: the cell's configuration, where and how it ran, the
+# facts its engine reported after load. Every other column is a field of the worker's CellRecord.
+DRIVER_COLUMNS: dict[str, pa.DataType] = {
+    "run_id": pa.string(),
+    "cell_id": pa.string(),
+    "engine_key": pa.string(),
+    "framework": pa.string(),
+    "model": pa.string(),
+    "quantization": pa.string(),
+    "flags": pa.string(),               # flag-set name
+    "flags_json": pa.string(),          # the resolved engine options
+    "batch_size": pa.int32(),
+    "input_len": pa.int32(),
+    "output_len": pa.int32(),
+    "mode": pa.string(),                # offline (the engine's Python API) | stream | serve (its OpenAI-compatible server)
+    "request_rate": _f64,               # serve: requests/s arriving (inf: a closed loop); offline: null
+    "load": pa.string(),                # batch (offline static batch) | closed | constant | poisson
+    "endpoint": pa.string(),            # serve: the given server's base URL; null when the cell started its own
+    "workload": pa.string(),            # the named workload (matrix workloads); null: the single workload section
+    "device": pa.string(),
+    "node_id": pa.string(),             # the Ray node that ran the cell
+    "status": pa.string(),              # ok | unsupported | failed | crashed | timeout
+    "reason": pa.string(),              # why the status (null for ok)
+    "batch_mode": pa.string(),          # batched | sequential (never silent)
+    "load_s": _f64,
+    "warmup": pa.int32(),
+    "load_peak_mem_bytes": pa.int64(),
+    "mem_source": pa.string(),          # rss-peak-tree | rss-tree | nvml-tree | ...
+    "kv_budget_bytes": pa.int64(),
+    "versions": pa.string(),            # library versions in the engine's environment
+    "model_fingerprint": pa.string(),   # content hash of the model's weights, config and tokenizer files
+    "host": pa.string(),                # the node's CPU, memory, GPUs and NVIDIA driver (adapters/contract/host.py)
+    "engine_args": pa.string(),         # the arguments given to the engine
+    "attempt": pa.int32(),              # which engine process of the group ran the cell
+    "group_tries": pa.int32(),          # times the group was sent to Ray (over 1: its node was lost)
+    "started_at": pa.string(),
+    "search_id": pa.string(),           # serve.search: the search's cell_id (on its own row too); null: no search
+    "workload_json": pa.string(),       # the cell's workload section (before it: in `workload`)
+}
 
-CELLS_SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("cell_id", pa.string()),
-    ("engine_key", pa.string()),
-    ("framework", pa.string()),
-    ("model", pa.string()),
-    ("quantization", pa.string()),
-    ("flags", pa.string()),               # flag-set name
-    ("flags_json", pa.string()),          # the resolved engine options
-    ("batch_size", pa.int32()),
-    ("input_len", pa.int32()),
-    ("output_len", pa.int32()),
-    ("mode", pa.string()),                # offline (the engine's Python API) | serve (its OpenAI-compatible server)
-    ("request_rate", _f64),               # serve: requests/s arriving (inf: a closed loop); offline: null
-    ("load", pa.string()),                # batch (offline static batch) | closed | constant | poisson
-    ("endpoint", pa.string()),            # serve: the given server's base URL; null when the cell started its own
-    ("workload", pa.string()),            # the named workload (matrix workloads); null: the single workload section
-    ("device", pa.string()),
-    ("node_id", pa.string()),             # the Ray node that ran the cell
-    ("status", pa.string()),              # ok | unsupported | failed | crashed | timeout
-    ("reason", pa.string()),
-    ("batch_mode", pa.string()),          # batched | sequential (never silent)
-    ("load_s", _f64),
-    ("warmup", pa.int32()),
-    ("repeats", pa.int32()),              # timed batches (serve: runs) made; with repeats: auto, as many as it took
-    ("repeats_halfwidth", _f64),          # relative half-width of the output throughput's 95% interval
-    ("spec_draft_tokens", pa.int64()),    # speculative decoding in the timed batches: draft tokens proposed,
-    ("spec_accepted_tokens", pa.int64()),  # accepted,
-    ("spec_acceptance", _f64),            # and accepted / proposed (null: no speculation, see missing)
-    ("prefix_cache_queries", pa.int64()),  # engine telemetry over the timed runs (adapters/meters/telemetry.py):
-    ("prefix_cache_hits", pa.int64()),     # prompt tokens looked up in the prefix cache, and found there,
-    ("prefix_cache_hit_rate", _f64),       # hits / queries,
-    ("preemptions", pa.int64()),           # requests preempted,
-    ("kv_cache_usage_max", _f64),          # served: largest KV-cache share in the gauge samples,
-    ("requests_waiting_max", pa.int64()),  # served: longest server queue in them,
-    ("gauge_samples", pa.int32()),         # served: how many samples (one a second during the timed runs)
-    ("energy_j", _f64),                    # energy of the timed runs from RAPL / NVML (adapters/meters/energy.py),
-    ("energy_j_per_token", _f64),          # per output token,
-    ("energy_source", pa.string()),        # and which counters (whole packages / GPUs)
-    ("requests", pa.int32()),             # timed requests (repeats x batch_size)
-    ("ttft_ms_p50", _f64), ("ttft_ms_p90", _f64), ("ttft_ms_p99", _f64),
-    ("tpot_ms_p50", _f64), ("tpot_ms_p90", _f64), ("tpot_ms_p99", _f64),
-    ("itl_ms_p50", _f64), ("itl_ms_p90", _f64), ("itl_ms_p99", _f64),   # gaps between output chunks
-    ("chunk_tokens_mean", _f64),          # tokens per output chunk (1.0: every ITL gap is one token)
-    ("itl_samples", pa.int64()),          # ITL gaps behind the percentiles (chunks - 1 per request)
-    ("e2e_ms_p50", _f64), ("e2e_ms_p90", _f64), ("e2e_ms_p99", _f64),
-    ("output_tok_s", _f64),               # mean over repeats
-    ("total_tok_s", _f64),
-    ("req_s", _f64),
-    ("output_tokens", pa.int64()),        # output tokens of the timed requests (serve: as the server counted them)
-    ("prompt_tokens", pa.int64()),        # prompt tokens of the timed requests
-    ("requests_planned", pa.int32()),     # serve: requests the timed runs meant to send
-    ("requests_sent", pa.int32()),        # serve: requests sent (the rest: time limit reached first)
-    ("errors", pa.int32()),               # serve: sent requests that failed (errors_by_kind: JSON kind -> count)
-    ("errors_by_kind", pa.string()),
-    ("goodput", _f64),                    # serve: share of planned requests within the SLOs
-    ("goodput_req_s", _f64),              # serve: requests/s within the SLOs
-    ("slo_ttft_ms", _f64), ("slo_tpot_ms", _f64), ("slo_e2e_ms", _f64),   # the per-request SLOs goodput counts
-    ("queue_ms_p50", _f64), ("queue_ms_p90", _f64), ("queue_ms_p99", _f64),  # serve: wait for a free slot
-    ("ttft_ms", _list_f64),               # per request (the samples behind the percentiles)
-    ("tpot_ms", _list_f64),
-    ("e2e_ms", _list_f64),
-    ("output_tok_s_runs", _list_f64),     # per repeat
-    ("ttft_ms_p50_runs", _list_f64), ("ttft_ms_p99_runs", _list_f64),   # per repeat: its own percentiles
-    ("tpot_ms_p50_runs", _list_f64), ("tpot_ms_p99_runs", _list_f64),
-    ("engine_ttft_ms", _list_f64),        # the engine's own TTFT where it reports one (per request)
-    ("engine_ttft_ms_p50", _f64),
-    ("engine_ttft_agrees", pa.bool_()),   # |ttft_ms_p50 - engine_ttft_ms_p50| <= max(1 ms, 10% of ours)
-    ("peak_mem_bytes", pa.int64()),       # during this cell's timed runs
-    ("load_peak_mem_bytes", pa.int64()),
-    ("mem_source", pa.string()),          # rss-peak-tree | rss-tree | nvml-tree | ...
-    ("kv_budget_bytes", pa.int64()),
-    ("versions", pa.string()),            # JSON: library versions in the engine's environment
-    ("model_fingerprint", pa.string()),   # content hash of the model's weights, config and tokenizer files
-    ("host", pa.string()),                # JSON: the node's CPU, GPUs and NVIDIA driver (adapters/meters/provenance.py)
-    ("engine_args", pa.string()),         # JSON: the arguments given to the engine
-    ("notes", pa.string()),               # JSON list of caveats the adapter reported
-    ("missing", pa.string()),             # JSON: figure -> why it is null (nothing unmeasured is a number)
-    ("attempt", pa.int32()),              # which engine process of the group ran the cell
-    ("group_tries", pa.int32()),          # times the group was sent to Ray (over 1: its node was lost)
-    ("started_at", pa.string()),
-    ("duration_s", _f64),
-    # serve.search (adapters/serving/slo_search.py): a search's own row (load "search rate" | "search concurrency")
-    # and one row per probe, both naming the search's cell in search_id
-    ("search_id", pa.string()),           # the search's cell_id (on its own row too); null: no search
-    ("search_variable", pa.string()),     # rate | concurrency
-    ("search_probe", pa.int32()),         # a probe's number, in the order made; null on the search's own row
-    ("search_meets", pa.bool_()),         # the probe met every SLO (judged as serve.search.judge says)
-    ("search_checks", pa.string()),       # JSON per SLO: value, interval lo/hi, slo, n, met
-    ("search_missed", pa.string()),       # what a probe missed; on the search's row: what its first miss above the max missed
-    ("search_max", _f64),                 # the highest load that met every SLO (null: none did, see missing)
-    ("search_fail", _f64),                # the lowest load above it that missed (null: none up to high did)
-    ("search_probes", pa.int32()),        # probes made
-    ("search_slos", pa.string()),         # JSON: the search config (SLOs, bounds, judge)
-    ("workload_json", pa.string()),       # JSON of the cell's workload section (before it: in `workload`)
-])
+# The cells table's columns in the order its files and exports list them; each is a driver column or
+# a CellRecord field (adapters/contract/records.py says what each figure is).
+CELL_COLUMNS = (
+    "run_id", "cell_id", "engine_key", "framework", "model", "quantization", "flags", "flags_json", "batch_size",
+    "input_len", "output_len", "mode", "request_rate", "load", "endpoint", "workload", "device", "node_id", "status",
+    "reason", "batch_mode", "load_s", "warmup", "repeats", "repeats_halfwidth",
+    "spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance",
+    "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate", "preemptions", "kv_cache_usage_max",
+    "requests_waiting_max", "gauge_samples", "energy_j", "energy_j_per_token", "energy_source", "requests",
+    "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p90", "tpot_ms_p99",
+    "itl_ms_p50", "itl_ms_p90", "itl_ms_p99", "chunk_tokens_mean", "itl_samples", "e2e_ms_p50", "e2e_ms_p90",
+    "e2e_ms_p99", "output_tok_s", "total_tok_s", "req_s", "output_tokens", "prompt_tokens", "requests_planned",
+    "requests_sent", "errors", "errors_by_kind", "goodput", "goodput_req_s", "slo_ttft_ms", "slo_tpot_ms",
+    "slo_e2e_ms", "queue_ms_p50", "queue_ms_p90", "queue_ms_p99", "ttft_ms", "tpot_ms", "e2e_ms",
+    "output_tok_s_runs", "ttft_ms_p50_runs", "ttft_ms_p99_runs", "tpot_ms_p50_runs", "tpot_ms_p99_runs",
+    "engine_ttft_ms", "engine_ttft_ms_p50", "engine_ttft_agrees", "peak_mem_bytes", "load_peak_mem_bytes",
+    "mem_source", "kv_budget_bytes", "versions", "model_fingerprint", "host", "engine_args", "notes", "missing",
+    "attempt", "group_tries", "started_at", "duration_s", "search_id", "search_variable", "search_probe",
+    "search_meets", "search_checks", "search_missed", "search_max", "search_fail", "search_probes", "search_slos",
+    "workload_json",
+)
+
+_SCALARS = {int: pa.int64(), float: _f64, bool: pa.bool_(), str: pa.string()}
+
+
+def _arrow_type(annotation: Any) -> tuple[pa.DataType, bool]:
+    """(Arrow type, stored as JSON text) of a CellRecord field's annotation: Int32-marked ints in 32 bits,
+    lists of floats as lists, dicts and lists of anything else as JSON text."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (Union, UnionType):
+        (inner,) = [a for a in args if a is not type(None)]
+        return _arrow_type(inner)
+    if origin is Annotated:
+        t, json_text = _arrow_type(args[0])
+        return (pa.int32(), json_text) if "int32" in args[1:] else (t, json_text)
+    if origin is list and args == (float,):
+        return _list_f64, False
+    if origin in (list, dict):
+        return pa.string(), True
+    return _SCALARS[annotation], False
+
+
+def _record_columns() -> dict[str, tuple[pa.DataType, bool]]:
+    hints = get_type_hints(CellRecord, include_extras=True)
+    return {name: _arrow_type(hints[name]) for name in CellRecord.model_fields}
+
+
+_RECORD = _record_columns()
+_unplaced = (set(_RECORD) | set(DRIVER_COLUMNS)) ^ set(CELL_COLUMNS)
+if _unplaced or set(_RECORD) & set(DRIVER_COLUMNS):
+    raise RuntimeError(f"the cells table and CellRecord disagree on {sorted(_unplaced)}: place each CellRecord "
+                       "field in CELL_COLUMNS (orchestrator/store/schema.py)")
+
+CELLS_SCHEMA = pa.schema([(c, DRIVER_COLUMNS[c] if c in DRIVER_COLUMNS else _RECORD[c][0]) for c in CELL_COLUMNS])
+
+# The cells columns that hold JSON text. Only the store writes them (from dicts and lists) and reads
+# them back (json_value, json_object): no other module parses or encodes a JSON column.
+JSON_COLUMNS = ("flags_json", "versions", "host", "engine_args", "workload_json",
+                *(c for c, (_, json_text) in _RECORD.items() if json_text))
+
+
+def encode_json(value: Any) -> str | None:
+    """A JSON column's text: keys sorted, anything JSON cannot say (a path, an enum) as its text."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def json_value(text: Any, default: Any = None) -> Any:
+    """A JSON column's value read back: a dict or list, or `default` for null (NaN in pandas), text that
+    is not JSON, or a value of the wrong kind."""
+    if isinstance(text, (dict, list)):
+        return text
+    if not isinstance(text, str) or not text:
+        return default
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return default
+    return value if default is None or isinstance(value, type(default)) else default
+
+
+def json_object(text: Any) -> dict:
+    """A JSON column that holds an object, as a dict ({} for null, malformed or not an object)."""
+    return json_value(text, {})
 
 
 def _logprobs_schema() -> pa.Schema:
