@@ -96,7 +96,7 @@ def test_identical_and_baseline_fallback(tmp_path):
     assert list(df.cell_id) == ["base", "v1", "v4"]
     b, v1, v4 = row(df, "base"), row(df, "v1"), row(df, "v4")
     assert (b["verdict"], b["baseline_cell_id"], b["baseline_match"]) == ("identical", "base", "exact")
-    assert (v1["verdict"], v1["reason"]) == ("identical", "bitwise identical to base")
+    assert (v1["verdict"], v1["verdict_reason"]) == ("identical", "bitwise identical to base")
     assert v1["max_abs"] == 0.0 and v1["kl_mean"] == 0.0 and v1["kl_max"] == 0.0
     assert v1["top1"] == 1.0 and v1["greedy_match"] == 1.0 and v1["greedy_close"] == 1.0
     assert v1["ppl_base"] == pytest.approx(10.0, rel=1e-6) and v1["ppl_rel"] == 0.0
@@ -118,12 +118,12 @@ def test_shift_1e6_is_lossless(tmp_path):
     assert 5e-7 < v["max_abs"] < 2e-6 and v["mean_abs"] == pytest.approx(v["max_abs"], rel=1e-12)
     assert abs(v["kl_mean"]) < 1e-9 and v["top1"] == 1.0 and v["greedy_match"] == 1.0
     assert v["frac_over_atol"] == 0.0 and not v["identical"]
-    assert (v["verdict"], v["reason"]) == ("lossless", "not bit-identical; within the lossless tolerances")
+    assert (v["verdict"], v["verdict_reason"]) == ("lossless", "not bit-identical; within the lossless tolerances")
     # re-judged with a tighter atol, given directly or through the manifest's matrix
     strict = row(analyse(store.root, tolerances=parse_tolerances("atol=1e-7")), "v")
-    assert (strict["verdict"], strict["reason"]) == ("near-lossless", f"max_abs {v['max_abs']:.1e} > atol 1.0e-07")
+    assert (strict["verdict"], strict["verdict_reason"]) == ("near-lossless", f"max_abs {v['max_abs']:.1e} > atol 1.0e-07")
     store.write_manifest({"matrix": {"baseline": {"framework": "hf"}, "tolerances": {"atol": 1e-7}}})
-    assert row(analyse(store.root), "v")["reason"] == strict["reason"]
+    assert row(analyse(store.root), "v")["verdict_reason"] == strict["verdict_reason"]
 
 
 def test_kl_two_position_toy(tmp_path):
@@ -147,7 +147,7 @@ def test_kl_two_position_toy(tmp_path):
     assert v["top1"] == 1.0 and v["max_abs"] == pytest.approx(LN[.6] - LN[.5], rel=1e-12)
     assert v["frac_over_atol"] == 0.5
     assert math.isnan(v["greedy_match"])  # no generation rows: the text layer is absent, not failed
-    assert v["verdict"] == "lossy" and "kl_mean 2.56 > kl_near 0.01" in v["reason"]
+    assert v["verdict"] == "lossy" and "kl_mean 2.56 > kl_near 0.01" in v["verdict_reason"]
 
 
 def test_flipped_top1_is_worse(tmp_path):
@@ -160,7 +160,7 @@ def test_flipped_top1_is_worse(tmp_path):
     assert v["kl_max"] == pytest.approx(one, rel=1e-9) and v["kl_mean"] == pytest.approx(one / 6, rel=1e-9)
     assert v["max_abs"] == 0.0 and v["greedy_match"] == 1.0
     assert v["verdict"] == "lossy"
-    assert v["reason"] == "kl_mean 0.017 > kl_near 0.01; top1 0.833 < top1_near 0.95"
+    assert v["verdict_reason"] == "kl_mean 0.017 > kl_near 0.01; top1 0.833 < top1_near 0.95"
 
 
 def test_truncated_generation_and_close(tmp_path):
@@ -182,10 +182,10 @@ def test_truncated_generation_and_close(tmp_path):
     assert (row(df, "longer")["first_div_min"], row(df, "longer")["greedy_match"]) == (4, 0.5)
     assert (t["first_div_min"], t["first_div_mean"], t["greedy_match"], t["greedy_close"]) == (2, 2, 0.5, 0.5)
     assert t["max_abs"] == 0.0 and not t["identical"]
-    assert t["verdict"] == "lossy" and t["reason"] == "greedy_close 0.5 < greedy_match_near 0.9"
+    assert t["verdict"] == "lossy" and t["verdict_reason"] == "greedy_close 0.5 < greedy_match_near 0.9"
     assert (c["first_div_min"], c["greedy_match"], c["greedy_close"]) == (1, 0.5, 1.0)
     assert c["verdict"] == "near-lossless"
-    assert c["reason"] == "greedy_match 0.5 < greedy_match_lossless 1"
+    assert c["verdict_reason"] == "greedy_match 0.5 < greedy_match_lossless 1"
 
 
 def test_kl_orders_small_and_large_changes(tmp_path):
@@ -197,11 +197,11 @@ def test_kl_orders_small_and_large_changes(tmp_path):
     assert 0 < s["kl_mean"] < lg["kl_mean"]
     assert s["kl_mean"] == pytest.approx(0.5 * math.log(.5 / .49) + .3 * math.log(.3 / .31), rel=1e-5)
     assert lg["kl_mean"] == pytest.approx(0.5 * math.log(5) + 0.1 * math.log(0.2), rel=1e-5)
-    assert (s["verdict"], s["reason"]) == ("near-lossless", "kl_mean 2.6e-04 > kl_lossless 1.0e-04")
+    assert (s["verdict"], s["verdict_reason"]) == ("near-lossless", "kl_mean 2.6e-04 > kl_lossless 1.0e-04")
     assert s["ppl_rel"] == 0.0
     assert lg["verdict"] == "lossy" and lg["top1"] == 0.0
     assert lg["ppl_rel"] == pytest.approx(math.exp(-LN[.5]) / math.exp(-LN[.1]) - 1, rel=1e-6)  # ppl 10 -> 2
-    assert lg["reason"] == ("kl_mean 0.644 > kl_near 0.01; top1 0 < top1_near 0.95; "
+    assert lg["verdict_reason"] == ("kl_mean 0.644 > kl_near 0.01; top1 0 < top1_near 0.95; "
                             "|ppl_rel| 0.8 > ppl_rel_near 0.02")
 
 
@@ -222,14 +222,14 @@ def test_noise_floor_relaxes_lossless(tmp_path):
     assert w["rr_identical"] and math.isnan(w["bi_max_abs"])   # the vllm engine has one batch size
     assert w["max_abs"] > Tolerances().atol
     assert w["verdict"] == "lossless"
-    assert w["reason"] == ("not bit-identical; within the baseline's noise floor: max_abs 3.0e-03 within noise 5.0e-03; "
+    assert w["verdict_reason"] == ("not bit-identical; within the baseline's noise floor: max_abs 3.0e-03 within noise 5.0e-03; "
                            "|ppl_rel| 3.0e-03 within noise 5.0e-03")
     assert o["verdict"] == "near-lossless"
-    assert o["reason"] == ("max_abs 0.015 > atol 1.0e-03; kl_mean 1.1e-03 > kl_lossless 1.0e-04; "
+    assert o["verdict_reason"] == ("max_abs 0.015 > atol 1.0e-03; kl_mean 1.1e-03 > kl_lossless 1.0e-04; "
                            "|ppl_rel| 0.0149 > ppl_rel_lossless 1.0e-03")
     # without the noise floor the same cell is judged by the tolerances alone
     strict = row(analyse(store.root, tolerances=Tolerances(noise_factor=0)), "within")
-    assert strict["verdict"] == "near-lossless" and strict["reason"].startswith("max_abs 3.0e-03 > atol 1.0e-03")
+    assert strict["verdict"] == "near-lossless" and strict["verdict_reason"].startswith("max_abs 3.0e-03 > atol 1.0e-03")
 
 
 def test_speed_and_na_cells(tmp_path):
@@ -250,8 +250,8 @@ def test_speed_and_na_cells(tmp_path):
     assert speed_call([math.nan, 1.01, 0.8, 1.0], [math.nan, 1.3, 0.99, 1.0]) == [None, "faster", "slower", "no difference"]
     again = analyse(store.root)   # no resampling: re-running gives the same interval
     assert row(again, "fast")["speedup_lo"] == f["speedup_lo"]
-    assert (row(df, "oom")["verdict"], row(df, "oom")["reason"]) == ("n/a", "status failed: CUDA out of memory")
-    assert (row(df, "nolp")["verdict"], row(df, "nolp")["reason"]) == ("n/a", "no logprobs stored for this cell")
+    assert (row(df, "oom")["verdict"], row(df, "oom")["verdict_reason"]) == ("n/a", "status failed: CUDA out of memory")
+    assert (row(df, "nolp")["verdict"], row(df, "nolp")["verdict_reason"]) == ("n/a", "no logprobs stored for this cell")
     console = Console(record=True, width=250)
     console.print(compare_table(df))
     out = console.export_text()
@@ -265,12 +265,12 @@ def test_baseline_argument_and_missing_baseline(tmp_path):
     assert row(df, "base")["baseline_cell_id"] == "v" and row(df, "v")["verdict"] == "identical"
     df = analyse(store.root, baseline={"framework": "hf", "quantization": "fp16"})
     assert row(df, "v")["verdict"] == "n/a"
-    assert row(df, "v")["reason"] == "no ok baseline cell with logprobs for framework=hf, model=tiny, quantization=fp16, flags=default"
+    assert row(df, "v")["verdict_reason"] == "no ok baseline cell with logprobs for framework=hf, model=tiny, quantization=fp16, flags=default"
 
 
 def test_empty_run(tmp_path):
     df = analyse(tmp_path / "nothing")
-    assert df.empty and {"verdict", "reason", "kl_mean", "speedup_lo", "noise_max_abs"} <= set(df.columns)
+    assert df.empty and {"verdict", "verdict_reason", "kl_mean", "speedup_lo", "noise_max_abs"} <= set(df.columns)
 
 
 def test_parse_selector_and_tolerances():

@@ -100,7 +100,7 @@ def _policy(runs) -> str:
 def test_a_repeat_of_a_run_matches_it_and_passes_the_gate(runs):
     df = compare_runs(runs["A3"], runs["A"], noise_run=runs["A2"])
     assert len(df) == 4 and df.only_in.isna().all()
-    assert set(df.verdict) <= {"identical", "lossless"}, df[["framework", "verdict", "reason"]]
+    assert set(df.verdict) <= {"identical", "lossless"}, df[["framework", "verdict", "verdict_reason"]]
     assert (df.changed == "nothing recorded changed").all(), df.changed.tolist()
     for r in df.itertuples():
         assert r.tok_s_n == "8/8" and r.tok_s_lo <= r.tok_s_ratio <= r.tok_s_hi
@@ -157,7 +157,7 @@ def test_cells_in_one_run_only_are_listed(runs):
     df = compare_runs(runs["B"], runs["A"])
     gone = df[df.only_in == "old"]
     assert sorted(gone.framework) == ["hf", "llamacpp"] and set(gone.batch_size) == {2}
-    assert all("only in OLD" in r for r in gone.reason)
+    assert all("only in OLD" in r for r in gone.verdict_reason)
     df = compare_runs(runs["A"], runs["B"])
     assert sorted(df[df.only_in == "new"].framework) == ["hf", "llamacpp"]
     # a gate over cells OLD does not have cannot pass them

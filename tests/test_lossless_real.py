@@ -38,15 +38,15 @@ def _verdict(df, framework, quantization, flags):
 
 def test_verdicts_on_real_engines(ladder_run):
     _, df = ladder_run
-    assert set(df.status) == {"ok"}, df[["framework", "quantization", "status", "status_reason"]]
+    assert set(df.status) == {"ok"}, df[["framework", "quantization", "status", "reason"]]
     assert _verdict(df, "hf", "fp32", "default").verdict == "identical"
     f32 = _verdict(df, "llamacpp", "fp32", "f32_kv")
-    assert f32.verdict == "lossless", f32.reason
+    assert f32.verdict == "lossless", f32.verdict_reason
     assert f32.max_abs < 1e-3 and f32.greedy_match == 1.0
     q8, q4 = _verdict(df, "llamacpp", "q8_0", "default"), _verdict(df, "llamacpp", "q4_0", "default")
-    assert q4.verdict == "lossy", q4.reason
+    assert q4.verdict == "lossy", q4.verdict_reason
     assert q4.kl_mean > q8.kl_mean > f32.kl_mean
-    assert "kl_mean" in q4.reason
+    assert "kl_mean" in q4.verdict_reason
 
 
 def test_gate_passes_and_fails_on_the_two_kinds_of_policy(ladder_run, tmp_path):

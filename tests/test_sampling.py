@@ -224,7 +224,7 @@ def test_speculative_decoding_is_measured(sampling_run):
         assert pd.isna(plain.spec_acceptance) and pd.isna(plain.spec_draft_tokens)     # no speculation: null
         # greedy: exactly the non-speculative engine's tokens
         df = analyse(store.root, baseline={"framework": fw, "flags": "default"}).set_index("cell_id")
-        assert df.loc[spec.name].greedy_match == 1.0, df.loc[spec.name].reason
+        assert df.loc[spec.name].greedy_match == 1.0, df.loc[spec.name].verdict_reason
     # sampled: llama.cpp samples every verified position with the same chain, so its seeds hold
     sv = analyse_sampling(store.root, baseline={"framework": "llamacpp", "flags": "default"}).set_index("cell_id")
     lookup = sv.loc[_id(cells, "llamacpp", "lookup")]

@@ -389,8 +389,8 @@ def test_llamacpp_served_rows_match_what_the_server_returned(serve_run):
         assert missing["prefix_cache_hit_rate"] == "server telemetry: GET /metrics on the server failed: HTTP 404"
         v = verdicts.loc[r.cell_id]
         # served greedy outputs equal the offline adapter's, token for token
-        assert v.greedy_match == 1.0 and v.verdict in ("identical", "lossless"), v.reason
-        assert "text layer only" in v.reason
+        assert v.greedy_match == 1.0 and v.verdict in ("identical", "lossless"), v.verdict_reason
+        assert "text layer only" in v.verdict_reason
 
 
 def test_vllm_served_cells_equal_offline(serve_run):
@@ -420,7 +420,7 @@ def test_vllm_served_cells_equal_offline(serve_run):
         assert r.batch_mode == "batched"
         v = verdicts.loc[r.cell_id]
         assert v.baseline_match == "exact" and v.n_positions > 0   # teacher-forced rows, by id
-        assert v.verdict in ("identical", "lossless") and v.greedy_match == 1.0 and v.top1 == 1.0, v.reason
+        assert v.verdict in ("identical", "lossless") and v.greedy_match == 1.0 and v.top1 == 1.0, v.verdict_reason
         assert v.max_abs < 1e-4
 
 

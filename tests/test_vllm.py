@@ -214,7 +214,7 @@ def test_vllm_fp32_is_lossless_against_transformers(vllm_run):
     vllm = df[(df.framework == "vllm") & (df.quantization == "fp32")]
     assert len(vllm) == 4
     for r in vllm.itertuples():
-        assert r.verdict in ("lossless", "identical"), (r.flags, r.batch_size, r.reason)
+        assert r.verdict in ("lossless", "identical"), (r.flags, r.batch_size, r.verdict_reason)
         assert r.max_abs < 1e-5 and r.greedy_match == 1.0
 
 

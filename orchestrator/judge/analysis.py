@@ -71,7 +71,7 @@ def read_run_cells(con, root: Path) -> pd.DataFrame:
         cells[col] = cells[col].astype(object).where(cells[col].notna(), None)
     # an SLO search's probes are load points without outputs: its own row carries them (orchestrator/judge/searches.py)
     cells = cells[cells["search_probe"].isna()]
-    cells = cells.rename(columns={"reason": "status_reason"}).sort_values("cell_id", ignore_index=True)
+    cells = cells.sort_values("cell_id", ignore_index=True)
     # rows from before serving mode (and hand-made ones) are offline cells
     cells["mode"] = cells["mode"].fillna("offline")
     cells["load"] = cells["load"].fillna("batch")
@@ -124,7 +124,7 @@ def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Toler
 
 
 def _order(df: pd.DataFrame) -> pd.DataFrame:
-    first = ["cell_id", *AXES, "engine_key", "status", "verdict", "reason", "baseline_cell_id", "baseline_match",
+    first = ["cell_id", *AXES, "engine_key", "status", "verdict", "verdict_reason", "baseline_cell_id", "baseline_match",
              "max_abs", "mean_abs", "frac_over_atol", "kl_mean", "kl_max", "top1", "greedy_match", "greedy_close",
              "first_div_min", "first_div_mean", "ppl", "ppl_base", "ppl_rel", "identical",
              *[f"noise_{c}" for c in NOISE_METRICS], "rr_max_abs", "rr_kl_mean", "rr_identical",

@@ -143,7 +143,7 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
         .rename(columns={"key": "cell_id"}), on="cell_id", how="left")
     old_row = old.set_index("cell_id")
     judge(df, pm, df.baseline_cell_id.map(old_row.engine_key), tolerances, own_floors=False)
-    df.loc[df.baseline_cell_id.isna(), "reason"] = "only in NEW: no cell of this config in OLD"
+    df.loc[df.baseline_cell_id.isna(), "verdict_reason"] = "only in NEW: no cell of this config in OLD"
     df["only_in"] = np.where(df.baseline_cell_id.isna(), "new", None)
     df["old_status"] = df.baseline_cell_id.map(old_row.status)
     noise = None
@@ -160,9 +160,9 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
     if len(gone):
         rows = gone[["cell_id", *AXES, "engine_key", "status"]].rename(columns={"status": "old_status"})
         rows = rows.assign(status=None, verdict="n/a", only_in="old", baseline_cell_id=rows.cell_id,
-                           reason="only in OLD: this run has no cell of this config")
+                           verdict_reason="only in OLD: this run has no cell of this config")
         df = pd.concat([df, rows], ignore_index=True)
-    first = ["cell_id", *AXES, "only_in", "status", "old_status", "verdict", "reason", "baseline_cell_id",
+    first = ["cell_id", *AXES, "only_in", "status", "old_status", "verdict", "verdict_reason", "baseline_cell_id",
              *(f"{n}_{x}" for n, *_ in SPEED for x in ("ratio", "lo", "hi", "call")), "mem_ratio", "changed"]
     rest = [c for c in df.columns if c not in first and c not in ("key", "abs_ppl_rel")]
     return df[first + rest].sort_values([*CONFIG_AXES, "batch_size", "cell_id"], kind="stable", ignore_index=True)

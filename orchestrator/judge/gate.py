@@ -266,18 +266,18 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
             if rule.must_be:
                 ok = r["verdict"] != "n/a" and rank[r["verdict"]] <= rank[rule.must_be]
                 checks.append(Check(i, f"must_be {rule.must_be}", cell, r["cell_id"], ok,
-                                    f"{r['verdict']}: {r['reason']}"))
+                                    f"{r['verdict']}: {r['verdict_reason']}"))
             for bound, limit in rule.speed_bounds().items():
                 if r.get("only_in"):
-                    ok, msg = False, r["reason"]
+                    ok, msg = False, r["verdict_reason"]
                 else:
                     ok, msg = _speed_check(r, bound, limit)
                 checks.append(Check(i, f"{bound} {limit:g}", cell, r["cell_id"], ok, msg))
             if rule.task:
-                ok, msg = (False, r["reason"]) if r.get("only_in") else _task_check(tasks, r["cell_id"], rule.task)
+                ok, msg = (False, r["verdict_reason"]) if r.get("only_in") else _task_check(tasks, r["cell_id"], rule.task)
                 checks.append(Check(i, task_name, cell, r["cell_id"], ok, msg))
             if rule.sampling:
-                ok, msg = (False, r["reason"]) if r.get("only_in") else _sampling_check(sampling, r["cell_id"],
+                ok, msg = (False, r["verdict_reason"]) if r.get("only_in") else _sampling_check(sampling, r["cell_id"],
                                                                                          rule.sampling)
                 checks.append(Check(i, rule.sampling.label(), cell, r["cell_id"], ok, msg))
     return checks

@@ -331,7 +331,7 @@ def _fmt(v: float) -> str:
 
 def _verdict(r: dict, tol: Tolerances) -> tuple[str, str]:
     if r["status"] != "ok":  # the stored reason may end with pages of engine output: its first line
-        why = (r.get("status_reason") or "").strip().splitlines()
+        why = (r.get("reason") or "").strip().splitlines()
         return "n/a", f"status {r['status']}" + (f": {why[0][:200]}" if why else "")
     if not r["has_logprobs"]:
         return "n/a", "no logprobs stored for this cell"
@@ -386,10 +386,10 @@ def judge(df: pd.DataFrame, pm: pd.DataFrame, base_key: pd.Series, tolerances: T
     for col in NOISE_METRICS:
         rr, bi = (floors[k][_COLUMN.get(col, col)].reindex(base_key).to_numpy(dtype=float) for k in ("rr", "bi"))
         df["noise_" + col] = np.fmin(rr, bi) if col in ("top1", "greedy_match", "greedy_close") else np.fmax(rr, bi)
-    needed = ["status", "status_reason", "has_logprobs", "baseline_cell_id", "baseline_match", "n_positions",
+    needed = ["status", "reason", "has_logprobs", "baseline_cell_id", "baseline_match", "n_positions",
               "n_gen_prompts", "token_mismatch", "identical", *(_COLUMN.get(c, c) for c in NOISE_METRICS),
               *(f"noise_{c}" for c in NOISE_METRICS)]
     records = df[needed].to_dict("records")
     for r in records:  # NaN -> None so "missing" reads the same for every column type
         r.update({k: None for k, v in r.items() if isinstance(v, float) and math.isnan(v)})
-    df["verdict"], df["reason"] = zip(*[_verdict(r, tolerances) for r in records]) if records else ([], [])
+    df["verdict"], df["verdict_reason"] = zip(*[_verdict(r, tolerances) for r in records]) if records else ([], [])

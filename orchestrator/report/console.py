@@ -204,7 +204,7 @@ def compare_table(df: pd.DataFrame) -> Table:
                   num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"),
                   *[{"tasks": _task_cell, "sampling": _sampling_cell}[name](r) for name in layers],
                   speed, *[_fmt(r.get("ttft_ms_p50"), ".2f") for _ in ttft],
-                  *[_telemetry_cell(r, _TELEMETRY[c]) for c in extra], num(r["mem_saving"], ".0%"), str(r["reason"]))
+                  *[_telemetry_cell(r, _TELEMETRY[c]) for c in extra], num(r["mem_saving"], ".0%"), str(r["verdict_reason"]))
     return t
 
 
@@ -293,7 +293,7 @@ def against_table(df: pd.DataFrame, new: str, old: str) -> Table:
         t.add_row(_config(r), load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")),
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", *([_task_cell(r)] if layers else []), ratio(r, "tok_s"),
                   ratio(r, "ttft_p99"),
-                  ratio(r, "tpot_p50"), mem, str(r["reason"]))
+                  ratio(r, "tpot_p50"), mem, str(r["verdict_reason"]))
     return t
 
 

@@ -23,7 +23,7 @@ from orchestrator.store.schema import STATUSES
 from orchestrator.values import finite
 
 VERDICT_ORDER = ("identical", "lossless", "near-lossless", "lossy", "n/a")
-_METRICS = ("verdict", "reason", "kl_mean", "max_abs", "greedy_match", "greedy_close", "top1", "ppl", "ppl_base",
+_METRICS = ("verdict", "verdict_reason", "kl_mean", "max_abs", "greedy_match", "greedy_close", "top1", "ppl", "ppl_base",
             "ppl_rel", "noise_ppl_rel", "noise_kl_mean", "noise_max_abs", "noise_greedy_match", "speedup",
             "speedup_lo", "speedup_hi", "baseline_cell_id", "baseline_match")
 # What one HTML page holds and a browser still opens: a larger run is aggregated or capped, and
@@ -106,13 +106,13 @@ def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, Manifes
         df = df.merge(raw[extra], on="cell_id", how="left")
     except Exception as e:  # the report must still show the speed numbers
         analysis_error = f"{type(e).__name__}: {first_line(str(e), 400)}"
-        df = raw.rename(columns={"reason": "status_reason"})
-        df["verdict"], df["reason"] = "n/a", "analysis unavailable"
+        df = raw.copy()
+        df["verdict"], df["verdict_reason"] = "n/a", "analysis unavailable"
     for col in _METRICS:
         if col not in df.columns:
             df[col] = "n/a" if col == "verdict" else np.nan
-    if "status_reason" not in df.columns:
-        df["status_reason"] = None
+    if "reason" not in df.columns:
+        df["reason"] = None
     df = df.sort_values(["framework", "model", "quantization", "flags", *(["workload"] if "workload" in df else []),
                          "batch_size", "input_len", "output_len"], ignore_index=True, na_position="first")
     # column-wise, not a row-wise join (that alone took 18 s at 100k cells)
@@ -185,7 +185,7 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
         raise
     except Exception as e:  # the rest of the report still stands
         error = f"{type(e).__name__}: {first_line(str(e), 400)}"
-        pairs = pd.DataFrame(columns=["cell_id", "only_in", "baseline_cell_id", "verdict", "reason", "load"])
+        pairs = pd.DataFrame(columns=["cell_id", "only_in", "baseline_cell_id", "verdict", "verdict_reason", "load"])
     if len(pairs):
         _labels(pairs)
         pairs["only_in"] = pairs.only_in.where(pairs.only_in.notna(), None)
@@ -202,7 +202,7 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
         pairs["old_speedup"] = pairs.baseline_cell_id.map(old_at.speedup).where(pairs.only_in != "new")
 
     # column-wise: a large run has 100k pairs
-    cols = ["label", "speedup", "speedup_lo", "speedup_hi", "kl_mean", "verdict", "reason"]
+    cols = ["label", "speedup", "speedup_lo", "speedup_hi", "kl_mean", "verdict", "verdict_reason"]
     j = pd.concat([pd.DataFrame({"new_cell": new_ids, "old_cell": old_ids}),
                    new_at.reindex(new_ids)[cols].reset_index(drop=True).add_prefix("new_"),
                    old_at.reindex(old_ids)[cols].reset_index(drop=True).add_prefix("old_")], axis=1)
@@ -215,7 +215,7 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
     moves = moves[["label", "new_cell", "old_cell", "new_speedup", "new_kl", "new_verdict", "old_speedup",
                    "old_speedup_lo", "old_speedup_hi", "old_kl", "old_verdict"]].reset_index(drop=True)
     not_drawn = [(label, f"no speedup or KL in {name}" + (f" ({first_line(why, 120)})" if isinstance(why, str) else ""))
-                 for label, why in zip(j.new_label[in_new & ~in_old], j.old_reason[in_new & ~in_old])]
+                 for label, why in zip(j.new_label[in_new & ~in_old], j.old_verdict_reason[in_new & ~in_old])]
     not_drawn += [(label, "no speedup or KL in this run") for label in j.new_label[in_old & ~in_new]]
     if len(pairs):
         lone = pairs[pairs.only_in.notna()]
@@ -297,8 +297,8 @@ def ttft_text(r: dict) -> str:
 
 def why_text(r: dict) -> str:
     if r["status"] != "ok":
-        return first_line(r.get("status_reason")) or str(r["status"])
-    return str(r["reason"]) if isinstance(r["reason"], str) else ""
+        return first_line(r.get("reason")) or str(r["status"])
+    return str(r["verdict_reason"]) if isinstance(r["verdict_reason"], str) else ""
 
 
 def ratio_text(r: dict, name: str) -> str:

@@ -285,7 +285,7 @@ def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_er
                      f"the first line of the reason:</p>" + bad_groups(bad))
     elif len(bad):
         items = "".join(f"<li><b>{esc(r['label'])}</b> <span style='color:{STATUS_COLOR.get(r['status'], '#333')}'>"
-                        f"{esc(r['status'])}</span>: {esc(first_line(r.get('status_reason')) or '(no reason given)')}"
+                        f"{esc(r['status'])}</span>: {esc(first_line(r.get('reason')) or '(no reason given)')}"
                         f" <span class='muted'>cell {esc(r['cell_id'])}</span></li>"
                         for r in bad.to_dict("records"))
         parts.append(f"<p class='bad'><b>{len(bad)} of {len(df)} cells did not run ok:</b></p><ul>{items}</ul>")

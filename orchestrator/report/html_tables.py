@@ -154,7 +154,7 @@ def counts_text(values: pd.Series) -> str:
 
 def bad_groups(bad: pd.DataFrame) -> str:
     """Cells not ok, one line per (status, first line of the reason), most frequent first, capped."""
-    why = [first_line(r) or "(no reason given)" for r in bad.status_reason]
+    why = [first_line(r) or "(no reason given)" for r in bad.reason]
     g = pd.DataFrame({"status": bad.status.astype(str), "why": why, "label": bad.label, "cell": bad.cell_id}) \
         .groupby(["status", "why"], sort=False).agg(n=("cell", "size"), label=("label", "first"), cell=("cell", "first")) \
         .sort_values("n", ascending=False)
@@ -253,7 +253,8 @@ def against_section(ag: Any, fig: Any) -> str:
     cols += ratio("tok_s", "out tok/s") + ratio("ttft_p99", "TTFT p99") + ratio("tpot_p50", "TPOT p50")
     cols += [("vs-mem", "peak mem ratio", lambda r: r.get("mem_ratio"),
               lambda r: f"{r['mem_ratio']:.3f}x" if finite(r.get("mem_ratio")) else "", "n"),
-             ("vs-reason", "reason", lambda r: as_text(r.get("reason")), lambda r: as_text(r.get("reason")), "reason"),
+             ("vs-reason", "reason", lambda r: as_text(r.get("verdict_reason")), lambda r: as_text(r.get("verdict_reason")),
+              "reason"),
              ("vs-changed", "what changed", lambda r: as_text(r.get("changed")), lambda r: as_text(r.get("changed")),
               "reason")]
     head = "".join(f'<th data-key="{k}">{esc(h)}</th>' for k, h, *_ in cols)

@@ -87,12 +87,12 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
                 f"{num(r.get('engine_ttft_ms_p50'), '.2f')} ms" for r in apart]
     bad = df[df.status != "ok"]
     if len(bad) > report_data.MAX_LISTED:
-        why = pd.Series([f"{st}: {first_line(r) or '-'}" for st, r in zip(bad.status, bad.status_reason)])
+        why = pd.Series([f"{st}: {first_line(r) or '-'}" for st, r in zip(bad.status, bad.reason)])
         out += ["", f"**{len(bad):,} cell(s) not ok**, by status and reason:", ""]
         out += [f"- {n:,} × {_md(w)}" for w, n in why.value_counts().head(report_data.MAX_LISTED).items()]
     elif len(bad):
         out += ["", f"**{len(bad)} cell(s) not ok:**", ""]
-        out += [f"- `{r['cell_id']}` {_md(r['label'])}: {r['status']}: {_md(first_line(r.get('status_reason')) or '-')}"
+        out += [f"- `{r['cell_id']}` {_md(r['label'])}: {r['status']}: {_md(first_line(r.get('reason')) or '-')}"
                 for r in bad.to_dict("records")]
     out += ["", "### Tasks", ""]
     if tasks is not None and tasks.error:
@@ -226,7 +226,7 @@ def _against(ag: Any) -> list[str]:
             f"**{r['verdict']}**" if r["verdict"] == "lossy" else r["verdict"]] + (
             [_task_word(r.get("task_verdict"))] if with_tasks else []) + [sci(r.get("kl_mean")), moved_text(r),
             ratio(r, "tok_s"), ratio(r, "ttft_p99"), ratio(r, "tpot_p50"),
-            f"{num(r.get('mem_ratio'), '.3f')}x" if num(r.get("mem_ratio")) else "", first_line(r.get("reason"), 120),
+            f"{num(r.get('mem_ratio'), '.3f')}x" if num(r.get("mem_ratio")) else "", first_line(r.get("verdict_reason"), 120),
             as_text(r.get("changed"))]
         out.append("| " + " | ".join(_md(x) for x in row) + " |")
     return out
