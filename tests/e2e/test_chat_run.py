@@ -2,11 +2,14 @@
 the model's chat template, offline through transformers and llama.cpp (the same ids; the template is
 rendered on the driver, so vLLM's offline cells take the same path), and served through
 vLLM's and llama-cpp-python's /v1/chat/completions, whose own renderings of the messages are checked
-against the run's template ids."""
+against the run's template ids; and what `bench validate` (a child process) says about a model without a
+template."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 
 import pytest
 import yaml
@@ -14,12 +17,11 @@ import yaml
 from orchestrator.execution.prompts import Tokenizer, timing_requests
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.inputs.chat import ChatRenderer
-from orchestrator.matrix.models import ShareGptWorkload
-from tests.conftest import ROOT
-from tests.test_chat import MSGS, without_template
+from orchestrator.matrix.models import MatrixError, ShareGptWorkload
+from orchestrator.matrix.validate import parse_matrix
+from tests.helpers import MSGS, ROOT, SHAREGPT, bench_cmd, chat_matrix, without_template
 
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
-SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
 WARMUP, REPEATS, SERVED, BATCH, IN_CAP, OUT_CAP = 1, 2, 8, 2, 320, 8
 
 MATRIX = {
@@ -97,7 +99,7 @@ def test_a_server_rendering_otherwise_is_a_stated_mismatch(tiny_model, tmp_path)
     from adapters.contract.specs import ServeSpec
     from adapters.engines.gguf_convert import gguf_for
     from adapters.worker.served_cells import Target, _chat_lengths
-    from tests.test_serve import API, start_llamacpp
+    from tests.helpers import API, start_llamacpp
 
     plain = without_template(tiny_model, tmp_path / "tiny-plain")
     path, _ = gguf_for(str(plain), "fp32", str(tmp_path / "cache"))
@@ -114,3 +116,29 @@ def test_a_server_rendering_otherwise_is_a_stated_mismatch(tiny_model, tmp_path)
     assert notes[0].startswith("chat: MISMATCH: the server's chat template (the usage of a 1-token "
                                "/v1/chat/completions) rendered 2 of 2 distinct chats"), notes
     assert lengths[0] == lengths[2] and lengths[0] != len(ids[0]) and lengths[1] != len(ids[1])
+
+
+# ------------------------------------------------------------------ `bench validate` on a model without a template
+
+@pytest.fixture(scope="module")
+def no_template(tiny_model, tmp_path_factory):
+    return without_template(tiny_model, tmp_path_factory.mktemp("no-template") / "tiny-plain")
+
+
+def test_validate_rejects_chat_on_a_local_model_without_a_template(no_template, tiny_model, tmp_path):
+    with pytest.raises(MatrixError) as err:
+        parse_matrix(chat_matrix(str(no_template)))
+    assert "workload.chat: model 'm' has no chat template (models.m.source: " in str(err.value)
+    assert "drop chat" in str(err.value) and "models.m.tokenizer" in str(err.value)
+    parse_matrix(chat_matrix("builtin:tiny"))                                   # the built-in ones have one
+    parse_matrix({**chat_matrix(str(no_template)), "models": {"m": {"source": str(no_template),
+                                                                     "tokenizer": str(tiny_model)}}})
+    parse_matrix({**chat_matrix(str(no_template)), "workload": {"kind": "sharegpt", "path": SHAREGPT}})   # no chat
+    # through the CLI: exit 2, the YAML path; a hub model is said to be checked on the node
+    (tmp_path / "m.yaml").write_text(json.dumps(chat_matrix(str(no_template))))
+    out = subprocess.run(bench_cmd("validate", str(tmp_path / "m.yaml")), capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "workload.chat: model 'm' has no chat template" in out.stderr
+    (tmp_path / "h.yaml").write_text(json.dumps(chat_matrix("someorg/some-model")))
+    out = subprocess.run(bench_cmd("validate", str(tmp_path / "h.yaml")), capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "its chat template is checked on the node" in " ".join((out.stdout + out.stderr).split())

@@ -12,7 +12,6 @@ import time
 import psutil
 import pytest
 import ray
-from conftest import SMALL_MATRIX
 from ray.cluster_utils import Cluster
 
 from orchestrator.execution.runner import run_matrix
@@ -20,6 +19,7 @@ from orchestrator.matrix.cells import expand
 from orchestrator.matrix.placement import env_resource
 from orchestrator.matrix.validate import load_matrix
 from orchestrator.store.run_store import RunStore
+from tests.helpers import SMALL_MATRIX
 
 
 @pytest.fixture
@@ -138,19 +138,3 @@ def test_an_idle_node_steals_the_unstarted_cells_of_a_running_group_and_each_run
     assert set(df.node_id) == {n.node_id for n in nodes}
     assert df.load_s.nunique() >= 2     # a part that ends first may steal again from the thief
     assert set(store.read_logprobs(["cell_id"]).column("cell_id").to_pylist()) == set(df.cell_id)
-
-
-def test_a_part_runs_its_cells_in_the_dispatchers_order():
-    """The dispatcher puts a part's longest cells first; the part's job must run them in that order."""
-    from orchestrator.execution.dispatch import Work
-    from orchestrator.execution.scheduler import part_job
-    from orchestrator.execution.spec import GroupJob
-    from orchestrator.matrix.cells import EngineGroup
-    from orchestrator.matrix.placement import Need
-
-    group = EngineGroup("e", "hf", "m", "bf16", "", {}, ["c0", "c1", "c2"])
-    job = GroupJob("r", group, None, "cpu", "python3", "/nonexistent")
-    whole = Work(job, Need(cpus=1, gpus=0), 1.0, (5.0, 30.0, 10.0))
-    assert part_job(job, whole) is job                               # all of it, in its own order
-    assert part_job(job, whole.longest_first()).group.cells == ["c1", "c2", "c0"]
-    assert part_job(job, whole.part([2, 0])).group.cells == ["c2", "c0"]

@@ -22,10 +22,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
-from conftest import ROOT, bench_cmd
 
 from orchestrator.execution.runner import run_matrix
 from orchestrator.judge.cross_run import compare_runs
+from tests.helpers import ROOT, bench_cmd
 
 EXACT = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
 MATRIX = {

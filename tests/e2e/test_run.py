@@ -1,4 +1,5 @@
-"""`bench run` end to end on a real local Ray cluster, the real transformers engine and real Parquet."""
+"""`bench run` end to end on a real local Ray cluster, the real transformers engine and real Parquet.
+(The transformers adapter on its own, in process: engines/test_hf.py.)"""
 
 import copy
 import json
@@ -9,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import SMALL_MATRIX
 
 from orchestrator.execution.runner import run_matrix
 from orchestrator.matrix.models import MatrixError
 from orchestrator.store.schema import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, STATUSES
+from tests.helpers import SMALL_MATRIX
 
 M = SMALL_MATRIX["measure"]
 
@@ -127,25 +128,6 @@ def test_missing_environment_is_an_unsupported_row_naming_the_fix(ray_local, wri
     row = store.read_cells().iloc[0]
     assert row.status == "unsupported"
     assert "environment not installed" in row.reason and "pip install" in row.reason
-
-
-def test_full_vocabulary_logprobs_sum_to_one(tiny_model):
-    from adapters.contract.specs import LoadSpec, ModelSpec
-    from adapters.engines.hf import HfAdapter
-
-    adapter = HfAdapter()
-    adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32", device="cpu"))
-    vocab = adapter.model.config.vocab_size
-    prompts = [[5, 17, 99, 250, 3, 42, 7], [8, 9, 10, 11, 12, 13, 14]]
-    for scores in adapter.score(prompts, top_k=vocab) + adapter.greedy(prompts, 4, top_k=vocab):
-        total = np.exp(scores.topk_logprobs.astype(np.float64)).sum(axis=1)
-        assert np.abs(total - 1).max() < 1e-5
-    # the batch changes nothing a user could see: greedy tokens equal at batch 1 and 2
-    together = adapter.greedy(prompts, 4, top_k=1)
-    alone = [adapter.greedy([p], 4, top_k=1)[0] for p in prompts]
-    for a, b in zip(together, alone):
-        assert (a.token_ids == b.token_ids).all()
-    adapter.close()
 
 
 def test_bad_dataset_is_a_failed_row_whose_reason_keeps_paths_out(ray_local, write_matrix, tmp_path):

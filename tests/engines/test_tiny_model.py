@@ -1,8 +1,9 @@
-"""The built-in tiny model: deterministic, loadable by HF loaders, actually trained, cached."""
+"""The built-in tiny model: deterministic, loadable by HF loaders, actually trained, cached. Each build
+trains it with torch here (tens of seconds); the cache's bookkeeping without a build:
+unit/test_tiny_model_cache.py."""
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_checkpoint_files_and_config(tiny):
     assert gen["eos_token_id"] == cfg["eos_token_id"]
     tok_cfg = json.loads((tiny / "tokenizer_config.json").read_text())
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"  # a name transformers 4 knows
-    assert tok_cfg["chat_template"] == tiny_model.CHAT_TEMPLATE   # chat workloads (tests/test_chat.py)
+    assert tok_cfg["chat_template"] == tiny_model.CHAT_TEMPLATE   # chat workloads (tests/unit/test_chat.py)
     assert all(f.stat().st_mode & 0o044 == 0o044 for f in tiny.iterdir())  # readable by all
 
 
@@ -123,52 +124,6 @@ def test_resolve_builtin_caches(tiny, cache_root, monkeypatch):
     # No temp build dirs left behind, only the finished model and its lock file.
     leftovers = [p.name for p in (cache_root / "models").iterdir() if p.name.startswith(".")]
     assert leftovers == []
-
-
-def test_concurrent_resolvers_build_once(tmp_path, monkeypatch):
-    import threading
-
-    calls = []
-
-    def fake_build(out_dir, arch="llama"):
-        calls.append(arch)
-        time.sleep(0.5)  # long enough for the other thread to reach the lock
-        (Path(out_dir) / "model.safetensors").write_bytes(b"fake")
-        return Path(out_dir)
-
-    monkeypatch.setattr(tiny_model, "build_tiny_model", fake_build)
-    results = []
-    threads = [
-        threading.Thread(target=lambda: results.append(tiny_model.resolve_builtin("tiny", tmp_path)))
-        for _ in range(2)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert calls == ["llama"]
-    assert len(results) == 2 and results[0] == results[1]
-    assert (results[0] / "model.safetensors").read_bytes() == b"fake"
-
-
-def test_unknown_builtin_raises(tmp_path):
-    with pytest.raises(ValueError, match="tiny-qwen2"):
-        tiny_model.resolve_builtin("huge", cache_root=tmp_path)
-    with pytest.raises(ValueError, match="known"):
-        tiny_model.resolve_model_source("builtin:nope", cache_root=tmp_path)
-    assert not (tmp_path / "models").exists()
-
-
-def test_resolve_model_source_passes_other_sources_through():
-    for source in ("/models/llama", "meta-llama/Llama-3.2-1B", "model.gguf", "builtinx"):
-        assert tiny_model.resolve_model_source(source) == source
-
-
-def test_fingerprint_depends_on_arch_and_version(monkeypatch):
-    llama = tiny_model.fingerprint("llama")
-    assert llama != tiny_model.fingerprint("qwen2")
-    monkeypatch.setattr(tiny_model, "BUILD_VERSION", "other")
-    assert tiny_model.fingerprint("llama") != llama
 
 
 def test_qwen2_variant(tiny_qwen2):

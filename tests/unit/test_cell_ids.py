@@ -4,14 +4,13 @@ when it was written; regenerate on purpose only (BENCH_GOLDEN_WRITE=1 pytest thi
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.validate import load_matrix
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "data" / "cell_ids.json"
 SHIPPED = sorted([*ROOT.glob("matrices/*.yaml"), ROOT / "cluster" / "gpu-sweep.yaml", ROOT / "tests/data/golden/matrix.yaml"])
 

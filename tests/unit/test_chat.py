@@ -1,12 +1,9 @@
-"""Chat workloads without a benchmark run: the built-in model's chat template (in its tokenizer and in its
-GGUF, rendered to the same ids by llama-cpp-python), multi-turn messages, what `bench validate` says about
-a model without a template, the `unsupported` rows where only the node can tell, and the request bodies."""
+"""Chat workloads without a benchmark run or an engine: the built-in model's chat template in its tokenizer,
+multi-turn messages, what validation says about a model without a template, the `unsupported` rows where
+only the node can tell, and the request bodies. (llama-cpp-python rendering the GGUF's template:
+engines/test_chat_gguf.py; what `bench validate` prints: e2e/test_chat_run.py.)"""
 
 from __future__ import annotations
-
-import json
-import shutil
-import subprocess
 
 import pytest
 
@@ -15,21 +12,9 @@ from adapters.contract.tokenizer import chat_template
 from orchestrator.execution.prompts import Tokenizer, timing_requests
 from orchestrator.inputs import tiny_model as tiny_build
 from orchestrator.inputs.chat import ChatRenderer, NoChatTemplate
-from orchestrator.matrix.models import MatrixError, ShareGptWorkload
+from orchestrator.matrix.models import ShareGptWorkload
 from orchestrator.matrix.validate import parse_matrix
-from tests.conftest import ROOT, bench_cmd
-
-SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
-MSGS = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "When do you open?"}]
-
-
-def without_template(model_dir, dst):
-    """A copy of a model dir with its chat template taken out (a local model without one)."""
-    shutil.copytree(model_dir, dst)
-    cfg = json.loads((dst / "tokenizer_config.json").read_text())
-    del cfg["chat_template"]
-    (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return dst
+from tests.helpers import MSGS, SHAREGPT, chat_matrix, without_template
 
 
 @pytest.fixture(scope="module")
@@ -46,26 +31,6 @@ def test_builtin_model_has_a_chatml_style_template(tiny_model):
     assert ids.count(tok.eos_id) == 2    # a turn ends with EOS, as a special token, not its text
     # the cache key moves with the template: a tiny model cached before it had one is rebuilt
     assert tiny_model.name.endswith(tiny_build.fingerprint("llama")) and tiny_build.BUILD_VERSION == "tiny-2"
-
-
-def test_gguf_carries_the_template_and_llama_cpp_renders_the_same_ids(tiny_model, cache_dir):
-    import llama_cpp
-    from llama_cpp import llama_chat_format
-
-    from adapters.engines.gguf_convert import gguf_for
-
-    path, _ = gguf_for(str(tiny_model), "fp32", cache_dir)
-    llm = llama_cpp.Llama(str(path), n_ctx=256, verbose=False)
-    try:
-        assert llm.metadata["tokenizer.chat_template"] == tiny_build.CHAT_TEMPLATE
-        assert llm.chat_format == "chat_template.default"   # no chat_format given: the GGUF's own template
-        # what its chat handler does: render with the GGUF's template, tokenize with specials, no BOS
-        fmt = llama_chat_format.Jinja2ChatFormatter(template=tiny_build.CHAT_TEMPLATE, eos_token="</s>", bos_token="<s>")
-        res = fmt(messages=MSGS)
-        ids = llm.tokenize(res.prompt.encode(), add_bos=not res.added_special, special=True)
-    finally:
-        llm.close()
-    assert ids == ChatRenderer(str(tiny_model)).ids(MSGS)
 
 
 def test_multi_turn_messages_grow_by_the_reply_and_the_next_question(tiny_model):
@@ -90,30 +55,6 @@ def test_multi_turn_messages_grow_by_the_reply_and_the_next_question(tiny_model)
         timing_requests(w, tok, 4, 320, 16, "offline")
 
 
-def _matrix(source: str, **workload) -> dict:
-    return {"models": {"m": source}, "axes": {"framework": ["hf"], "model": ["m"]},
-            "workload": {"kind": "sharegpt", "path": SHAREGPT, "chat": True, **workload}}
-
-
-def test_validate_rejects_chat_on_a_local_model_without_a_template(no_template, tiny_model, tmp_path):
-    with pytest.raises(MatrixError) as err:
-        parse_matrix(_matrix(str(no_template)))
-    assert "workload.chat: model 'm' has no chat template (models.m.source: " in str(err.value)
-    assert "drop chat" in str(err.value) and "models.m.tokenizer" in str(err.value)
-    parse_matrix(_matrix("builtin:tiny"))                                   # the built-in ones have one
-    parse_matrix({**_matrix(str(no_template)), "models": {"m": {"source": str(no_template),
-                                                                "tokenizer": str(tiny_model)}}})
-    parse_matrix({**_matrix(str(no_template)), "workload": {"kind": "sharegpt", "path": SHAREGPT}})   # no chat
-    # through the CLI: exit 2, the YAML path; a hub model is said to be checked on the node
-    (tmp_path / "m.yaml").write_text(json.dumps(_matrix(str(no_template))))
-    out = subprocess.run(bench_cmd("validate", str(tmp_path / "m.yaml")), capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 2 and "workload.chat: model 'm' has no chat template" in out.stderr
-    (tmp_path / "h.yaml").write_text(json.dumps(_matrix("someorg/some-model")))
-    out = subprocess.run(bench_cmd("validate", str(tmp_path / "h.yaml")), capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert "its chat template is checked on the node" in " ".join((out.stdout + out.stderr).split())
-
-
 def test_no_template_on_the_node_is_unsupported_rows(no_template, tmp_path):
     """Where only the node can tell (a hub model): every chat cell is `unsupported` with the reason, and no
     engine starts. Here a local model is let through validation by building the matrix without it."""
@@ -122,7 +63,7 @@ def test_no_template_on_the_node_is_unsupported_rows(no_template, tmp_path):
     from orchestrator.matrix.cells import expand, group
     from orchestrator.matrix.models import Matrix
 
-    m = Matrix.model_validate(_matrix(str(no_template)))
+    m = Matrix.model_validate(chat_matrix(str(no_template)))
     (g,) = group(expand(m))
     rows = run_group(GroupJob("r", g, m, "cpu", "python3", str(tmp_path)))
     assert [r.row["status"] for r in rows] == ["unsupported"]
@@ -158,8 +99,8 @@ def test_servers_not_driven_through_chat_are_unsupported(tmp_path):
     from orchestrator.execution.spec import GroupJob, unsupported_reason
     from orchestrator.matrix.cells import expand, group
 
-    m = parse_matrix({**_matrix("builtin:tiny"), "axes": {"framework": ["trtllm", "vllm", "llamacpp"], "model": ["m"],
-                                                          "mode": ["serve"]}})
+    m = parse_matrix({**chat_matrix("builtin:tiny"), "axes": {"framework": ["trtllm", "vllm", "llamacpp"],
+                                                              "model": ["m"], "mode": ["serve"]}})
     reasons = {g.framework: unsupported_reason(GroupJob("r", g, m, "cpu", "python3", str(tmp_path)), "python3")
                for g in group(expand(m))}
     assert "not driven through /v1/chat/completions" in reasons["trtllm"]

@@ -1,15 +1,15 @@
 """The cluster configs (cluster/) agree with the code: resource names, ports, commands, versions.
 
-Nothing here starts a cluster or a container: every YAML is parsed, the ray-up config is checked
-against Ray's own schema, the sbatch script and Dockerfiles are read as text, and each command
-they run is checked against the real `bench` (typer) and `ray start` (click) options.
+Nothing here starts a cluster, a container or a process: every YAML is parsed, the ray-up config is
+checked against Ray's own schema, the sbatch script and Dockerfiles are read as text, and each command
+they run is checked against the real `bench` (typer) and `ray start` (click) options. What bash itself
+says of the sbatch and CI scripts: e2e/test_cluster_scripts.py.
 """
 
 import itertools
 import json
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,22 +21,19 @@ import adapters
 from orchestrator.cli import app
 from orchestrator.matrix import placement
 from orchestrator.matrix.validate import load_matrix
+from tests.helpers import CI_SCRIPT, CLUSTER, DASHBOARD_PORT, GCS_PORT, ROOT, SBATCH, check_ray_start, flags
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parent.parent
-CLUSTER = ROOT / "cluster"
 CONTAINERS = CLUSTER / "containers"
 FRAMEWORKS = sorted(adapters.ADAPTERS)
 ENV_RESOURCES = {placement.env_resource(fw): fw for fw in FRAMEWORKS}
-GCS_PORT, DASHBOARD_PORT = 6379, 8265
 RAY_UP = CLUSTER / "ray-up.yaml"
 RAYCLUSTER = CLUSTER / "kuberay" / "raycluster.yaml"
 RAYJOB = CLUSTER / "kuberay" / "rayjob.yaml"
-SBATCH = CLUSTER / "slurm" / "bench.sbatch"
 EXAMPLE_MATRIX = CLUSTER / "gpu-sweep.yaml"
 
 
@@ -63,21 +60,12 @@ def env_resources_of(resources: dict) -> set[str]:
 
 
 # -- bench and ray start, as the code defines them ----------------------------------------------
+# (ray start's options, flags() and check_ray_start() are in tests/helpers.py: e2e/test_cluster_scripts.py uses them)
 
 def bench_options() -> dict[str, set[str]]:
     group = typer.main.get_command(app)
     return {name: {o for p in cmd.params for o in p.opts if o.startswith("--")}
             for name, cmd in group.commands.items() if not isinstance(cmd, typer.core.TyperGroup)}
-
-
-def ray_start_options() -> set[str]:
-    from ray.scripts.scripts import start
-
-    return {o for p in start.params for o in p.opts if o.startswith("--")}
-
-
-def flags(argv: list[str]) -> set[str]:
-    return {a.split("=", 1)[0] for a in argv if a.startswith("--")}
 
 
 def check_bench_call(argv: list[str]) -> None:
@@ -86,12 +74,6 @@ def check_bench_call(argv: list[str]) -> None:
     assert argv[1] in options, f"`bench {argv[1]}` is not a command of orchestrator.cli.app ({sorted(options)})"
     unknown = flags(argv[2:]) - options[argv[1]]
     assert not unknown, f"`{' '.join(argv)}`: bench {argv[1]} has no option {sorted(unknown)}"
-
-
-def check_ray_start(argv: list[str]) -> None:
-    assert argv[:2] == ["ray", "start"], argv
-    unknown = flags(argv[2:]) - ray_start_options()
-    assert not unknown, f"`{' '.join(argv)}`: ray start has no option {sorted(unknown)}"
 
 
 def test_bench_run_has_the_flags_the_configs_use():
@@ -386,36 +368,6 @@ def test_kuberay_rayjob_runs_bench_run_on_the_head_into_the_results_volume():
     assert f"job/{job['metadata']['name']}" in RAYJOB.read_text()
 
 
-# -- Slurm -----------------------------------------------------------------------------------------
-
-def test_sbatch_script_is_valid_bash_and_starts_head_workers_and_bench_run():
-    text = SBATCH.read_text()
-    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
-    assert re.search(r"^#SBATCH --gpus-per-task=\d+", text, re.M)
-    assert f"GCS_PORT={GCS_PORT}" in text and f"DASHBOARD_PORT={DASHBOARD_PORT}" in text
-    joined = [line for line in text.replace("\\\n", " ").splitlines() if not line.lstrip().startswith("#")]
-    starts = [shlex.split("ray start" + line.split("ray start", 1)[1].rstrip(" &")) for line in joined
-              if "ray start" in line]
-    assert len(starts) == 2, starts
-    head, worker = starts
-    for argv in starts:
-        check_ray_start(argv)
-        assert "--resources=$resources" in argv and "--num-gpus" in argv, argv
-    assert "--head" in head and "--port=$GCS_PORT" in head and "--dashboard-port" in head
-    assert head[head.index("--dashboard-port") + 1] == "$DASHBOARD_PORT"
-    assert "--address=$head:$GCS_PORT" in worker
-    assert re.search(r'^bench run "\$MATRIX" --address "\$head:\$GCS_PORT" --run-dir "\$RESULTS"$', text, re.M)
-    assert re.search(r"srun .*-w \"\$node\"", text), "workers are started with srun"
-
-
-def test_sbatch_declares_env_resources_as_placement_names_them():
-    text = SBATCH.read_text()
-    snippet = "\n".join(line for line in text.splitlines() if line.startswith("resources="))
-    out = subprocess.run(["bash", "-c", f'BENCH_ENVS="hf vllm llamacpp"\n{snippet}\nprintf %s "$resources"'],
-                         check=True, capture_output=True, text=True).stdout
-    assert json.loads(out) == {placement.env_resource(fw): 1000 for fw in ("hf", "vllm", "llamacpp")}
-
-
 # -- the example matrix ----------------------------------------------------------------------------
 
 def test_example_matrix_is_valid_routes_by_env_and_every_framework_has_nodes():
@@ -432,7 +384,7 @@ def test_example_matrix_is_valid_routes_by_env_and_every_framework_has_nodes():
 # -- the CI recipe ---------------------------------------------------------------------------------
 
 CI = CLUSTER / "ci"
-CI_SCRIPT, CI_WORKFLOW, CI_POLICY = CI / "run-regression.sh", CI / "lossless-regression.yml", CI / "policy.yaml"
+CI_WORKFLOW, CI_POLICY = CI / "lossless-regression.yml", CI / "policy.yaml"   # CI_SCRIPT: tests/helpers.py
 
 
 @pytest.mark.parametrize("path", [CI_SCRIPT, CI_WORKFLOW], ids=lambda p: p.name)
@@ -448,15 +400,6 @@ def test_the_ci_recipe_submits_follows_and_gates_with_bench_as_it_is(path):
     if "--against" not in bench_options()["gate"]:
         pytest.skip("bench gate --against/--junit/--format are not in this checkout yet")
     check_bench_call(gate)
-
-
-def test_ci_script_is_valid_bash_and_its_usage_errors_exit_2():
-    subprocess.run(["bash", "-n", str(CI_SCRIPT)], check=True)
-    text = CI_SCRIPT.read_text()
-    assert "set -euo pipefail" in text
-    done = subprocess.run([str(CI_SCRIPT)], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
-    assert done.returncode == 2 and "RAY_ADDRESS" in done.stderr, done.stderr
-    assert 'export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}' in text   # a token given: token mode
 
 
 def test_ci_workflow_runs_nightly_by_hand_and_on_config_prs_and_passes_the_ray_secrets():

@@ -1,7 +1,8 @@
 """Compaction: per-cell files folded into a few large ones, atomically, on real Parquet (no mocks).
 
 The kills are simulated by raising KeyboardInterrupt (what SIGINT raises, and like a kill it
-runs no `except Exception` cleanup) between the steps of a compaction.
+runs no `except Exception` cleanup) between the steps of a compaction. (One writer at a time, against
+another process holding the run: e2e/test_store_processes.py.)
 """
 
 import importlib.util
@@ -14,7 +15,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
@@ -27,6 +27,7 @@ from orchestrator.store.compaction import compact
 from orchestrator.store.layout import COMMIT_FILE
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import LOGPROBS_SCHEMA
+from tests.helpers import ROOT, lp, row, small_store
 
 
 def _scale_module():
@@ -35,31 +36,6 @@ def _scale_module():
     sys.modules.setdefault("analysis_at_scale", module)
     spec.loader.exec_module(module)
     return module
-
-
-def lp(cell_id: str, n: int = 6, value: float = -1.0) -> pa.Table:
-    return pa.table({
-        "run_id": ["r"] * n, "cell_id": [cell_id] * n, "kind": ["prompt"] * n, "repeat": np.zeros(n, np.int16),
-        "prompt_index": np.zeros(n, np.int32), "position": np.arange(1, n + 1, dtype=np.int32),
-        "token_id": np.arange(n, dtype=np.int32), "logprob": np.full(n, value, np.float32),
-        "topk_ids": [[1, 2, 3]] * n, "topk_logprobs": [[value, value - 1, value - 2]] * n}, schema=LOGPROBS_SCHEMA)
-
-
-def row(cell_id: str, framework: str = "hf", status: str = "ok", **extra) -> dict:
-    return {"run_id": "r", "cell_id": cell_id, "framework": framework, "model": "tiny", "quantization": "fp32",
-            "flags": "default", "batch_size": 1, "input_len": 8, "output_len": 4, "status": status, **extra}
-
-
-def small_store(tmp_path, legacy: bool = False) -> RunStore:
-    """Six cells over two frameworks; c3 failed (no logprobs). `legacy`: as earlier versions stored
-    them (a Parquet file per cell and table), else in the journal."""
-    store = RunStore(tmp_path / "run")
-    for i in range(6):
-        fw, status = ("hf" if i % 2 else "vllm"), ("failed" if i == 3 else "ok")
-        (store.write_cell_files if legacy else store.write_cell)(
-            row(f"c{i}", fw, status, reason="boom" if status != "ok" else None),
-            lp(f"c{i}", 4 + i, -float(i)) if status == "ok" else None)
-    return store
 
 
 def parquet_files(store: RunStore) -> list[str]:
@@ -199,27 +175,6 @@ def test_kill_mid_compaction_leaves_a_readable_duplicate_free_run(tmp_path, monk
     assert not list(store.root.rglob(".compacting-*")) and not list(store.root.rglob(".tmp-*"))
     names = [p.name for p in store.root.rglob("*.parquet")]
     assert all(n.startswith("compacted-") for n in names) and len(names) == 4
-
-
-def test_one_writer_at_a_time(tmp_path):
-    store = small_store(tmp_path)
-    import subprocess
-
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); from orchestrator.store.run_store import RunStore\n"
-        "with RunStore(sys.argv[2]).writing():\n    print('held', flush=True); time.sleep(60)"),
-        str(ROOT), str(store.root)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(RuntimeError, match="another bench process is writing"):
-            compact(store)
-        res = CliRunner().invoke(app, ["compact", str(store.root)])
-        assert res.exit_code == 2 and "another bench process" in res.output
-    finally:
-        holder.kill()
-        holder.wait()
-    with store.writing(), store.writing():  # re-entrant in one process (bench run compacts at its end)
-        assert compact(store)["cells_folded"] == 6
 
 
 def test_analysis_is_identical_before_and_after_compaction(tmp_path):

@@ -1,11 +1,10 @@
 """The measurement contract (adapters/contract/): one top-k rule through every capture path, one
 `summarize` for every latency figure, typed messages across the process boundary. Which module may
-import which: tests/test_layout.py."""
+import which: tests/unit/test_layout.py."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,8 +21,6 @@ from adapters.engines import lmdeploy as lmd
 from adapters.engines.vllm import VllmAdapter
 from adapters.serving.capture import _capture_one
 from orchestrator.store.schema import CELLS_SCHEMA, LOGPROBS_SCHEMA
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # ------------------------------------------------------------------ one top-k rule
 

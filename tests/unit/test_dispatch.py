@@ -1,5 +1,6 @@
 """The driver's dispatcher (orchestrator/execution/dispatch.py) without Ray: which groups are cut, that every cell
-runs exactly once, that parts land only where they fit and never over-commit a node, and node loss."""
+runs exactly once, that parts land only where they fit and never over-commit a node, node loss, and that a
+part's job runs its cells in the dispatcher's order."""
 
 import heapq
 import itertools
@@ -170,3 +171,19 @@ def test_no_steal_while_waiting_work_could_use_the_node_or_when_it_does_not_pay_
     (p, _), = d2.step()
     assert d2.steal(0.0, {p: Progress(0.0)}) == []
     assert not Dispatcher({"a": node(1)}, [Work("g", GPU1, 5.0, (10.0,) * 4)]).could_steal()
+
+
+def test_a_part_runs_its_cells_in_the_dispatchers_order():
+    """The dispatcher puts a part's longest cells first; the part's job must run them in that order."""
+    from orchestrator.execution.dispatch import Work
+    from orchestrator.execution.scheduler import part_job
+    from orchestrator.execution.spec import GroupJob
+    from orchestrator.matrix.cells import EngineGroup
+    from orchestrator.matrix.placement import Need
+
+    group = EngineGroup("e", "hf", "m", "bf16", "", {}, ["c0", "c1", "c2"])
+    job = GroupJob("r", group, None, "cpu", "python3", "/nonexistent")
+    whole = Work(job, Need(cpus=1, gpus=0), 1.0, (5.0, 30.0, 10.0))
+    assert part_job(job, whole) is job                               # all of it, in its own order
+    assert part_job(job, whole.longest_first()).group.cells == ["c1", "c2", "c0"]
+    assert part_job(job, whole.part([2, 0])).group.cells == ["c2", "c0"]

@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
+from tests.helpers import ROOT
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "golden"
+GOLDEN = ROOT / "tests" / "data" / "golden"
 EXPECTED = GOLDEN / "expected"
 
 # name -> the command's arguments, run in a folder holding copies of runs/new and runs/old

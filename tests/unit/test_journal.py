@@ -1,27 +1,20 @@
 """The journal (orchestrator/store/journal.py): crash safety of the append-only layout, on real files.
 
-Torn records are made two ways: by cutting a journal file at every interesting byte of its last
-record (what a kill mid-write() leaves), and by SIGKILLing a process that writes large cells.
+Torn records are made by cutting a journal file at every interesting byte of its last record (what a
+kill mid-write() leaves); SIGKILLing a process that writes large cells is e2e/test_store_processes.py's.
 """
 
-import json
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ROOT
 
 from orchestrator.store import journal, run_store
 from orchestrator.store.compaction import compact
-from orchestrator.store.layout import COMMIT_FILE
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import CELLS_FILE_SCHEMA, LOGPROBS_SCHEMA, SIDE_TABLES
-from tests.test_compaction import lp, row
+from tests.helpers import ROOT, lp, row
 
 
 def state(store: RunStore) -> dict:
@@ -107,60 +100,6 @@ def test_a_damaged_record_is_an_error_not_silently_other_rows(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(RuntimeError, match="damaged"):
         store.read_logprobs()
-
-
-WRITER = """
-import sys, numpy as np, pyarrow as pa
-sys.path.insert(0, sys.argv[1])
-from orchestrator.store.run_store import RunStore
-from orchestrator.store.schema import LOGPROBS_SCHEMA
-store, start, n = RunStore(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rows = 50_000
-for i in range(start, start + 12):
-    cid = f"c{i:03d}"
-    t = pa.table({"run_id": ["r"] * rows, "cell_id": [cid] * rows, "kind": ["prompt"] * rows,
-                  "repeat": np.zeros(rows, np.int16), "prompt_index": np.zeros(rows, np.int32),
-                  "position": np.arange(rows, dtype=np.int32), "token_id": np.arange(rows, dtype=np.int32),
-                  "logprob": np.full(rows, -i, np.float32),
-                  "topk_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(rows * n, np.int32)), n).cast(pa.list_(pa.int32())),
-                  "topk_logprobs": pa.FixedSizeListArray.from_arrays(pa.array(np.full(rows * n, -i, np.float32)), n).cast(pa.list_(pa.float32()))},
-                 schema=LOGPROBS_SCHEMA)
-    store.write_cell({"run_id": "r", "cell_id": cid, "framework": "hf", "status": "ok", "duration_s": float(i)}, t)
-    print(i, flush=True)
-"""
-
-
-def test_sigkill_mid_write_leaves_every_stored_cell_complete(tmp_path):
-    """A writer of large cells (~5 MB a record) killed with SIGKILL: whatever it left, each cell is
-    either stored with all its rows or not stored; a new process resumes and compacts."""
-    run = tmp_path / "run"
-    script = tmp_path / "writer.py"
-    script.write_text(WRITER)
-    proc = subprocess.Popen([sys.executable, str(script), str(ROOT), str(run), "0", "20"], stdout=subprocess.PIPE,
-                            text=True)
-    done = [int(proc.stdout.readline()) for _ in range(3)]   # three cells stored, the fourth on its way
-    time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert done == [0, 1, 2]
-    store = RunStore(run)
-    status = store.stored_status()
-    assert {"c000", "c001", "c002"} <= set(status) and len(status) < 12
-    rows = store.read_logprobs(["cell_id", "logprob"]).to_pandas()
-    assert rows.groupby("cell_id").size().to_dict() == dict.fromkeys(status, 50_000)   # never a part of a cell
-    assert (rows.logprob == -rows.cell_id.str[1:].astype(int)).all()
-    # resume: a new process writes the cells not stored (a new journal file), then compaction folds all
-    first = len(status)
-    subprocess.run([sys.executable, str(script), str(ROOT), str(run), str(first), "20"], check=True,
-                   stdout=subprocess.DEVNULL)
-    assert len(journal.journal_files(run)) == 2
-    compact(store)
-    status = store.stored_status()
-    assert len(status) == first + 12 and journal.journal_files(run) == []
-    cells = store.read_cells().set_index("cell_id")
-    assert (cells.duration_s == cells.index.str[1:].astype(float)).all()
-    record = json.loads((run / COMMIT_FILE).read_text())
-    assert sum(sum(info["rows"]) for info in record["logprobs"].values()) == 50_000 * len(status)
 
 
 def test_the_newest_copy_wins_across_journal_per_cell_files_and_compacted(tmp_path):

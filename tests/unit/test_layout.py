@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 O, A = "orchestrator", "adapters"
 
 # folder (or top-level module) -> what it may import besides itself; lowest layers first

@@ -8,6 +8,7 @@ import yaml
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.models import MatrixError
 from orchestrator.matrix.validate import json_schema, load_matrix, parse_matrix
+from tests.helpers import ROOT, problems
 
 BASE = {
     "models": {"tiny": "builtin:tiny", "other": {"source": "/models/other"}},
@@ -26,12 +27,6 @@ def with_(**changes):
             node = node.setdefault(p, {})
         node[last] = value
     return data
-
-
-def problems(data) -> list[str]:
-    with pytest.raises(MatrixError) as info:
-        expand(parse_matrix(data))
-    return info.value.problems
 
 
 def test_expansion_respects_per_framework_flag_sets():
@@ -163,8 +158,7 @@ def test_json_schema_lists_the_sections():
 
 
 def test_shipped_matrices_validate():
-    from pathlib import Path
 
-    for path in sorted(Path(__file__).resolve().parent.parent.joinpath("matrices").glob("*.yaml")):
+    for path in sorted(ROOT.joinpath("matrices").glob("*.yaml")):
         m, _ = load_matrix(path)
         assert expand(m), path

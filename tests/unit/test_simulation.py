@@ -5,15 +5,14 @@ The numbers asserted are the ones benchmarks/README.md reports, with a little ro
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
 from orchestrator.matrix import placement
 from orchestrator.matrix.models import Run
 from orchestrator.store.run_store import RunStore
+from tests.helpers import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SPLIT = ["split: priors", "split: hub ids, config", "split: hub ids, unsized", "split: history", "(oracle) split: true"]
 
 

@@ -1,7 +1,7 @@
 """Engine telemetry (adapters/meters/telemetry.py) and energy (adapters/meters/energy.py), without an engine.
 
 The real engines' figures are checked in the runs that already exist: vLLM's served /metrics and
-llama-cpp-python's missing one in tests/test_serve.py, vLLM's offline counters in tests/test_vllm.py.
+llama-cpp-python's missing one in tests/e2e/test_serve.py, vLLM's offline counters in tests/e2e/test_vllm.py.
 Here: the Prometheus text comes from prometheus_client's own exposition (a real registry served over
 real HTTP), and the energy counters, which this machine does not have, from stand-ins named as such:
 a directory laid out as the kernel's /sys/class/powercap, and a double of the NVML calls.
@@ -99,7 +99,7 @@ def test_scraper_reads_a_real_metrics_endpoint_and_samples_gauges():
         assert values["prefix_cache_hit_rate"] == 0.0 and values["gauge_samples"] == len(samples)
     finally:
         server.shutdown()
-    # nothing listening (a server without the endpoint, HTTP 404: llama-cpp-python's, in tests/test_serve.py)
+    # nothing listening (a server without the endpoint, HTTP 404: llama-cpp-python's, in tests/e2e/test_serve.py)
     dead = telemetry.Scraper(f"http://127.0.0.1:{free_port()}")
     assert dead.unavailable().startswith("GET /metrics on the server failed: ")
 

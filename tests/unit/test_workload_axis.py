@@ -1,5 +1,5 @@
 """Named workloads and the `workload` axis: expansion, ids, validation with YAML paths, the baseline
-selector and rows stored before the axis existed (no engine runs here; tests/test_workloads_run.py
+selector and rows stored before the axis existed (no engine runs here; tests/e2e/test_workloads_run.py
 runs a two-workload matrix through real engines)."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from orchestrator.judge.baselines import parse_selector
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.validate import parse_matrix
 from orchestrator.store.run_store import RunStore, cell_row
-from tests.conftest import ROOT
-from tests.test_matrix import problems
+from tests.helpers import ROOT, problems
 
 SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
 LOGNORMAL = {"kind": "lognormal", "mean": 448, "std": 160, "min": 288, "max": 768}

@@ -1,11 +1,11 @@
 """Workloads without engines: the seeded length distributions, the dataset readers, the requests a
-workload makes (prefix groups, multi-turn conversations), and what `bench validate` says about them."""
+workload makes (prefix groups, multi-turn conversations), and what validation says about them. (What
+`bench validate` prints, as a child process: e2e/test_workloads_run.py.)"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 
 import numpy as np
 import pytest
@@ -16,9 +16,7 @@ from orchestrator.inputs import datasets, lengths
 from orchestrator.inputs.lengths import LengthDist
 from orchestrator.matrix.models import MatrixError, ShareGptWorkload, SyntheticWorkload
 from orchestrator.matrix.validate import parse_matrix
-from tests.conftest import ROOT, bench_cmd
-
-SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
+from tests.helpers import SHAREGPT
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +200,3 @@ def test_stream_cells_and_unsupported_engines(tmp_path):
                for g in groups if g.mode == "stream"}
     assert "continuous-batching scheduler" in reasons["hf"] and "continuous-batching scheduler" in reasons["llamacpp"]
     assert reasons["hf"].startswith("hf has no stream mode: ") and reasons["vllm"] is None
-
-
-def test_bench_validate_names_the_missing_file(write_matrix, tmp_path):
-    path = write_matrix(BASE | {"workload": {"kind": "jsonl", "path": str(tmp_path / "prompts.jsonl")}})
-    out = subprocess.run(bench_cmd("validate", str(path)), capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode != 0 and "workload.path:" in out.stdout + out.stderr and "no such file" in out.stdout + out.stderr
