@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make smoke   installs, runs matrices/smoke.yaml and prints its summary
-#   make test    installs and runs the tests
+#   make test    installs and runs the tests (make test-fast: tests/unit alone, no engine, Ray or child process)
 PYTHON ?= python3
 # the two environments install side by side (pip is mostly one core; this machine has two)
 MAKEFLAGS += --jobs=2
@@ -11,7 +11,7 @@ comma  := ,
 NVML   := $(if $(shell command -v nvidia-smi 2>/dev/null),nvidia-ml-py,)
 EXTRAS := hf,llamacpp,serve,lm_eval,datasets,test$(if $(NVML),$(comma)gpu)
 
-.PHONY: setup smoke test env-vllm browser gpu-wheels lmdeploy-src clean
+.PHONY: setup smoke test test-fast env-vllm browser gpu-wheels lmdeploy-src clean
 
 $(BIN)/bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ smoke: setup env-vllm
 # build them (LOSSLESS_BENCH_LMDEPLOY_SRC makes them required rather than skipped).
 test: setup env-vllm browser lmdeploy-src
 	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q
+
+# The fast loop: tests/unit only (pytest -m "not slow"; tests/conftest.py marks the rest slow by folder).
+# No engine environment, browser or Ray cluster is needed; the tiny model is built on first use.
+test-fast: setup lmdeploy-src
+	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q -m "not slow"
 
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
@@ -55,7 +60,7 @@ $(VLLM_VENV)/bin/vllm-env-ok:
 env-vllm: $(VLLM_VENV)/bin/vllm-env-ok
 
 # The lmdeploy wheel (the version adapters/engines/lmdeploy.py pins), unpacked without its compiled engine
-# (lmdeploy/lib, ~350 MB of CUDA libraries): for tests/test_engine_mappings.py. Nothing is installed.
+# (lmdeploy/lib, ~350 MB of CUDA libraries): for tests/unit/test_engine_mappings.py. Nothing is installed.
 LMDEPLOY_VERSION ?= 0.16.0
 LMDEPLOY_SRC     := .cache/lmdeploy-src
 

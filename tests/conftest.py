@@ -1,17 +1,45 @@
+"""The fixtures every test folder shares, and what each folder costs.
+
+- tests/unit: no engine, no Ray, no child process (pure Python, Parquet, DuckDB, the CLI in process
+  through typer's CliRunner). Seconds. tests/unit/conftest.py fails a test there that starts a process.
+- tests/engines: one engine, in process or in its own child (`python -m adapters.worker`, the vLLM
+  environment's interpreter), no Ray.
+- tests/e2e: `bench run` or the scheduler on a real local Ray cluster, engine servers, `bench` as a
+  child process and any other child process.
+- tests/gpu: the engines on a CUDA GPU (skipped without one).
+
+Every test under tests/engines, tests/e2e and tests/gpu is marked `slow` here, by its path, so
+`pytest -m "not slow"` (`make test-fast`) is the fast loop; `pytest` runs everything.
+What several files share besides fixtures is in tests/helpers.py.
+"""
+
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd  # noqa: F401 - also importable from here, as before
+
+TESTS = Path(__file__).resolve().parent
+SLOW_FOLDERS = ("engines", "e2e", "gpu")
 
 
 def pytest_addoption(parser):
     parser.addoption("--allow-missing", action="append", default=[], metavar="ENGINE",
                      help="tests/gpu on a CUDA machine: let ENGINE (hf, vllm, trtllm, lmdeploy) be missing or "
                           "unsupported (its tests skip instead of failing); repeatable")
+
+
+@pytest.hookimpl(tryfirst=True)   # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:
+            continue
+        if folder in SLOW_FOLDERS:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,17 +68,6 @@ def ray_local():
     ray.shutdown()
 
 
-SMALL_MATRIX = {
-    "name": "small",
-    "models": {"tiny": "builtin:tiny"},
-    "axes": {"framework": ["hf"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1, 2],
-             "input_len": [16], "output_len": [6]},
-    "measure": {"warmup": 1, "repeats": 2, "scoring_prompts": 2, "scoring_len": 24, "greedy_tokens": 5,
-                "score_repeats": 2, "top_k": 8},
-    "run": {"cell_timeout_s": 120, "load_timeout_s": 300},
-}
-
-
 @pytest.fixture
 def write_matrix(tmp_path):
     def write(data: dict, name: str = "matrix.yaml") -> Path:
@@ -59,7 +76,3 @@ def write_matrix(tmp_path):
         return path
 
     return write
-
-
-def bench_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", *args]

@@ -10,7 +10,7 @@ Checks, and exits 1 on any failure (0 when every check passed; 2 when it cannot 
   within BF16_MAX_ABS of them.
 
 `--cpu-only` runs the same checks with the CPU alone (fp32 twice), so the script itself is tested
-where there is no GPU (tests/test_device_check.py). Run it through tests/gpu/device_check.sh.
+where there is no GPU (tests/engines/test_device_check.py). Run it through tests/gpu/device_check.sh.
 """
 
 from __future__ import annotations

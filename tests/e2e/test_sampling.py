@@ -1,0 +1,165 @@
+"""The sampling layer end to end: seeded samples through each engine's own sampler, stored per sample,
+compared seed by seed where the engine promises it and as a distribution where it does not; and
+speculative decoding measured, not assumed (llama.cpp's prompt lookup, vLLM's n-gram drafts on the
+CPU build, whose seeded sampling under speculation is broken upstream: an unsupported null, said).
+(The statistical tests and the sampler transform, by hand: unit/test_sampling_stats.py.)"""
+
+import copy
+import json
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from orchestrator.execution.runner import run_matrix
+from orchestrator.judge.analysis import analyse
+from orchestrator.judge.sampling_verdicts import analyse_sampling
+from orchestrator.store.run_store import RunStore
+from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
+
+VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
+CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seeds": 16, "tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def sampling_run(ray_local, tmp_path_factory, tiny_model):
+    assert VLLM_PY.exists(), f"vLLM environment missing ({VLLM_PY}): make env-vllm"
+    data = copy.deepcopy(SMALL_MATRIX)
+    # 64-token prompts: the workload's sentence repeats within each (its words are several tokens of
+    # the tiny vocabulary), so the n-gram and prompt-lookup drafters find matches
+    data["axes"] = {"framework": ["hf", "vllm"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1, 4],
+                    "flags": ["default"], "input_len": [64], "output_len": [16]}
+    # prefix caching on and off sample alike: tests/engines/test_sampling_engines.py checks it on the adapter
+    data["flags"] = {"vllm": {"default": CPU | {"enable_prefix_caching": True},
+                              "ngram": CPU | {"speculative": {"method": "ngram", "num_speculative_tokens": 3,
+                                                              "prompt_lookup_max": 3}}}}
+    data["flags"]["llamacpp"] = {"lookup": {"prompt_lookup": True, "num_pred_tokens": 4}}
+    data["include"] = [{"framework": "vllm", "flags": "ngram", "batch_size": 1}] + \
+        [{"framework": "llamacpp", "flags": f, "batch_size": 1} for f in ("default", "lookup")]
+    # prompts that repeat themselves, so n-gram drafts find matches
+    data["workload"] = {"kind": "jsonl", "path": str(tmp_path_factory.mktemp("w") / "p.jsonl")}
+    with open(data["workload"]["path"], "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"text": "the old town by the river and the old town by the sea " * 6}) + "\n")
+    data["measure"] |= {"scoring_prompts": 4, "scoring_len": 48, "greedy_tokens": 12, "sampling": SAMPLING}
+    data["run"] |= {"python": {"vllm": str(VLLM_PY)}, "cell_timeout_s": 600}
+    d = tmp_path_factory.mktemp("sampling")
+    (d / "m.yaml").write_text(yaml.safe_dump(data))
+    store = run_matrix(d / "m.yaml", d / "run")
+    return store, store.read_cells(), RunStore(store.root).read_samples().to_pandas()
+
+
+def _id(cells, framework, flags="default", batch=1):
+    rows = cells[(cells.framework == framework) & (cells["flags"] == flags) & (cells.batch_size == batch)]
+    assert len(rows) == 1
+    return rows.cell_id.iloc[0]
+
+
+def test_every_cell_stores_its_seeded_samples(sampling_run):
+    _, cells, samples = sampling_run
+    # each prompt's next-token candidates (next_top_k, default 128), the same on every row of the prompt
+    assert {len(x) for x in samples.next_topk_ids} == {128}
+    assert samples.groupby(["cell_id", "prompt_index"]).next_topk_ids.apply(lambda x: len({tuple(t) for t in x})).max() == 1
+    lp = np.stack(samples.next_topk_logprobs.to_list())
+    assert (np.diff(lp, axis=1) <= 0).all() and np.exp(lp).sum(axis=1).max() <= 1 + 1e-4
+    assert set(cells.status) == {"ok"}, cells[["framework", "flags", "status", "reason"]]
+    counts = samples.groupby("cell_id").size()
+    spec = _id(cells, "vllm", "ngram")      # vllm-project/vllm PR #42638: said as a null with the reason
+    assert "42638" in json.loads(cells.set_index("cell_id").missing[spec])["samples"]
+    assert set(counts.index) == set(cells.cell_id) - {spec} and (counts == 4 * 16 * 2).all()   # prompts x seeds x repeats
+    assert all(len(t) == 16 and len(lp) == 16 for t, lp in zip(samples.token_ids, samples.logprobs))
+    assert (np.concatenate(samples.logprobs.to_list()) <= 0).all()
+    one = samples[samples.cell_id == _id(cells, "hf")]
+    assert one.groupby("prompt_index").token_ids.apply(lambda x: len({tuple(t) for t in x})).min() > 1   # seeds differ
+
+
+def test_seeds_repeat_and_engines_agree_in_distribution(sampling_run):
+    store, cells, _ = sampling_run
+    sv = analyse_sampling(store.root).set_index("cell_id")
+    assert set(sv.index) == set(cells.cell_id) - {_id(cells, "vllm", "ngram")}
+    for cid in sv.index:
+        assert sv.loc[cid].repeatable == 1.0, (cid, sv.loc[cid].sampling_reason)
+    # another engine: no seed-by-seed promise; the same model and sampler settings: the same distribution
+    v = sv.loc[_id(cells, "vllm")]
+    assert v.seed_verdict == "n/a" and v.sampling_verdict == "same distribution", v.sampling_reason
+    assert v.dist_n_cell == v.dist_n_base == 64 and v.dist_seeds_cell == 16 and v.seeds_needed > 0
+    # the first-token test ran beside it, on the baseline's stored next-token candidates, both with n and p
+    for cid in sv.index:
+        r = sv.loc[cid]
+        assert r.first_n == 16 * r.first_prompts and r.first_prompts >= 1 and 0 < r.first_p <= 1, r.sampling_reason
+        assert "first token p=" in r.sampling_reason and "two-sample p=" in r.sampling_reason
+    assert v.first_p >= 0.01 / 2 and v.first_outside == 0
+
+
+@pytest.mark.parametrize("framework", ["hf", "vllm"])
+def test_seeds_are_identical_inside_a_batch(sampling_run, framework):
+    """A seed's samples whatever else runs beside it (hf: per-request generators; vLLM promises it):
+    batch 4 seed by seed against batch 1 of the same engine (the selector pins batch 1: by default a
+    batch-4 cell of the baseline's config would be its own baseline)."""
+    store, cells, _ = sampling_run
+    sv = analyse_sampling(store.root, baseline={"framework": framework, "batch_size": 1}).set_index("cell_id")
+    b4 = sv.loc[_id(cells, framework, batch=4)]
+    assert b4.baseline_cell_id == _id(cells, framework, batch=1)
+    assert b4.seed_verdict == "identical" and b4.seed_identical == 1.0, b4.sampling_reason
+
+
+def test_speculative_decoding_is_measured(sampling_run):
+    store, cells, _ = sampling_run
+    by_id = cells.set_index("cell_id")
+    for fw, flags in (("llamacpp", "lookup"), ("vllm", "ngram")):
+        spec = by_id.loc[_id(cells, fw, flags)]
+        assert spec.spec_draft_tokens > 0 and 0 <= spec.spec_accepted_tokens <= spec.spec_draft_tokens, fw
+        assert spec.spec_acceptance == pytest.approx(spec.spec_accepted_tokens / spec.spec_draft_tokens)
+        plain = by_id.loc[_id(cells, fw)]
+        assert pd.isna(plain.spec_acceptance) and pd.isna(plain.spec_draft_tokens)     # no speculation: null
+        # greedy: exactly the non-speculative engine's tokens
+        df = analyse(store.root, baseline={"framework": fw, "flags": "default"}).set_index("cell_id")
+        assert df.loc[spec.name].greedy_match == 1.0, df.loc[spec.name].verdict_reason
+    # sampled: llama.cpp samples every verified position with the same chain, so its seeds hold
+    sv = analyse_sampling(store.root, baseline={"framework": "llamacpp", "flags": "default"}).set_index("cell_id")
+    lookup = sv.loc[_id(cells, "llamacpp", "lookup")]
+    assert lookup.seed_verdict == "identical" and lookup.sampling_verdict == "identical", lookup.sampling_reason
+    assert np.isfinite(lookup.dist_p)
+
+
+def test_gate_sampling_rules_and_the_report_panel(sampling_run, tmp_path):
+    """bench gate's sampling rules on the run, and the sampling panel of report.html / section of report.md."""
+    store, cells, _ = sampling_run
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"rules": [
+        {"match": {"framework": "hf"}, "sampling": {"identical": True}},                  # batch 4 == batch 1, seed by seed
+        {"match": {"framework": "vllm", "flags": "default"}, "sampling": {"same_distribution": True}},
+        {"match": {"framework": "vllm", "flags": "default", "batch_size": 1}, "sampling": {"identical": True}},
+        {"match": {"framework": "vllm", "flags": "ngram"}, "sampling": {"same_distribution": True}}]}))
+    r = subprocess.run(bench_cmd("gate", str(store.root), "--policy", str(policy)), cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env={**__import__("os").environ, "COLUMNS": "250"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = [line for line in r.stdout.splitlines() if line.startswith("rule ")]
+    assert len(failed) == 2, r.stdout          # vLLM is another engine than hf: identity is not promised; n-gram: no samples
+    assert failed[0].startswith("rule 2 (sampling identical)") and "identity not promised" in failed[0]
+    assert failed[1].startswith("rule 3 (sampling same_distribution)") and "cannot judge sampling" in failed[1]
+
+    from orchestrator.report.write import write_report
+
+    html_path, md_path = write_report(store.root, tmp_path / "report.html")
+    html, md = html_path.read_text(), md_path.read_text()
+    panel = html[html.index('<h2 id="sampling">'):]
+    panel = panel[:panel.index("<h2", 5)]
+    assert panel.count("<tr title=") == len(cells) - 1 and "first-token test" in panel and "seeds to detect" in panel
+    section = md[md.index("### Sampling"):].split("\n### ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "/tiny/" in line]
+    assert len(rows) == len(cells) - 1 and all("p=" in line for line in rows)
+
+
+def test_compare_prints_a_sampling_verdict_for_every_ok_cell(sampling_run):
+    store, cells, _ = sampling_run
+    r = subprocess.run(bench_cmd("compare", str(store.root)), cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "COLUMNS": "250"})
+    assert r.returncode == 0, r.stderr
+    table = r.stdout[r.stdout.index("Sampling layer"):]
+    rows = [line for line in table.splitlines() if line.startswith("│") and "/" in line]
+    assert len(rows) == len(cells) - 1          # every ok cell with samples (not vLLM's n-gram: see above)
+    assert all(any(v in line for v in ("identical", "same distribution", "different")) for line in rows)

@@ -1,0 +1,95 @@
+"""The run store against other processes, on real files: one writer at a time (a second process holding
+the run makes compaction refuse, in the API and in `bench compact`), and a writer of large cells SIGKILLed
+mid-write leaves every stored cell complete, which a new process resumes and compacts. (The same
+stores in one process: unit/test_compaction.py, unit/test_journal.py.)"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.store import journal
+from orchestrator.store.compaction import compact
+from orchestrator.store.layout import COMMIT_FILE
+from orchestrator.store.run_store import RunStore
+from tests.helpers import ROOT, small_store
+
+
+def test_one_writer_at_a_time(tmp_path):
+    store = small_store(tmp_path)
+    import subprocess
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from orchestrator.store.run_store import RunStore\n"
+        "with RunStore(sys.argv[2]).writing():\n    print('held', flush=True); time.sleep(60)"),
+        str(ROOT), str(store.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RuntimeError, match="another bench process is writing"):
+            compact(store)
+        res = CliRunner().invoke(app, ["compact", str(store.root)])
+        assert res.exit_code == 2 and "another bench process" in res.output
+    finally:
+        holder.kill()
+        holder.wait()
+    with store.writing(), store.writing():  # re-entrant in one process (bench run compacts at its end)
+        assert compact(store)["cells_folded"] == 6
+
+
+WRITER = """
+import sys, numpy as np, pyarrow as pa
+sys.path.insert(0, sys.argv[1])
+from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import LOGPROBS_SCHEMA
+store, start, n = RunStore(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+rows = 50_000
+for i in range(start, start + 12):
+    cid = f"c{i:03d}"
+    t = pa.table({"run_id": ["r"] * rows, "cell_id": [cid] * rows, "kind": ["prompt"] * rows,
+                  "repeat": np.zeros(rows, np.int16), "prompt_index": np.zeros(rows, np.int32),
+                  "position": np.arange(rows, dtype=np.int32), "token_id": np.arange(rows, dtype=np.int32),
+                  "logprob": np.full(rows, -i, np.float32),
+                  "topk_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(rows * n, np.int32)), n).cast(pa.list_(pa.int32())),
+                  "topk_logprobs": pa.FixedSizeListArray.from_arrays(pa.array(np.full(rows * n, -i, np.float32)), n).cast(pa.list_(pa.float32()))},
+                 schema=LOGPROBS_SCHEMA)
+    store.write_cell({"run_id": "r", "cell_id": cid, "framework": "hf", "status": "ok", "duration_s": float(i)}, t)
+    print(i, flush=True)
+"""
+
+
+def test_sigkill_mid_write_leaves_every_stored_cell_complete(tmp_path):
+    """A writer of large cells (~5 MB a record) killed with SIGKILL: whatever it left, each cell is
+    either stored with all its rows or not stored; a new process resumes and compacts."""
+    run = tmp_path / "run"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    proc = subprocess.Popen([sys.executable, str(script), str(ROOT), str(run), "0", "20"], stdout=subprocess.PIPE,
+                            text=True)
+    done = [int(proc.stdout.readline()) for _ in range(3)]   # three cells stored, the fourth on its way
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert done == [0, 1, 2]
+    store = RunStore(run)
+    status = store.stored_status()
+    assert {"c000", "c001", "c002"} <= set(status) and len(status) < 12
+    rows = store.read_logprobs(["cell_id", "logprob"]).to_pandas()
+    assert rows.groupby("cell_id").size().to_dict() == dict.fromkeys(status, 50_000)   # never a part of a cell
+    assert (rows.logprob == -rows.cell_id.str[1:].astype(int)).all()
+    # resume: a new process writes the cells not stored (a new journal file), then compaction folds all
+    first = len(status)
+    subprocess.run([sys.executable, str(script), str(ROOT), str(run), str(first), "20"], check=True,
+                   stdout=subprocess.DEVNULL)
+    assert len(journal.journal_files(run)) == 2
+    compact(store)
+    status = store.stored_status()
+    assert len(status) == first + 12 and journal.journal_files(run) == []
+    cells = store.read_cells().set_index("cell_id")
+    assert (cells.duration_s == cells.index.str[1:].astype(float)).all()
+    record = json.loads((run / COMMIT_FILE).read_text())
+    assert sum(sum(info["rows"]) for info in record["logprobs"].values()) == 50_000 * len(status)

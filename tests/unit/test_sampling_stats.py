@@ -1,0 +1,117 @@
+"""The sampling layer's statistics and sampler, by hand: the seed-level permutation test holds its level
+and has its power, the first-token test likewise, and the sampler transform matches transformers' own
+warpers and every engine's filter order. (Seeded samples through the real engines: e2e/test_sampling.py,
+engines/test_sampling_engines.py.)"""
+
+import numpy as np
+import pytest
+
+from orchestrator.judge.sampling_stats import first_token_test, permutation_test, sampler_probs, seeds_to_detect
+
+
+def test_permutation_test_level_and_power():
+    """Seeds are the units: a seed effect shared by every prompt (common random numbers) would make a test
+    that permutes sample by sample cry wolf; the seed-level permutation holds its level with it."""
+    rng = np.random.default_rng(0)
+    strata, seeds = np.repeat(np.arange(4), 16), np.tile(np.arange(16), 4)
+
+    prompt_effect = np.repeat(rng.normal(size=4) * 2, 16)
+
+    def side():   # the prompts' own levels, a strong seed effect shared across prompts, and noise
+        return prompt_effect + np.tile(rng.normal(size=16), 4) + 0.5 * rng.normal(size=64)
+
+    ps = np.array([permutation_test(side(), strata, seeds, side(), strata, seeds + 100, n_perm=200, seed=i).p_value
+                   for i in range(150)])
+    assert (ps < 0.05).sum() <= 150 * 0.05 + 3 * (150 * 0.05 * 0.95) ** 0.5     # the level holds
+    shifted = permutation_test(rng.normal(size=64), strata, seeds, rng.normal(size=64) + 1.0, strata, seeds)
+    assert shifted.p_value < 0.001 and shifted.shift == pytest.approx(1.0, abs=0.4)
+    assert (shifted.n_base, shifted.n_cell, shifted.seeds_base, shifted.seeds_cell) == (64, 64, 16, 16)
+    # per-seed means of +-1 values alternating by seed: variance 16/15 across 16 seeds; a shift of 1 at 1%,
+    # 80% power: 2 * 16/15 * (2.576 + 0.842)^2 = 24.9 -> 25 seeds
+    assert seeds_to_detect(np.tile([-1.0, 1.0], 32), strata, seeds, 1.0, 0.01) == 25
+
+
+def _reference_sampler(lp: np.ndarray, t: float, top_k: int, top_p: float, min_p: float, order) -> np.ndarray:
+    """Each filter on the whole vocabulary in the given order: the plain definition, for checking."""
+    w, tempered = np.exp(lp), False
+    keep = np.ones(len(lp), bool)
+    for step in order:
+        cur = np.where(keep, np.exp(lp / t) if tempered else np.exp(lp), 0.0)
+        cur /= cur.sum()
+        if step == "temperature":
+            tempered = True
+        elif step == "top_k" and top_k:
+            keep &= cur >= np.sort(cur)[::-1][top_k - 1]
+        elif step == "top_p" and top_p < 1:
+            s = np.sort(cur)[::-1]
+            keep &= cur >= s[np.searchsorted(np.cumsum(s), top_p) if np.cumsum(s)[-1] >= top_p else len(s) - 1]
+        elif step == "min_p" and min_p:
+            keep &= cur >= min_p * cur.max()
+    w = np.where(keep, np.exp(lp / t), 0.0)
+    return w / w.sum()
+
+
+def test_sampler_transform_matches_the_engines_filters():
+    """sampler_probs against transformers' own warpers (temperature -> top_k -> top_p -> min_p) and, for
+    every engine order, against the plain definition; truncated to 40 candidates it either gives the same
+    distribution or says why the tail decides it."""
+    import torch
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from adapters import ADAPTERS
+
+    rng = np.random.default_rng(1)
+    orders = {fw: ADAPTERS[fw].sampler_order for fw in ("hf", "llamacpp", "vllm")}
+    told = 0
+    for trial in range(30):
+        logits = rng.normal(size=300) * rng.uniform(0.5, 4)
+        lp = logits - np.log(np.exp(logits).sum())
+        t, k = float(rng.choice([0.5, 0.8, 1.0, 1.3])), int(rng.choice([0, 5, 50]))
+        p, m = float(rng.choice([1.0, 0.9, 0.5])), float(rng.choice([0.0, 0.05, 0.2]))
+        s = torch.tensor(lp, dtype=torch.float64)[None]
+        for w in [TemperatureLogitsWarper(t)] + ([TopKLogitsWarper(k)] if k else []) + \
+                ([TopPLogitsWarper(p)] if p < 1 else []) + ([MinPLogitsWarper(m)] if m else []):
+            s = w(None, s)
+        want = {"hf": torch.softmax(s, -1)[0].numpy()}
+        want |= {fw: _reference_sampler(lp, t, k, p, m, orders[fw]) for fw in ("llamacpp", "vllm")}
+        assert np.abs(want["hf"] - _reference_sampler(lp, t, k, p, m, orders["hf"])).max() < 1e-9
+        top = np.argsort(-lp)[:40]
+        for fw, ref in want.items():
+            ids, q, why = sampler_probs(np.arange(300), lp, t, k, p, m, orders[fw])
+            assert why is None
+            got = np.zeros(300)
+            got[ids] = q
+            assert np.abs(got - ref).max() < 1e-9, (fw, t, k, p, m)
+            ids, q, why = sampler_probs(top, lp[top], t, k, p, m, orders[fw])
+            if why is None:
+                got = np.zeros(300)
+                got[ids] = q
+                assert np.abs(got - ref).max() < 1e-9, ("truncated", fw, t, k, p, m)
+            else:
+                told += 1
+                assert "stored candidates" in why or "unbounded" in why
+    assert told > 0       # the truncated case was exercised
+
+
+def test_first_token_test_level_and_power():
+    rng = np.random.default_rng(7)
+    ids, q = np.arange(5), np.array([0.5, 0.3, 0.1, 0.05, 0.05])
+    dists = {i: (ids, q) for i in range(4)}
+    ps = np.array([first_token_test(dists, {i: rng.choice(5, size=16, p=q) for i in range(4)}, n_sim=200,
+                                    seed=r).p_value for r in range(200)])
+    assert (ps < 0.05).sum() <= 200 * 0.05 + 3 * (200 * 0.05 * 0.95) ** 0.5     # Bonferroni over prompts: conservative
+    wrong = first_token_test(dists, {i: rng.choice(5, size=64, p=[0.2, 0.2, 0.2, 0.2, 0.2]) for i in range(4)})
+    assert wrong.p_value < 0.01 and wrong.n == 256 and wrong.prompts == 4
+    # a token the baseline's sampler never keeps: impossible under the null, p = 0 exactly
+    out = first_token_test(dists, {0: np.array([0, 1, 9])})
+    assert out.p_value == 0.0 and out.outside == 1
+    # a prompt whose distribution is not known is said, not tested
+    t = first_token_test({0: (ids, q), 1: "top-p 0.95 reaches beyond the 8 stored candidates"},
+                         {0: np.zeros(4, int), 1: np.zeros(4, int)})
+    assert t.prompts == 1 and "beyond" in t.skipped[1]
+
