@@ -5,7 +5,7 @@ and from how many seeds? And how often does it call two identical servers differ
                                         [--null-start 0] [--lr-null-runs 10]
 
 Three llama-cpp-python servers on the built-in tiny model (fp32, fp32 again, q4_0; f32 KV cache, one
-thread each), the prompts of tests/test_serve.py, temperature 0.8 / top-p 0.95, 16 tokens a sample,
+thread each), the prompts of tests/e2e/test_serve.py, temperature 0.8 / top-p 0.95, 16 tokens a sample,
 all through orchestrator.judge.endpoint_diff.diff_sampled (the command's own code):
 - false alarms: `--null-runs` comparisons of fp32 against fp32 again, each side on seeds of its own (A
   seeds 2k*n.., B (2k+1)*n.. for run k: identical servers with the same seeds draw identical samples),

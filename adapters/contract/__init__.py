@@ -1,7 +1,7 @@
 """The contract between the orchestrator and the engine processes: what crosses the boundary, typed.
 
 Both sides import it; it imports the standard library, numpy and pydantic only (and, within a
-function, the tokenizers library), so every engine environment can import it:
+function, the tokenizers library and pynvml), so every engine environment can import it:
 
   specs.py       what the driver hands a worker (`GroupSpec` and its parts)
   events.py      what a worker reports while it runs (`WorkerEvent`, `LoadFacts`)
@@ -9,6 +9,7 @@ function, the tokenizers library), so every engine environment can import it:
                  row layouts, the one top-k rule)
   timing.py      the timing types and the one `summarize` of every latency and throughput figure
   intervals.py   confidence intervals for throughputs and speed-ups over a few repeats
+  host.py        what a host is (`HostFacts`), gathered once by `host_facts()` on either side
   tokenizer.py   the model's tokenizer, the same on both sides
   openai_api.py  what an engine's OpenAI-compatible server does, and the request bodies sent to it
   claims.py      which node runs a cell when unstarted cells move between nodes

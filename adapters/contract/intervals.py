@@ -197,7 +197,7 @@ def run_noise(old_rows: list, repeat_rows: list) -> tuple[float, float]:
     degrees of freedom. That takes each cell's drift as its own (cells run minutes apart): with a
     drift partly shared and partly per cell a 95% interval holds about 95%; a drift shared by every
     cell alone is one draw per pair of runs, and there it holds about 78% (the repeats alone: 17%;
-    tests/test_intervals.py). (0, inf) when nothing pairs."""
+    tests/unit/test_intervals.py). (0, inf) when nothing pairs."""
     terms = []
     for a, b in zip(old_rows, repeat_rows):
         a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)

@@ -1,6 +1,6 @@
 """What a cell ran on, beyond its config: the model's content fingerprint (the host's hardware and
-drivers: adapters/contract/host.py). Taken in the worker (the files are on its node), stored with every cell, so that
-two runs can say what changed between them (`bench compare NEW --against OLD`).
+drivers: adapters/contract/host.py). Taken in the worker (the files are on its node), stored with
+every cell, so that two runs can say what changed between them (`bench compare NEW --against OLD`).
 
 The fingerprint is a BLAKE2b over the weights, config and tokenizer files of a local model (their
 relative names, sizes and contents), cached per file by (path, size, mtime): a model is hashed once,

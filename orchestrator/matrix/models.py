@@ -249,7 +249,8 @@ class Serve(_Strict):
 
 
 class Tolerances(_Strict):
-    """Thresholds for verdicts (see orchestrator/judge/analysis.py for how each is used)."""
+    """Thresholds for verdicts (orchestrator/judge/logits.py says how each is used; the report and the
+    gate read them from here, never restating a default)."""
 
     atol: float = Field(1e-3, ge=0, description="Max abs difference of the actual token's teacher-forced logprob "
                         "for 'lossless' (above it: at best 'near-lossless')")
