@@ -54,8 +54,9 @@ class Manifest(BaseModel):
             return data
         data = dict(data)
         stored = data.pop("matrix", None)
-        stored = stored.model_dump(mode="json") if isinstance(stored, Matrix) else (stored or {})
-        data["matrix_json"] = stored
+        if isinstance(stored, Matrix):   # a run's own matrix: no need to validate it again
+            return data | {"matrix": stored, "matrix_json": stored.model_dump(mode="json")}
+        data["matrix_json"] = stored = stored or {}
         try:
             data["matrix"] = Matrix.model_validate(stored) if stored else None
         except ValidationError:
