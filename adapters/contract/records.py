@@ -47,8 +47,9 @@ class ChoiceOutput(ContractModel):
 
 class LmEvalItem(ContractModel):
     doc_id: int
-    score: float | None                      # the task's chosen metric for this item
-    prediction: str                          # the filtered response (multiple choice: the highest loglikelihood's index)
+    score: float | None                      # the task's chosen metric for this item (a perplexity metric: its loglikelihood)
+    weight: float | None = None              # a perplexity metric's words or bytes (lm-eval's (loglikelihood, weight))
+    prediction: str                          # the filtered response (multiple choice: the pick of the chosen metric)
     target: str
     metrics: dict[str, float] = Field(default_factory=dict)
     choice_logprobs: list[float] | None = None   # multiple choice: each choice's loglikelihood
@@ -58,7 +59,10 @@ class LmEvalOutput(ContractModel):
     kind: Literal["lm_eval"] = "lm_eval"
     name: str
     metric: str
+    aggregation: str = "mean"                # lm-eval's aggregation of the metric over the items
+    higher_is_better: bool = True
     items: list[LmEvalItem]
+    lm_eval_value: float | None = None       # lm-eval's own aggregate of the metric over these items
 
 
 class TaskError(ContractModel):

@@ -158,8 +158,13 @@ class ChoiceTaskSpec(ContractModel):
 
     kind: Literal["choice"] = "choice"
     name: str
-    contexts: list[list[int]]
-    choices: list[list[list[int]]]           # item -> choice -> continuation ids
+    contexts: list[list[list[int]]]          # item -> choice -> context ids (lm-eval's split: the same for every
+    choices: list[list[list[int]]]           # choice but an empty context's); item -> choice -> continuation ids
+
+
+# lm-eval's aggregations (by its registry names) the task layer judges item by item; each is defined once,
+# driver side, in orchestrator/inputs/task_metrics.py
+JUDGED_AGGREGATIONS = ("mean", "perplexity", "weighted_perplexity", "bits_per_byte")
 
 
 class LmEvalTaskSpec(ContractModel):

@@ -18,29 +18,61 @@ class Tokenizer:
 
             tok = FastTokenizer.from_file(str(path / "tokenizer.json"))
             self.encode = lambda text: tok.encode(text, add_special_tokens=False).ids
-            self.decode = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
+            # transformers' fast tokenizers add what tokenizer.json's post-processor adds
+            self.encode_default = lambda text: tok.encode(text, add_special_tokens=True).ids
+            self.decode = lambda ids, skip_special_tokens=False: tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
             self.vocab_size = tok.get_vocab_size()
             self.special_ids = set(tok.get_added_tokens_decoder())
-            self.eos_id = _eos_id(path, tok.token_to_id)
+            self.eos_id = _special_id(path, "eos_token", tok.token_to_id)
+            self.bos_id = _special_id(path, "bos_token", tok.token_to_id)
         else:
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
             self.encode = lambda text: tok.encode(text, add_special_tokens=False)
-            self.decode = lambda ids: tok.decode(list(ids), skip_special_tokens=False)
+            self.encode_default = lambda text: tok.encode(text)
+            self.decode = lambda ids, skip_special_tokens=False: tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
             self.vocab_size = len(tok)
             self.special_ids = set(tok.all_special_ids)
             self.eos_id = tok.eos_token_id
+            self.bos_id = tok.bos_token_id
+
+    @property
+    def prefix_id(self) -> int | None:
+        """What lm-eval's HF backend conditions on where a text has no context of its own (a rolling
+        window's first token, an empty context): BOS, else EOS (its `prefix_token_id`)."""
+        return self.bos_id if self.bos_id is not None else self.eos_id
+
+    def encode_task(self, text: str) -> list[int]:
+        """A task text's ids as lm-eval's HF backend makes them (`tok_encode`): with the special tokens the
+        tokenizer adds by default (BOS where it adds one), none where the text already starts with BOS's text."""
+        bos = self.decode([self.prefix_id]) if self.prefix_id is not None else ""
+        return self.encode(text) if bos and text.startswith(bos) else self.encode_default(text)
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context ids, continuation ids) as lm-eval's `loglikelihood` splits them: trailing spaces of the
+        context move to the continuation; the context's own ids, then the rest of the whole text's ids (a
+        token spanning the boundary is scored as part of the continuation); an empty context is the prefix
+        token. tests/unit/test_task_encoding.py pins this against lm-eval's own code."""
+        if not context:
+            cont = self.encode(continuation)
+            return ([self.prefix_id], cont) if not cont or cont[0] != self.prefix_id else (cont[:1], cont[1:])
+        n_space = len(context) - len(context.rstrip())
+        if n_space:
+            context, continuation = context[:-n_space], context[-n_space:] + continuation
+        ctx = self.encode_task(context)
+        return ctx, self.encode_task(context + continuation)[len(ctx):]
 
     def cut(self, ids: list[int], stops: list[str]) -> str:
-        """Generated ids as the text a stopping decoder would have returned: up to EOS, then up to the
-        first stop string (for greedy decoding, what stopping there would have produced)."""
+        """Generated ids as the text lm-eval's HF backend returns for a greedy generation: up to EOS,
+        decoded without special tokens, then up to the first stop string (for greedy decoding, what
+        stopping there would have produced)."""
         if self.eos_id is not None and self.eos_id in ids:
             ids = ids[:ids.index(self.eos_id)]
-        text = self.decode(ids)
+        text = self.decode(ids, skip_special_tokens=True)
         for stop in stops:
-            if stop and stop in text:
-                text = text[:text.index(stop)]
+            if stop:
+                text = text.split(stop)[0]
         return text
 
 
@@ -62,20 +94,20 @@ def chat_template(tokenizer_dir: str | Path) -> str | None:
     return found if isinstance(found, str) and found else None
 
 
-def _eos_id(path: Path, token_to_id) -> int | None:
-    """The EOS id a tokenizer.json alone does not name: from tokenizer_config.json, else the model's
-    generation_config.json / config.json."""
+def _special_id(path: Path, key: str, token_to_id) -> int | None:
+    """The id of a special token (`bos_token`, `eos_token`) a tokenizer.json alone does not name: from
+    tokenizer_config.json, else the model's generation_config.json / config.json (`<key>_id`)."""
     config = path / "tokenizer_config.json"
     if config.exists():
-        eos = json.loads(config.read_text()).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if isinstance(eos, str) and token_to_id(eos) is not None:
-            return token_to_id(eos)
+        tok = json.loads(config.read_text()).get(key)
+        tok = tok.get("content") if isinstance(tok, dict) else tok
+        if isinstance(tok, str) and token_to_id(tok) is not None:
+            return token_to_id(tok)
     for name in ("generation_config.json", "config.json"):
         if (path / name).exists():
-            eos = json.loads((path / name).read_text()).get("eos_token_id")
-            if isinstance(eos, list):
-                eos = eos[0] if eos else None
-            if isinstance(eos, int):
-                return eos
+            found = json.loads((path / name).read_text()).get(f"{key}_id")
+            if isinstance(found, list):
+                found = found[0] if found else None
+            if isinstance(found, int):
+                return found
     return None

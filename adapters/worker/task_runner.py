@@ -26,7 +26,7 @@ def run_generation(scorer: Scorer, task: GenerationTaskSpec, batch_size: int) ->
 
 
 def run_choice(scorer: Scorer, task: ChoiceTaskSpec, batch_size: int) -> ChoiceOutput:
-    contexts = [ctx for ctx, choices in zip(task.contexts, task.choices) for _ in choices]
+    contexts = [ctx for item in task.contexts for ctx in item]
     continuations = [c for choices in task.choices for c in choices]
     flat = iter(choice_logprobs(scorer, contexts, continuations, batch_size))
     logprobs, greedy = [], []

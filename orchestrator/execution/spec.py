@@ -23,7 +23,7 @@ from adapters.contract.specs import (
     ServeSpec,
 )
 from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
-from orchestrator.inputs import task_sets
+from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.matrix.cells import Cell, EngineGroup
 from orchestrator.matrix.models import Matrix
@@ -102,14 +102,14 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             stream_requests=per_run if g.mode == "stream" else 0,
             notes=([f"workload: {c.workload}"] if c.workload else []) + req.notes))
     scoring = scoring_prompts(m.measure, tok)
-    task_specs = task_sets.task_specs(tasks, tok, tokenizer_source(job), entry.trust_remote_code,
-                                      max_length=max(2048, m.measure.scoring_len + m.measure.greedy_tokens))
+    task_max = lm_eval_tasks.model_max_length(source, tokenizer_source(job)) if task_sets.has_lm_eval(tasks) else None
+    task_specs = task_sets.task_specs(tasks, tok, tokenizer_source(job), entry.trust_remote_code, task_max)
     load = LoadSpec(
         framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
         gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
         cache_dir=str(Path(job.cache_dir) / "engines"), seed=0,
         max_running=g.cells[0].batch_size if g.mode == "stream" else None,
-        context_len=max([longest] + [m.measure.scoring_len + max(
+        context_len=max([longest, task_sets.longest_sequence(task_specs)] + [m.measure.scoring_len + max(
             m.measure.greedy_tokens, m.measure.sampling.tokens if m.measure.sampling else 0)]),
         model=ModelSpec(name=g.model, source=source, trust_remote_code=entry.trust_remote_code, revision=entry.revision))
     return GroupSpec(

@@ -8,9 +8,16 @@ scored against each of the item's answers (the best counts):
   token_f1     SQuAD token F1 of the normalised texts
   rouge_l      ROUGE-L F-measure (Google's rouge-score, stemmed)
   chrf, bleu   sacrebleu's sentence chrF and BLEU, divided by 100
-Choice items: acc is 1 when the answer's summed continuation logprob is the highest (ties: the lower
-index, as numpy's argmax); acc_norm divides each sum by the UTF-8 byte length of the choice's text
-(lm-eval's acc_norm). lm-eval items come scored by lm-eval's own task definition.
+Choice items, as lm-eval's multiple choice: acc is 1 when the answer's summed continuation logprob is the
+highest (ties: the lower index, as numpy's argmax); acc_norm divides each sum by the characters of the
+choice's text, acc_bytes by its UTF-8 bytes. lm-eval items come scored by lm-eval's own task definition.
+
+A task's figure aggregates its items' scores as lm-eval aggregates them (`AGGREGATIONS`, by lm-eval's
+names; tests/unit/test_task_encoding.py pins each against lm-eval's own function):
+  mean                 the mean score (every native metric)
+  perplexity           exp(-mean loglikelihood)
+  weighted_perplexity  exp(-sum loglikelihood / sum weight)   (word_perplexity, byte_perplexity)
+  bits_per_byte        -sum loglikelihood / sum bytes / ln 2
 """
 
 from __future__ import annotations
@@ -80,10 +87,40 @@ def generation_score(entry: GenerationTask, prediction: str, answers: list[str])
     raise ValueError(f"unknown generation metric {m!r}")
 
 
+def _mean(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return scores.mean(axis=-1)
+
+
+def _perplexity(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return np.exp(-scores.mean(axis=-1))
+
+
+def _weighted_perplexity(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return np.exp(-scores.sum(axis=-1) / weights.sum(axis=-1))
+
+
+def _bits_per_byte(scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return -scores.sum(axis=-1) / weights.sum(axis=-1) / np.log(2)
+
+
+# name -> f(scores, weights): the aggregate over the last axis (so a [resamples, items] array gives one per resample)
+AGGREGATIONS = {"mean": _mean, "perplexity": _perplexity, "weighted_perplexity": _weighted_perplexity,
+                "bits_per_byte": _bits_per_byte}
+
+
+def aggregate(name: str | None, scores, weights=None):
+    """The task figure of `scores` (the last axis: items) as lm-eval's aggregation `name` (None: mean)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    weights = np.ones_like(scores) if weights is None else np.asarray(weights, dtype=np.float64)
+    return AGGREGATIONS[name or "mean"](scores, weights)
+
+
 def choice_pick(entry: ChoiceTask, logprobs: list[list[float]], texts: list[str]) -> int:
     sums = np.array([sum(lps) for lps in logprobs], dtype=np.float64)
     if entry.metric == "acc_norm":
-        sums = sums / np.array([max(1, len(t.encode())) for t in texts], dtype=np.float64)
+        sums = sums / np.array([float(len(t)) for t in texts], dtype=np.float64)
+    elif entry.metric == "acc_bytes":
+        sums = sums / np.array([float(len(t.encode("utf-8"))) for t in texts], dtype=np.float64)
     return int(np.argmax(sums))
 
 
@@ -94,8 +131,9 @@ def task_rows(entry: TaskEntry, items: Items | None, output: TaskOutput, tok: To
         return []
     if isinstance(output, LmEvalOutput):
         return [{"task": name, "metric": output.metric, "item_index": it.doc_id, "score": it.score,
-                 "prediction": it.prediction, "target": it.target, "choice_logprobs": it.choice_logprobs}
-                for it in output.items]
+                 "prediction": it.prediction, "target": it.target, "choice_logprobs": it.choice_logprobs,
+                 "score_weight": it.weight, "aggregation": output.aggregation,
+                 "higher_is_better": output.higher_is_better} for it in output.items]
     rows = []
     if isinstance(output, GenerationOutput):
         for i, (ids, answers) in enumerate(zip(output.tokens, items.answers)):

@@ -25,12 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.contract.specs import ChoiceTaskSpec, GenerationTaskSpec, LmEvalTaskSpec, TaskSpec
 from adapters.contract.tokenizer import Tokenizer
+from orchestrator.inputs import lm_eval_tasks
 
 BUILTIN_DIR = Path(__file__).parent / "data" / "tasks"
 # binary metrics score 0 or 1 per item (McNemar's test applies); the others are continuous in [0, 1]
 GENERATION_METRICS = ("exact_match", "regex_match", "contains", "token_f1", "rouge_l", "chrf", "bleu")
-CHOICE_METRICS = ("acc", "acc_norm")
-BINARY_METRICS = ("exact_match", "regex_match", "contains", "acc", "acc_norm")
+CHOICE_METRICS = ("acc", "acc_norm", "acc_bytes")
+BINARY_METRICS = ("exact_match", "regex_match", "contains", "acc", "acc_norm", "acc_bytes")
 
 
 class _Strict(BaseModel):
@@ -66,7 +67,7 @@ class ChoiceTask(_Strict):
     name: str
     path: str = Field(description="JSONL of {prompt, choices: [...], answer_index}")
     metric: Literal[CHOICE_METRICS] = Field("acc", description="acc: the highest summed logprob; acc_norm: per "
-                                            "byte of the choice's text (lm-eval's length normalisation)")
+                                            "character of the choice's text, acc_bytes: per UTF-8 byte (lm-eval's)")
     limit: int | None = Field(None, ge=1)
 
 
@@ -79,6 +80,8 @@ class LmEvalTask(_Strict):
     num_fewshot: int | None = Field(None, ge=0)
     limit: int | None = Field(None, ge=1)
     metric: str | None = Field(None, description="The per-item metric stored as the score (default: the task's first)")
+    max_length: int | None = Field(None, ge=2, description="lm-eval's max_length: the rolling windows' and truncation's "
+                                   "length (default: the model's, as lm-eval's HF backend resolves it)")
 
 
 TaskEntry = Annotated[Union[GenerationTask, ChoiceTask, LmEvalTask], Field(discriminator="kind")]
@@ -161,6 +164,8 @@ def problems(entries: list) -> list[str]:
         if isinstance(e, LmEvalTask):
             if e.include_path and not Path(e.include_path).is_dir():
                 out.append(f"{where}.include_path: no such folder: {e.include_path}")
+            else:
+                out += lm_eval_tasks.problems(e.task, e.metric, e.include_path, where)
             continue
         if isinstance(e, GenerationTask) and e.metric == "regex_match" and not e.regex:
             out.append(f"{where}.regex: regex_match needs a pattern")
@@ -183,8 +188,9 @@ def load_tasks(entries: list) -> Loaded:
 
 
 def task_specs(tasks: Loaded, tok: Tokenizer, tokenizer_source: str, trust_remote_code: bool,
-               max_length: int) -> list[TaskSpec]:
-    """The tasks as the engine process gets them: every text as this model's token ids."""
+               model_max_length: int | None) -> list[TaskSpec]:
+    """The tasks as the engine process gets them: every text as this model's token ids (lm-eval tasks:
+    `model_max_length` unless the entry sets its own max_length)."""
     specs: list[TaskSpec] = []
     for e, items in tasks.values():
         if isinstance(e, LmEvalTask):
@@ -192,21 +198,31 @@ def task_specs(tasks: Loaded, tok: Tokenizer, tokenizer_source: str, trust_remot
             specs.append(LmEvalTaskSpec(name=task_name(e), task=e.task, include_path=include,
                                         num_fewshot=e.num_fewshot, limit=e.limit, metric=e.metric,
                                         tokenizer=tokenizer_source, trust_remote_code=trust_remote_code,
-                                        max_length=max_length))
+                                        max_length=e.max_length or model_max_length or 2048))
             continue
-        if isinstance(e, GenerationTask):
-            specs.append(GenerationTaskSpec(name=e.name, prompts=[tok.encode(p) for p in items.prompts],
+        if isinstance(e, GenerationTask):   # encoded as lm-eval's HF backend encodes a generation context
+            specs.append(GenerationTaskSpec(name=e.name, prompts=[tok.encode_task(p) for p in items.prompts],
                                             max_tokens=e.max_tokens))
-        else:
-            contexts, choices = [], []
-            for prompt, texts in zip(items.prompts, items.choices):
-                ctx = tok.encode(prompt)
-                # encode the whole, as lm-eval does, so a token spanning the boundary stays one token;
-                # where the whole does not start with the context's ids, the choice is encoded alone
-                wholes = [tok.encode(prompt + c) for c in texts]
-                conts = [w[len(ctx):] if w[:len(ctx)] == ctx and len(w) > len(ctx) else tok.encode(c)
-                         for w, c in zip(wholes, texts)]
-                contexts.append(ctx)
-                choices.append(conts)
-            specs.append(ChoiceTaskSpec(name=e.name, contexts=contexts, choices=choices))
+        else:   # split as lm-eval's loglikelihood splits (context, continuation): one number with its twin
+            pairs = [[tok.encode_pair(prompt, c) for c in texts] for prompt, texts in zip(items.prompts, items.choices)]
+            specs.append(ChoiceTaskSpec(name=e.name, contexts=[[ctx for ctx, _ in item] for item in pairs],
+                                        choices=[[cont for _, cont in item] for item in pairs]))
     return specs
+
+
+def has_lm_eval(tasks: Loaded) -> bool:
+    return any(isinstance(e, LmEvalTask) for e, _ in tasks.values())
+
+
+def longest_sequence(specs: list[TaskSpec]) -> int:
+    """The most tokens one engine call of these tasks holds (an lm-eval task: its max_length + 1, the
+    longest window lm-eval scores), so the engine's context is sized for them."""
+    out = 0
+    for t in specs:
+        if isinstance(t, LmEvalTaskSpec):
+            out = max(out, t.max_length + 1)
+        elif isinstance(t, GenerationTaskSpec):
+            out = max([out] + [len(p) + t.max_tokens for p in t.prompts])
+        else:
+            out = max([out] + [len(c) + len(x) for cs, xs in zip(t.contexts, t.choices) for c, x in zip(cs, xs)])
+    return out

@@ -7,12 +7,13 @@ against a baseline cell, computed from the stored tasks table alone (orchestrato
                                        orchestrator/cross_run.compare_runs)
     summarize_tasks(tv)                one line per cell: the worst task verdict, and the reasons
 
-One row per (cell, task): n, score, score_lo/hi, the baseline's score over the paired items, change,
+One row per (cell, task): n, score (the task's figure: its items aggregated as lm-eval aggregates the
+metric: a mean, or a perplexity), score_lo/hi, the baseline's score over the paired items, change,
 change_lo/hi, ratio, ratio_lo/hi (MLPerf's accuracy ratio), the test, p_value, worse/better (items that
 moved each way), noise_items (items the baseline's engine scores differently at its smallest and largest
 batch: its own noise floor; a significant change that moves no more items than that is 'no change'),
 task_verdict (no change | regressed | improved | n/a) and task_reason. A task a cell could not run is
-n/a with the reason its row stored; perplexity stays in the logit layer's ppl columns.
+n/a with the reason its row stored; so is a task whose items carry no per-item score.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from orchestrator.inputs.task_metrics import aggregate
 from orchestrator.inputs.task_sets import BINARY_METRICS
 from orchestrator.judge.analysis import run_settings
 from orchestrator.judge.baselines import resolve_baselines
@@ -32,7 +34,9 @@ from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import json_object
 
 TASK_VERDICTS = ("no change", "improved", "regressed")
-_ITEM_COLUMNS = ["cell_id", "task", "metric", "item_index", "score"]
+_ITEM_COLUMNS = ["cell_id", "task", "metric", "item_index", "score", "score_weight", "aggregation", "higher_is_better"]
+_TESTS = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap",
+          "paired-permutation": "paired permutation"}
 
 
 def layer_cells(root: Path) -> pd.DataFrame:
@@ -60,7 +64,11 @@ def with_old_partners(new_root: Path, old_root: Path, pairs: pd.DataFrame) -> pd
 
 
 def _items(root: Path) -> pd.DataFrame:
-    return RunStore(root).read_tasks(_ITEM_COLUMNS).to_pandas().dropna(subset=["score"])
+    """Every stored item row; runs written before the aggregation columns read as means, higher better."""
+    t = RunStore(root).read_tasks(_ITEM_COLUMNS).to_pandas()
+    t["aggregation"] = t["aggregation"].fillna("mean")
+    t["higher_is_better"] = t["higher_is_better"].fillna(True).astype(bool)
+    return t
 
 
 def _not_run(cells: pd.DataFrame) -> dict[str, dict[str, str]]:
@@ -74,8 +82,14 @@ def _not_run(cells: pd.DataFrame) -> dict[str, dict[str, str]]:
     return out
 
 
-def _is_binary(metric: str, scores: np.ndarray) -> bool:
-    return metric in BINARY_METRICS or bool(np.isin(scores, (0.0, 1.0)).all())
+def _is_binary(metric: str, aggregation: str, scores: np.ndarray) -> bool:
+    return aggregation == "mean" and (metric in BINARY_METRICS or bool(np.isin(scores, (0.0, 1.0)).all()))
+
+
+def _weights(items: pd.DataFrame) -> np.ndarray | None:
+    """A perplexity's per-item words or bytes (None: a mean's items weigh alike)."""
+    w = items.score_weight
+    return None if w.isna().all() else w.to_numpy(dtype=np.float64)
 
 
 def _fmt(x: float) -> str:
@@ -83,16 +97,17 @@ def _fmt(x: float) -> str:
 
 
 def _reason(r: dict, base: str) -> str:
-    test = "McNemar exact" if r["test"] == "mcnemar-exact" else "paired bootstrap"
+    dropped = f" ({r['ratio_dropped']} resamples with a baseline of 0 left out)" if r.get("ratio_dropped") else ""
     return (f"{r['metric']} {_fmt(r['score'])} [95% CI {_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}] vs "
             f"{_fmt(r['base_score'])} on {base}: change {r['change']:+.3f} [{r['change_lo']:+.3f}, {r['change_hi']:+.3f}], "
-            f"ratio {_fmt(r['ratio'])}; {test} p={r['p_value']:.3g} ({r['worse']} items worse, {r['better']} better "
-            f"of {r['n_paired']} paired)")
+            f"ratio {_fmt(r['ratio'])}{dropped}; {_TESTS[r['test']]} p={r['p_value']:.3g} ({r['worse']} items worse, "
+            f"{r['better']} better of {r['n_paired']} paired)")
 
 
 def _noise(cells: pd.DataFrame, items: pd.DataFrame) -> dict[tuple[str, str], int]:
     """(engine_key, task) -> items whose score differs between the engine's smallest- and largest-batch
     cells: the flips an engine shows against itself, which no optimisation can be blamed for."""
+    items = items.dropna(subset=["score"])
     ok = cells[(cells.status == "ok") & cells.cell_id.isin(items.cell_id)].sort_values(["batch_size", "cell_id"])
     out = {}
     for key, g in ok.groupby("engine_key"):
@@ -126,14 +141,20 @@ def task_verdicts(cells: pd.DataFrame, items: pd.DataFrame, base_items: pd.DataF
             if task in not_run.get(c["cell_id"], {}):
                 rows.append(row | {"task_verdict": "n/a", "task_reason": f"not run: {not_run[c['cell_id']][task]}"})
                 continue
-            mine = own[own.task == task].set_index("item_index")
-            metric = str(mine.metric.iloc[0])
-            scores = mine.score.to_numpy(dtype=np.float64)
-            binary = _is_binary(metric, scores)
-            lo, hi = score_interval(scores, binary)
-            row |= {"metric": metric, "n": len(scores), "score": float(scores.mean()), "score_lo": lo, "score_hi": hi}
+            stored = own[own.task == task].set_index("item_index")
+            metric, aggregation = str(stored.metric.iloc[0]), str(stored.aggregation.iloc[0])
+            mine = stored.dropna(subset=["score"])
+            if mine.empty:
+                rows.append(row | {"metric": metric, "n": 0, "task_verdict": "n/a",
+                                   "task_reason": f"no per-item score: the {len(stored)} stored items have no {metric}"})
+                continue
+            scores, weights = mine.score.to_numpy(dtype=np.float64), _weights(mine)
+            binary = _is_binary(metric, aggregation, scores)
+            lo, hi = score_interval(scores, binary, aggregation=aggregation, weights=weights)
+            row |= {"metric": metric, "aggregation": aggregation, "n": len(scores),
+                    "score": float(aggregate(aggregation, scores, weights)), "score_lo": lo, "score_hi": hi}
             base = by_base.get(c["baseline_cell_id"])
-            base = None if base is None else base[base.task == task].set_index("item_index")
+            base = None if base is None else base[base.task == task].set_index("item_index").dropna(subset=["score"])
             if base is None or base.empty:
                 why = c.get("baseline_match") if c["baseline_cell_id"] is None else \
                     f"{base_label} {c['baseline_cell_id']} has no rows for task {task}"
@@ -145,7 +166,9 @@ def task_verdicts(cells: pd.DataFrame, items: pd.DataFrame, base_items: pd.DataF
                 continue
             common = mine.index.intersection(base.index)
             change = paired_change(base.score.reindex(common).to_numpy(), mine.score.reindex(common).to_numpy(),
-                                   binary, alpha)
+                                   binary, alpha, aggregation=aggregation, base_weights=_weights(base.reindex(common)),
+                                   cell_weights=_weights(mine.reindex(common)),
+                                   higher_is_better=bool(mine.higher_is_better.iloc[0]))
             row |= change.as_dict()
             floor = noise.get((c.get("base_key"), task))
             row["noise_items"] = floor

@@ -174,6 +174,9 @@ TASKS_SCHEMA = pa.schema([
     ("target", pa.string()),                 # the answers as JSON, or the right choice's index
     ("choice_logprobs", _list_f64),          # choice: each choice's summed continuation logprob
     ("choice_tokens", pa.list_(pa.int32())),  # choice: each choice's continuation length in tokens
+    ("score_weight", _f64),                  # a perplexity metric's words or bytes (score: the loglikelihood)
+    ("aggregation", pa.string()),            # how the scores aggregate (lm-eval's name; null: mean)
+    ("higher_is_better", pa.bool_()),        # null: higher is better
 ])
 
 

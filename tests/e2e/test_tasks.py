@@ -181,18 +181,32 @@ def test_gate_on_task_rules(task_run, tmp_path):
 
 
 def test_a_task_that_cannot_run_is_a_null_with_its_reason(ray_local, tmp_path, tiny_model):
-    """An lm-eval task the harness cannot find: the cell stays ok (its timings are real), the task is
-    n/a with lm-eval's own error, and no rows are stored for it."""
+    """An lm-eval task whose data file is missing (validate cannot see that: lm-eval reads its own data):
+    the cell stays ok (its timings are real), the task is n/a with lm-eval's own error, and no rows are
+    stored for it."""
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"]["batch_size"] = [1]
-    data["tasks"] = ["tiny-ending", {"kind": "lm_eval", "task": "no_such_lm_eval_task", "include_path": str(LM_EVAL_DIR)}]
+    data["tasks"] = ["tiny-ending", {"kind": "lm_eval", "task": "tiny_no_data", "include_path": str(LM_EVAL_DIR)}]
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
     store = run_matrix(tmp_path / "m.yaml", tmp_path / "run")
     cells = store.read_cells()
     assert list(cells.status) == ["ok"]
     missing = json.loads(cells.missing.iloc[0])
-    assert "no_such_lm_eval_task" in missing["task:no_such_lm_eval_task"]
+    assert "no_such_file.jsonl" in missing["task:tiny_no_data"], missing
     tv = analyse_tasks(store.root)
-    row = tv[tv.task == "no_such_lm_eval_task"].iloc[0]
+    row = tv[tv.task == "tiny_no_data"].iloc[0]
     assert row.task_verdict == "n/a" and row.task_reason.startswith("not run: ")
     assert set(RunStore(store.root).read_tasks().to_pandas().task) == {"tiny-ending"}
+
+
+def test_validate_refuses_an_unknown_lm_eval_task_before_any_engine_starts(tmp_path):
+    data = copy.deepcopy(SMALL_MATRIX)
+    data["tasks"] = [{"kind": "lm_eval", "task": "no_such_lm_eval_task", "include_path": str(LM_EVAL_DIR)},
+                     {"kind": "lm_eval", "task": "tiny_mc", "metric": "f1", "include_path": str(LM_EVAL_DIR)}]
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    r = subprocess.run(bench_cmd("run", str(tmp_path / "m.yaml"), "--run-dir", str(tmp_path / "run")), cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "tasks[0].task: lm-eval has no task 'no_such_lm_eval_task'" in r.stdout + r.stderr
+    assert "tasks[1].metric: lm-eval task tiny_mc has no metric 'f1' (it has: acc, acc_norm)" in r.stdout + r.stderr
+    assert not (tmp_path / "run").exists()
