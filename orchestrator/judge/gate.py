@@ -69,7 +69,10 @@ class TaskRule(BaseModel):
     name: str = Field(description="The task's name in the matrix's tasks section")
     min_ratio: float | None = Field(None, gt=0, description="Least cell/baseline ratio of the metric (MLPerf's "
                                     "tiers: 0.99, 0.999); fails only when the ratio's 95% interval is wholly below")
-    no_regression: bool = Field(False, description="Fail when the paired test finds a regression (p < task_alpha)")
+    no_regression: bool = Field(False, description="Fail when the paired test finds a regression (p < task_alpha), "
+                                "and, as 'cannot judge', when it could not see a change of tolerances.task_tolerance")
+    accept_underpowered: bool = Field(False, description="no_regression passes a 'not distinguishable' verdict (the "
+                                      "test could not see a change of the tolerance's size) instead of failing it")
 
     @model_validator(mode="after")
     def _something(self) -> "TaskRule":
@@ -203,6 +206,9 @@ def _task_check(tv: pd.DataFrame | None, cell_id: str, rule: TaskRule) -> tuple[
     r = hit.iloc[0].to_dict()
     if r["task_verdict"] == "n/a":
         return False, f"cannot judge task {rule.name}: {r['task_reason']}"
+    if rule.no_regression and r["task_verdict"] == "not distinguishable" and not rule.accept_underpowered:
+        return False, (f"cannot judge task {rule.name}: not distinguishable ({r['task_reason']}); "
+                       "accept_underpowered: true accepts it")
     fails = []
     if rule.no_regression and r["task_verdict"] == "regressed":
         fails.append("a significant regression")

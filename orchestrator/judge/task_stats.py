@@ -12,9 +12,13 @@ the mean, or a perplexity over per-item loglikelihoods and their words or bytes)
                      means (a two-sided binomial test on the discordant items), a paired bootstrap test for
                      other means (the per-item differences centred on 0, resampled), and a paired permutation
                      test for the perplexities (each item's two scores swapped at random: the null's spread)
-    verdict          'regressed' / 'improved' where p < alpha, else 'no change': a change inside the
-                     noise of the items is reported as none; which way is worse follows the metric's
-                     higher_is_better (a perplexity's items are loglikelihoods: higher is better for them)
+    power            the smallest change the test could see: (z(1 - alpha/2) + z(0.8)) x the bootstrap
+                     standard error of the change (80% power), as a share of the baseline's figure
+    verdict          'regressed' / 'improved' where p < alpha; else 'no change' where that smallest change
+                     is within `tolerance` (relative), and 'not distinguishable' where it is not: the
+                     items could not have shown a change of the size that matters; which way is worse
+                     follows the metric's higher_is_better (a perplexity's items are loglikelihoods:
+                     higher is better for them)
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from orchestrator.inputs.task_metrics import aggregate
 
 N_BOOT = 10_000
 SEED = 0
+POWER = 0.8
+TOLERANCE = 0.02   # orchestrator.matrix.models.Tolerances.task_tolerance's default, for direct callers
 
 
 def _boot_index(n: int, n_boot: int, seed: int) -> np.ndarray:
@@ -68,7 +74,10 @@ class PairedChange:
     p_value: float
     worse: int                    # items the baseline got right and the cell wrong (binary), or scored lower
     better: int
-    verdict: str                  # no change | regressed | improved
+    mde: float                    # the smallest change the test could see (80% power), in the figure's units
+    mde_rel: float                # the same as a share of the baseline's figure (inf where that is 0)
+    items_needed: int | None      # about how many paired items would bring mde_rel within the tolerance
+    verdict: str                  # no change | not distinguishable | regressed | improved
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -77,7 +86,7 @@ class PairedChange:
 def paired_change(base: np.ndarray, cell: np.ndarray, binary: bool, alpha: float = 0.05,
                   n_boot: int = N_BOOT, seed: int = SEED, aggregation: str | None = None,
                   base_weights: np.ndarray | None = None, cell_weights: np.ndarray | None = None,
-                  higher_is_better: bool = True) -> PairedChange:
+                  higher_is_better: bool = True, tolerance: float = TOLERANCE) -> PairedChange:
     """`base[i]` and `cell[i]` score the same item (the weights: a perplexity's words or bytes per item)."""
     a, b = np.asarray(base, dtype=np.float64), np.asarray(cell, dtype=np.float64)
     wa = np.ones_like(a) if base_weights is None else np.asarray(base_weights, dtype=np.float64)
@@ -116,9 +125,19 @@ def paired_change(base: np.ndarray, cell: np.ndarray, binary: bool, alpha: float
         swa, swb = np.where(swap, wb, wa), np.where(swap, wa, wb)
         null = aggregate(aggregation, sb, swb) - aggregate(aggregation, sa, swa)
         p = float((np.abs(null) >= abs(cell_figure - base_figure) - 1e-12).sum() + 1) / (n_boot + 1)
+    from scipy.stats import norm
+
+    mde = float((norm.ppf(1 - alpha / 2) + norm.ppf(POWER)) * np.std(mb - ma))
+    mde_rel = mde / abs(base_figure) if base_figure else (0.0 if mde == 0 else math.inf)
+    # the standard error shrinks as 1/sqrt(n): the items that would bring the smallest change within tolerance
+    needed = int(math.ceil(n * (mde_rel / tolerance) ** 2)) if math.isfinite(mde_rel) and mde_rel > tolerance else None
     cell_worse = cell_figure < base_figure if higher_is_better else cell_figure > base_figure
-    verdict = "no change" if p >= alpha else ("regressed" if cell_worse else "improved")
+    if p < alpha:
+        verdict = "regressed" if cell_worse else "improved"
+    else:
+        verdict = "no change" if mde_rel <= tolerance else "not distinguishable"
     return PairedChange(n_paired=n, base_score=base_figure, cell_score=cell_figure, change=cell_figure - base_figure,
                         change_lo=change_lo, change_hi=change_hi, ratio=ratio, ratio_lo=ratio_lo, ratio_hi=ratio_hi,
                         ratio_dropped=int(n_boot - has_ratio.sum()) if math.isfinite(ratio) else 0,
-                        test=test, p_value=p, worse=worse, better=better, verdict=verdict)
+                        test=test, p_value=p, worse=worse, better=better, mde=mde, mde_rel=mde_rel,
+                        items_needed=needed, verdict=verdict)

@@ -28,12 +28,12 @@ from orchestrator.inputs.task_metrics import aggregate
 from orchestrator.inputs.task_sets import BINARY_METRICS
 from orchestrator.judge.analysis import run_settings
 from orchestrator.judge.baselines import resolve_baselines
-from orchestrator.judge.task_stats import paired_change, score_interval
+from orchestrator.judge.task_stats import TOLERANCE, paired_change, score_interval
 from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import json_object
 
-TASK_VERDICTS = ("no change", "improved", "regressed")
+TASK_VERDICTS = ("no change", "not distinguishable", "improved", "regressed")
 _ITEM_COLUMNS = ["cell_id", "task", "metric", "item_index", "score", "score_weight", "aggregation", "higher_is_better"]
 _TESTS = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap",
           "paired-permutation": "paired permutation"}
@@ -96,12 +96,21 @@ def _fmt(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{x:.3f}"
 
 
-def _reason(r: dict, base: str) -> str:
+def _reason(r: dict, base: str, tolerance: float) -> str:
     dropped = f" ({r['ratio_dropped']} resamples with a baseline of 0 left out)" if r.get("ratio_dropped") else ""
+    seen = "any change" if r["mde"] == 0 else f"a change of {r['mde']:.3g} ({_pct(r['mde_rel'])} of the baseline's)"
+    power = f"; at n={r['n_paired']} it could see {seen} at 80% power"
+    if r["verdict"] == "not distinguishable":
+        need = f"; about {r['items_needed']} items would" if r.get("items_needed") else ""
+        power += f", over the {tolerance:.0%} tolerance{need}"
     return (f"{r['metric']} {_fmt(r['score'])} [95% CI {_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}] vs "
             f"{_fmt(r['base_score'])} on {base}: change {r['change']:+.3f} [{r['change_lo']:+.3f}, {r['change_hi']:+.3f}], "
             f"ratio {_fmt(r['ratio'])}{dropped}; {_TESTS[r['test']]} p={r['p_value']:.3g} ({r['worse']} items worse, "
-            f"{r['better']} better of {r['n_paired']} paired)")
+            f"{r['better']} better of {r['n_paired']} paired){power}")
+
+
+def _pct(x: float) -> str:
+    return "inf" if not math.isfinite(x) else f"{x:.1%}"
 
 
 def _noise(cells: pd.DataFrame, items: pd.DataFrame) -> dict[tuple[str, str], int]:
@@ -122,7 +131,8 @@ def _noise(cells: pd.DataFrame, items: pd.DataFrame) -> dict[tuple[str, str], in
 
 
 def task_verdicts(cells: pd.DataFrame, items: pd.DataFrame, base_items: pd.DataFrame, alpha: float,
-                  base_label: str = "the baseline", noise: dict | None = None) -> pd.DataFrame:
+                  base_label: str = "the baseline", noise: dict | None = None,
+                  tolerance: float = TOLERANCE) -> pd.DataFrame:
     """`cells`: cell_id, the axes, status, missing, baseline_cell_id (a cell of `base_items`' run, or
     None), baseline_match (why none) and base_key (the baseline's engine_key, for `noise`: see _noise).
     One row per (cell, task) the cell ran or could not run."""
@@ -168,15 +178,15 @@ def task_verdicts(cells: pd.DataFrame, items: pd.DataFrame, base_items: pd.DataF
             change = paired_change(base.score.reindex(common).to_numpy(), mine.score.reindex(common).to_numpy(),
                                    binary, alpha, aggregation=aggregation, base_weights=_weights(base.reindex(common)),
                                    cell_weights=_weights(mine.reindex(common)),
-                                   higher_is_better=bool(mine.higher_is_better.iloc[0]))
+                                   higher_is_better=bool(mine.higher_is_better.iloc[0]), tolerance=tolerance)
             row |= change.as_dict()
             floor = noise.get((c.get("base_key"), task))
             row["noise_items"] = floor
             row["task_verdict"] = change.verdict
-            row["task_reason"] = _reason(row, f"{base_label} {c['baseline_cell_id']}")
+            row["task_reason"] = _reason(row, f"{base_label} {c['baseline_cell_id']}", tolerance)
             if floor is not None:
                 row["task_reason"] += f"; the baseline's engine flips {floor} items between its batch sizes"
-                if change.verdict != "no change" and change.worse + change.better <= floor:
+                if change.verdict in ("regressed", "improved") and change.worse + change.better <= floor:
                     row["task_verdict"] = "no change"
                     row["task_reason"] = "within the baseline's own noise: " + row["task_reason"]
             rows.append(row)
@@ -193,7 +203,7 @@ def analyse_tasks(run_dir: str | Path, baseline: dict | None = None, tolerances:
     items = _items(root)
     cells = with_baselines(layer_cells(root), items.cell_id, selector, "task rows")
     cells["base_key"] = cells.baseline_cell_id.map(cells.set_index("cell_id").engine_key)
-    return task_verdicts(cells, items, items, tol.task_alpha, noise=_noise(cells, items))
+    return task_verdicts(cells, items, items, tol.task_alpha, noise=_noise(cells, items), tolerance=tol.task_tolerance)
 
 
 def compare_task_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.DataFrame,
@@ -206,18 +216,20 @@ def compare_task_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.DataFr
     old_cells, old_items = layer_cells(old_root), _items(old_root)
     cells["base_key"] = cells.baseline_cell_id.map(old_cells.set_index("cell_id").engine_key)
     return task_verdicts(cells, _items(new_root), old_items, tol.task_alpha, base_label=f"{old_root.name}'s",
-                         noise=_noise(old_cells, old_items))
+                         noise=_noise(old_cells, old_items), tolerance=tol.task_tolerance)
 
 
 def summarize_tasks(tv: pd.DataFrame) -> pd.DataFrame:
-    """Per cell: task_verdict (regressed if any task regressed, else improved if any did, else no change;
-    n/a only when no task was judged) and task_reason (the tasks that moved, or why none could be judged)."""
+    """Per cell: task_verdict (regressed if any task regressed, else improved if any did, else not
+    distinguishable if any task's test could not see a change of the tolerance's size, else no change; n/a
+    only when no task was judged) and task_reason (the tasks that moved, or why none could be judged)."""
     rows = []
     for cid, g in tv.groupby("cell_id", sort=False):
         judged = g[g.task_verdict != "n/a"]
-        verdict = next((v for v in ("regressed", "improved", "no change") if (judged.task_verdict == v).any()), "n/a")
+        verdict = next((v for v in ("regressed", "improved", "not distinguishable", "no change")
+                        if (judged.task_verdict == v).any()), "n/a")
         shown = g[g.task_verdict.isin(("regressed", "improved"))] if verdict in ("regressed", "improved") else g
-        reason = "; ".join(f"{t}: {v} ({r})" if v in ("regressed", "improved", "n/a") else f"{t}: no change"
+        reason = "; ".join(f"{t}: {v} ({r})" if v != "no change" else f"{t}: no change"
                            for t, v, r in zip(shown.task, shown.task_verdict, shown.task_reason))
         rows.append({"cell_id": cid, "task_verdict": verdict, "task_reason": reason})
     return pd.DataFrame(rows, columns=["cell_id", "task_verdict", "task_reason"])

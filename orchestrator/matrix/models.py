@@ -273,6 +273,10 @@ class Tolerances(_Strict):
                                   "report sizes 'seeds needed to detect' for (80% power at sampling_alpha)")
     task_alpha: float = Field(0.05, gt=0, lt=1, description="Level of the paired tests of the task layer: a change "
                               "with p >= task_alpha is 'no change' (McNemar's exact test, or a paired bootstrap)")
+    task_tolerance: float = Field(0.02, gt=0, description="The largest relative change of a task's figure "
+                                  "(|cell / baseline - 1|) a 'no change' may hide: where the smallest change the "
+                                  "paired test could see (80% power at task_alpha) is larger, the verdict is "
+                                  "'not distinguishable'")
 
 
 class Run(_Strict):

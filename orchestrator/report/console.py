@@ -161,7 +161,8 @@ def runs_table(runs: pd.DataFrame, title: str) -> Table:
 
 
 _STYLE = {"identical": "bold green", "lossless": "green", "near-lossless": "yellow", "lossy": "bold red", "n/a": "dim"}
-_TASK_STYLE = {"no change": "green", "improved": "cyan", "regressed": "bold red", "n/a": "dim"}
+_TASK_STYLE = {"no change": "green", "not distinguishable": "yellow", "improved": "cyan", "regressed": "bold red",
+               "n/a": "dim"}
 
 
 def _task_cell(r: dict) -> str:
@@ -231,7 +232,8 @@ def task_table(tv: pd.DataFrame) -> Table:
         t.add_column(col, justify="left" if col in ("configuration", "task", "metric", "test", "verdict") else "right",
                      overflow="fold")
     for r in tv.to_dict("records"):
-        test = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap"}.get(r.get("test"), "")
+        test = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap",
+                "paired-permutation": "paired permutation"}.get(r.get("test"), "")
         judged = r["task_verdict"] != "n/a"
         t.add_row(f"{r['framework']}/{r['quantization']}/{r['flags']}" + ("" if r["mode"] == "offline" else f" {r['mode']}"),
                   str(r["batch_size"]), str(r["task"]), str(r.get("metric") or ""),

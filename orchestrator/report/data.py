@@ -59,7 +59,7 @@ class TaskLayer:
         return sorted(self.table.task.dropna().unique()) if len(self.table) else []
 
 
-TASK_VERDICT_ORDER = ("regressed", "improved", "no change", "n/a")   # worst first: the order tables list them in
+TASK_VERDICT_ORDER = ("regressed", "improved", "not distinguishable", "no change", "n/a")   # worst first: the order tables list them in
 
 
 def no_task_layer(error: str | None = None) -> TaskLayer:
@@ -366,7 +366,8 @@ def count_verdicts(df: pd.DataFrame) -> dict[str, int]:
 
 # ------------------------------------------------------------------ the task layer
 
-TEST_NAMES = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap"}
+TEST_NAMES = {"mcnemar-exact": "McNemar exact", "paired-bootstrap": "paired bootstrap",
+              "paired-permutation": "paired permutation"}
 
 
 def ci_text(r: dict, name: str, spec: str) -> str:
@@ -379,7 +380,7 @@ def ci_text(r: dict, name: str, spec: str) -> str:
 
 
 def is_judged(r: dict) -> bool:
-    return r.get("task_verdict") in ("no change", "improved", "regressed")
+    return r.get("task_verdict") in ("no change", "not distinguishable", "improved", "regressed")
 
 
 def p_text(r: dict) -> str:

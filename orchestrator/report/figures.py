@@ -32,7 +32,8 @@ VERDICT_COLOR = {"identical": "#1a7f37", "lossless": "#4caf50", "near-lossless":
                  "n/a": "#8c8c8c"}
 
 
-TASK_VERDICT_COLOR = {"regressed": "#d73027", "improved": "#1f77b4", "no change": "#1a7f37", "n/a": "#8c8c8c"}
+TASK_VERDICT_COLOR = {"regressed": "#d73027", "improved": "#1f77b4", "not distinguishable": "#b8860b",
+                      "no change": "#1a7f37", "n/a": "#8c8c8c"}
 
 
 STATUS_COLOR = {"ok": "#1a7f37", "unsupported": "#b58900", "failed": "#d73027", "crashed": "#d73027",

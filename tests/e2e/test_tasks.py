@@ -62,7 +62,7 @@ def test_every_engine_runs_every_task_and_stores_each_item(task_run):
     acc = items[items.cell_id == hf].groupby("task").score.mean()
     # the built-in sets are hard enough for the tiny model to move: well away from 0 and 1
     assert 0.2 < acc["tiny-lastword"] < 0.9 and 0.2 < acc["tiny-ending"] < 0.9, acc
-    assert set(tv.task_verdict) <= {"no change", "improved", "regressed"}, tv[["task", "task_reason"]]
+    assert set(tv.task_verdict) <= {"no change", "not distinguishable", "improved", "regressed"}, tv[["task", "task_reason"]]
 
 
 def test_fp32_engines_agree_with_transformers_on_every_task(task_run):
@@ -87,7 +87,9 @@ def test_q4_0_moves_items_and_the_verdict_is_the_tests(task_run):
         row = tv[(tv.cell_id == q4) & (tv.task == task)].iloc[0]
         p = 1.0 if worse + better == 0 else binomtest(better, worse + better).pvalue
         assert (row.worse, row.better) == (worse, better) and row.p_value == pytest.approx(p)
-        assert row.task_verdict == ("no change" if p >= 0.05 else "regressed" if worse > better else "improved")
+        # inside the noise: 'no change' only where the test could have seen a 2% change (task_tolerance)
+        quiet = "no change" if row.mde_rel <= 0.02 else "not distinguishable"
+        assert row.task_verdict == (quiet if p >= 0.05 else "regressed" if worse > better else "improved")
         assert row.test == "mcnemar-exact" and f"p={p:.3g}" in row.task_reason
     preds = items[items.task == "tiny-continue"].pivot(index="item_index", columns="cell_id", values="prediction")
     assert moved > 0 or (preds[base] != preds[q4]).any()

@@ -52,14 +52,21 @@ def test_paired_statistics_by_hand():
     few = cell.copy()
     few[:8] = 1.0
     few[:3] = 0.0                                    # 3 discordant: p = 0.25, inside the noise
-    assert paired_change(base, few, binary=True).verdict == "no change"
+    # ... but 111 items with 3 flips cannot see a 2% change: SE ~ sqrt(3)/111, MDE ~ 2.8 SE ~ 8% of 0.54
+    weak = paired_change(base, few, binary=True)
+    assert weak.verdict == "not distinguishable" and weak.p_value == pytest.approx(0.25)
+    assert 0.05 < weak.mde_rel < 0.12 and weak.items_needed > 1000
+    assert paired_change(base, few, binary=True, tolerance=0.15).verdict == "no change"
     same = paired_change(base, base, binary=True)
-    assert (same.p_value, same.verdict, same.change_lo, same.change_hi) == (1.0, "no change", 0.0, 0.0)
+    assert (same.p_value, same.verdict, same.change_lo, same.change_hi, same.mde) == (1.0, "no change", 0.0, 0.0, 0.0)
     # continuous: a shift of every item is found, noise around 0 is not
     rng = np.random.default_rng(1)
     a = rng.uniform(0, 1, 200)
     assert paired_change(a, a - 0.05, binary=False).verdict == "regressed"
-    assert paired_change(a, a + rng.normal(0, 0.01, 200), binary=False).verdict == "no change"
+    noisy = paired_change(a, a + rng.normal(0, 0.01, 200), binary=False)
+    assert noisy.verdict == "no change"
+    # the smallest visible change: (z(0.975) + z(0.8)) x SE of the mean difference, SE = 0.01 / sqrt(200)
+    assert noisy.mde == pytest.approx(2.8016 * 0.01 / math.sqrt(200), rel=0.1)
     lo, hi = score_interval(base, binary=True)      # Wilson's interval
     ci = binomtest(60, 111).proportion_ci(0.95, method="wilson")
     assert (lo, hi) == (pytest.approx(ci.low), pytest.approx(ci.high)) and lo < 60 / 111 < hi
@@ -73,7 +80,8 @@ def test_false_alarms_at_the_stated_level():
     for _ in range(400):
         base = (rng.uniform(size=111) < 0.5).astype(float)
         flip = rng.uniform(size=111) < 0.1
-        alarms += paired_change(base, np.where(flip, 1 - base, base), binary=True, n_boot=200).verdict != "no change"
+        alarms += paired_change(base, np.where(flip, 1 - base, base), binary=True, n_boot=200).verdict in (
+            "regressed", "improved")
     assert alarms / 400 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 400)
 
 
