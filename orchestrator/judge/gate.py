@@ -27,8 +27,9 @@ orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same con
     regression; a cell without the task's rows, or a baseline without them, fails as "cannot judge".
     A sampling rule reads the sampling layer (orchestrator/judge/sampling_verdicts.py): identical fails unless
     every seeded sample equals the baseline's with the same seed (where both sides promise it),
-    same_distribution when the distribution tests find a difference; a cell without samples, or with a
-    verdict of n/a, fails as "cannot judge".
+    same_distribution when the distribution tests find a difference, or the served distributions differ
+    from another sampler (unless accept_sampler_difference); a cell without samples, with a verdict of n/a,
+    or 'not distinguishable' (unless accept_underpowered), fails as "cannot judge".
 """
 
 from __future__ import annotations
@@ -87,7 +88,14 @@ class SamplingRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     identical: bool = Field(False, description="Every sample identical to the baseline's with the same seed")
     same_distribution: bool = Field(False, description="Fail when a distribution test finds a difference "
-                                    "(p < sampling_alpha over the tests run)")
+                                    "(p < sampling_alpha over the tests run); 'not distinguishable' and "
+                                    "'sampler differs' cannot pass it unless accepted below")
+    accept_underpowered: bool = Field(False, description="same_distribution passes 'not distinguishable' (no test "
+                                      "found a difference, but the seeds could not have shown one of "
+                                      "tolerances.sampling_shift)")
+    accept_sampler_difference: bool = Field(False, description="same_distribution passes 'sampler differs' (the "
+                                            "served distributions differ because the engines' samplers do, the "
+                                            "model test finds no difference)")
 
     @model_validator(mode="after")
     def _something(self) -> "SamplingRule":
@@ -236,8 +244,15 @@ def _sampling_check(sv: pd.DataFrame | None, cell_id: str, rule: SamplingRule) -
     if rule.identical and r.get("seed_verdict") != "identical":
         fails.append("not identical seed by seed" if r.get("seed_verdict") == "differs" else
                      "identity not promised against this baseline")
-    if rule.same_distribution and r.get("dist_verdict") == "different":
+    dist = r.get("dist_verdict")
+    if rule.same_distribution and dist == "not distinguishable" and not rule.accept_underpowered:
+        return False, (f"cannot judge sampling: not distinguishable ({r['sampling_reason']}); "
+                       "accept_underpowered: true accepts it")
+    if rule.same_distribution and dist == "different":
         fails.append("a different distribution")
+    if rule.same_distribution and dist == "sampler differs" and not rule.accept_sampler_difference:
+        fails.append("another served distribution, from another sampler (accept_sampler_difference: true "
+                     "accepts it)")
     return not fails, ("; ".join(fails) + ": " if fails else "") + f"{r['sampling_verdict']}: {r['sampling_reason']}"
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 N_PERM = 5000
 SEED = 0
+POWER = 0.8          # the power every "could have seen" and "seeds needed" figure is sized for
 SAMPLER_STEPS = ("temperature", "top_k", "top_p", "min_p")
 _TAIL_EPS = 1e-6     # raw probability mass below this outside the stored candidates is none (float32 rounding)
 
@@ -43,7 +44,18 @@ class DistributionTest:
     p_value: float
     seeds_base: int = 0           # the test's units
     seeds_cell: int = 0
+    unit_var: float = math.nan    # the pooled variance of the per-seed means (nats/token squared)
     test: str = "seed-level permutation (per-sample mean raw logprob, centred per prompt)"
+
+    def detectable_shift(self, level: float, power: float = POWER) -> float:
+        """The smallest shift (nats/token, either sign) this test finds with `power` at `level`, at its
+        seeds: normal approximation on the per-seed means (what the permutation test permutes)."""
+        from scipy.stats import norm
+
+        if not (self.seeds_base and self.seeds_cell and np.isfinite(self.unit_var)):
+            return math.nan
+        z = norm.ppf(1 - level / 2) + norm.ppf(power)
+        return float(z * math.sqrt(self.unit_var * (1 / self.seeds_base + 1 / self.seeds_cell)))
 
 
 def _seed_units(values: np.ndarray, prompts: np.ndarray, seeds: np.ndarray, centre: dict) -> np.ndarray:
@@ -71,12 +83,14 @@ def permutation_test(base: np.ndarray, base_prompt: np.ndarray, base_seed: np.nd
     null = perm[:, :len(b)].mean(axis=1) - perm[:, len(b):].mean(axis=1)
     observed = b.mean() - a.mean()
     p = (np.sum(np.abs(null) >= abs(observed) - 1e-12) + 1) / (n_perm + 1)
+    dof = len(a) + len(b) - 2
+    unit_var = (np.sum((a - a.mean()) ** 2) + np.sum((b - b.mean()) ** 2)) / dof if dof > 0 else math.nan
     return DistributionTest(n_base=int(kb.sum()), n_cell=int(kc.sum()), shift=float(observed), p_value=float(p),
-                            seeds_base=len(a), seeds_cell=len(b))
+                            seeds_base=len(a), seeds_cell=len(b), unit_var=float(unit_var))
 
 
 def seeds_to_detect(values: np.ndarray, prompts: np.ndarray, seeds: np.ndarray, shift: float, alpha: float,
-                    power: float = 0.8) -> int | None:
+                    power: float = POWER) -> int | None:
     """Seeds (each side, every prompt sampled with each) for the two-sample test to find a `shift` of the
     mean statistic with `power` at level `alpha`: normal approximation with the variance of the
     per-seed means of `values` (centred per prompt), which carries the dependence across prompts."""
@@ -211,3 +225,27 @@ def first_token_test(dists: dict[int, tuple[np.ndarray, np.ndarray] | str], draw
     if not ps:
         return None
     return FirstTokenTest(n=n, prompts=len(ps), p_value=min(1.0, len(ps) * min(ps)), outside=outside, skipped=skipped)
+
+
+# ------------------------------------------------------------------ two samplers' semantics
+
+# top-k keeps the same tokens before or after temperature (temperature keeps the ranking); every other
+# pair of steps gives another distribution in the other order (each renormalises what the next cuts)
+_COMMUTING = {frozenset(("temperature", "top_k"))}
+
+
+def active_steps(order: tuple[str, ...], temperature: float, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0) -> tuple[str, ...]:
+    on = {"temperature": temperature != 1.0, "top_k": top_k > 0, "top_p": top_p < 1.0, "min_p": min_p > 0.0}
+    return tuple(s for s in order if on[s])
+
+
+def order_difference(order: tuple[str, ...], other: tuple[str, ...], **settings) -> tuple[str, str] | None:
+    """(x, y): the first pair of steps active at these settings that `order` applies x before y and
+    `other` y before x, where the order changes the distribution; None where the two agree."""
+    a, b = active_steps(order, **settings), active_steps(other, **settings)
+    for i, x in enumerate(a):
+        for y in a[i + 1:]:
+            if frozenset((x, y)) not in _COMMUTING and b.index(y) < b.index(x):
+                return x, y
+    return None

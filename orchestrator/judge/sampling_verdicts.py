@@ -3,18 +3,27 @@
 Per cell, against its baseline (the baseline config's cell, as the other layers pick it):
   repeatable      share of (prompt, seed) samples identical between the cell's repeat 0 and 1: does a
                   seed give the same sample twice in this engine? (a finding in itself)
-  seed by seed    where both sides promise reproducibility (the same framework, each repeatable): the
-                  share of samples identical to the baseline's with the same prompt and seed, and the
-                  mean first differing token among those that differ; seed_verdict identical | differs,
-                  n/a where identity is not promised (another engine, or a side that is not repeatable)
-  distribution    always, two tests (orchestrator/judge/sampling_stats.py), each with its n and p:
-                  dist_*   the seed-level permutation test on each sample's mean raw logprob;
-                  first_*  the first sampled token of each prompt against the baseline's next-token
-                           logprobs after the cell's sampler (in the cell engine's order), where the
-                           baseline stored enough candidates to know that distribution (else n/a, why);
-                  dist_verdict 'different' when either p < tolerances.sampling_alpha / (tests run)
-                  (Bonferroni: the verdict's false-alarm rate stays at sampling_alpha), else 'same distribution'
-  seeds_needed    seeds for the two-sample test to find a shift of tolerances.sampling_shift nats
+  seed by seed    where both sides are the same framework and each is repeatable: the share of samples
+                  identical to the baseline's with the same prompt and seed, and the mean first differing
+                  token among those that differ; seed_verdict identical | differs where the engine promises
+                  it (orchestrator/judge/seed_promises.py: its documentation, per version), identical or n/a
+                  where it does not (a difference there is expected, not a finding)
+  distribution    always, two tests (orchestrator/judge/sampling_stats.py), each with its n and p, each at
+                  level = tolerances.sampling_alpha / (tests run) (Bonferroni):
+                  dist_*    the seed-level permutation test on each sample's mean raw logprob: the
+                            distribution as served, the model and the sampler's implementation together
+                            (served_verdict);
+                  first_*   the first sampled token of each prompt against the baseline's next-token
+                            logprobs after the cell's sampler in the cell engine's own order: the cell's draws
+                            against the baseline's model, whatever the two samplers do (n/a, why, where the
+                            baseline stored too few candidates to know that distribution; model_verdict);
+                  dist_verdict  different: the model test finds a difference, or the served one does and the
+                                two engines sample alike; sampler differs: only the served test finds one and
+                                the engines' samplers give another distribution at these settings (the
+                                reason names the steps); not distinguishable: no test finds one, but the
+                                served test could not have seen a shift of tolerances.sampling_shift (80%
+                                power); else same distribution
+  seeds_needed    seeds for the served test to find a shift of tolerances.sampling_shift at its level
 """
 
 from __future__ import annotations
@@ -28,13 +37,16 @@ import pandas as pd
 from adapters import ADAPTERS
 from adapters.contract.specs import SamplerSettings
 from orchestrator.judge.analysis import run_settings
-from orchestrator.judge.sampling_stats import first_token_test, permutation_test, sampler_probs, seeds_to_detect
+from orchestrator.judge.sampling_stats import (first_token_test, order_difference, permutation_test, sampler_probs,
+                                               seeds_to_detect)
+from orchestrator.judge.seed_promises import seed_promise
 from orchestrator.judge.task_verdicts import layer_cells, with_baselines, with_old_partners
 from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.store.manifest import Manifest
 from orchestrator.store.run_store import RunStore
+from orchestrator.store.schema import json_object
 
-SAMPLING_VERDICTS = ("identical", "same distribution", "different", "n/a")
+SAMPLING_VERDICTS = ("identical", "same distribution", "not distinguishable", "sampler differs", "different", "n/a")
 
 
 def _sampler(manifest: Manifest) -> SamplerSettings | None:
@@ -42,31 +54,59 @@ def _sampler(manifest: Manifest) -> SamplerSettings | None:
     return SamplerSettings(**s.model_dump(include=set(SamplerSettings.model_fields))) if s else None
 
 
-def _first_token(base: pd.DataFrame, first: pd.DataFrame, framework: str, settings: SamplerSettings | None) -> dict:
-    """The first-token test's columns (first_*), or first_reason saying why it did not run."""
-    order = getattr(ADAPTERS.get(framework), "sampler_order", None)
+def _order(framework: str) -> tuple[str, ...] | None:
+    return getattr(ADAPTERS.get(framework), "sampler_order", None)
+
+
+def _first_token(base: pd.DataFrame, first: pd.DataFrame, framework: str, base_framework: str | None,
+                 settings: SamplerSettings | None) -> dict:
+    """The model test's columns (model_*), or first_reason saying why it did not run; and, where the
+    baseline's engine orders its sampler otherwise, how many prompts keep other tokens (kept_differs)."""
+    order, base_order = _order(framework), _order(base_framework or "")
     if settings is None:
         return {"first_reason": "the run's matrix has no measure.sampling settings"}
     if order is None:
         return {"first_reason": f"{framework}'s sampler order is not known"}
-    dists = {}
+    dists, kept = {}, []
     for prompt, rows in base[base.repeat == 0].groupby("prompt_index"):
         ids, lps = rows.next_topk_ids.iloc[0], rows.next_topk_logprobs.iloc[0]
         if ids is None or not len(ids):
             dists[prompt] = "the baseline stored no next-token candidates (measure.sampling.next_top_k)"
             continue
-        kept, q, why = sampler_probs(np.asarray(ids), np.asarray(lps), order=order, **settings.model_dump())
-        dists[prompt] = why if why else (kept, q)
+        ids, lps = np.asarray(ids), np.asarray(lps)
+        mine, q, why = sampler_probs(ids, lps, order=order, **settings.model_dump())
+        dists[prompt] = why if why else (mine, q)
+        if not why and base_order and base_order != order:
+            theirs, _, why_b = sampler_probs(ids, lps, order=base_order, **settings.model_dump())
+            if not why_b and len(theirs) != len(mine):
+                kept.append(f"{len(theirs)} -> {len(mine)}")
     draws = {p: np.array([t[0] for t in g.ids]) for p, g in first.groupby("prompt_index")}
     t = first_token_test(dists, draws)
     skipped = "; ".join(sorted({w for w in (t.skipped.values() if t else
                                             [d for d in dists.values() if isinstance(d, str)])}))
+    out = {"kept_differs": kept}
     if t is None:
-        return {"first_reason": f"no prompt's next-token distribution is known: {skipped}" if skipped else
-                "no prompt in common"}
-    return {"first_p": t.p_value, "first_n": t.n, "first_prompts": t.prompts, "first_outside": t.outside,
-            "first_test": t.test, "first_reason": (f"{len(t.skipped)} prompt(s) not tested: {skipped}" if t.skipped
-                                                   else None)}
+        return out | {"first_reason": f"no prompt's next-token distribution is known: {skipped}" if skipped else
+                      "no prompt in common"}
+    return out | {"first_p": t.p_value, "first_n": t.n, "first_prompts": t.prompts, "first_outside": t.outside,
+                  "first_test": t.test, "first_reason": (f"{len(t.skipped)} prompt(s) not tested: {skipped}"
+                                                         if t.skipped else None)}
+
+
+def _sampler_difference(framework: str, base_framework: str | None, settings: SamplerSettings | None,
+                        kept: list[str]) -> str | None:
+    """'llamacpp applies top_p before temperature, hf after ...' where the two engines' samplers give
+    another distribution at these settings; None where they sample alike (or it is not known)."""
+    order, base_order = _order(framework), _order(base_framework or "")
+    if settings is None or not order or not base_order or framework == base_framework:
+        return None
+    pair = order_difference(order, base_order, **settings.model_dump())
+    if pair is None:
+        return None
+    x, y = pair
+    return (f"{framework} applies {x} before {y}, {base_framework} after"
+            + (f" (kept tokens at the first position, {base_framework} -> {framework}: {', '.join(kept)})"
+               if kept else ""))
 
 
 def _samples(root: Path) -> pd.DataFrame:
@@ -74,6 +114,13 @@ def _samples(root: Path) -> pd.DataFrame:
     t["stat"] = [float(np.mean(x)) if len(x) else math.nan for x in t.logprobs]
     t["ids"] = [tuple(x) for x in t.token_ids]
     return t
+
+
+def _cells(root: Path) -> pd.DataFrame:
+    """The layer's cells with the engine versions each recorded (what its seed promise is read for)."""
+    versions = RunStore(root).read_cells_table(["cell_id", "versions"]).to_pandas()
+    versions["versions"] = [json_object(v) for v in versions.versions]
+    return layer_cells(root).merge(versions, on="cell_id", how="left")
 
 
 def _repeatable(s: pd.DataFrame) -> float | None:
@@ -86,13 +133,103 @@ def _first_div(a: tuple, b: tuple) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def _has_candidates(samples: pd.DataFrame) -> bool:
+    return bool(len(samples)) and samples.next_topk_ids.iloc[0] is not None and len(samples.next_topk_ids.iloc[0]) > 0
+
+
+def _seeds_needed(first: pd.DataFrame, tol: Tolerances, level: float) -> int | None:
+    """Seeds each side for the served test to find a shift of the tolerance, at the level it runs at."""
+    return seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(), first.seed.to_numpy(),
+                           tol.sampling_shift, level)
+
+
+def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str | None,
+                  settings: SamplerSettings | None, tol: Tolerances) -> str:
+    """Both tests and the distribution verdict into `row`; returns the reason's distribution part."""
+    test = permutation_test(b0.stat.to_numpy(), b0.prompt_index.to_numpy(), b0.seed.to_numpy(),
+                            first.stat.to_numpy(), first.prompt_index.to_numpy(), first.seed.to_numpy())
+    row |= {"dist_shift": test.shift, "dist_p": test.p_value, "dist_n_base": test.n_base,
+            "dist_n_cell": test.n_cell, "dist_seeds_base": test.seeds_base, "dist_seeds_cell": test.seeds_cell,
+            "dist_test": test.test}
+    row |= _first_token(b0, first, row["framework"], base_fw, settings)
+    kept = row.pop("kept_differs", [])
+    tests = [x for x in (test.p_value, row.get("first_p")) if x is not None and np.isfinite(x)]
+    level = tol.sampling_alpha / max(len(tests), 1)
+    mde = test.detectable_shift(level)
+    row |= {"dist_level": level, "dist_detectable": mde, "seeds_needed": _seeds_needed(first, tol, level)}
+    served = test.p_value < level if np.isfinite(test.p_value) else False
+    model = row.get("first_p") is not None and row["first_p"] < level
+    row["sampler_note"] = _sampler_difference(row["framework"], base_fw, settings, kept)
+    row["served_verdict"] = "different" if served else "n/a" if not np.isfinite(mde) else         "no difference" if mde <= tol.sampling_shift else "not distinguishable"
+    row["model_verdict"] = "n/a" if row.get("first_p") is None else "different" if model else "no difference found"
+    if model or (served and not row["sampler_note"]):
+        row["dist_verdict"] = "different"
+    elif served:
+        row["dist_verdict"] = "sampler differs"
+    elif row["served_verdict"] == "no difference":
+        row["dist_verdict"] = "same distribution"
+    else:
+        row["dist_verdict"] = "not distinguishable"
+    # how many seeds would find a shift of the size seen (a size, not a verdict)
+    row["seeds_for_shift"] = seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(),
+                                             first.seed.to_numpy(), abs(test.shift), level) \
+        if np.isfinite(test.shift) and test.shift else None
+    word = row["dist_verdict"]
+    if word == "sampler differs":
+        word += f": {row['sampler_note']}; the served distributions differ, the model's first token does not"
+    elif word in ("same distribution", "not distinguishable"):
+        word += (f": no difference at n={test.n_cell} ({test.seeds_cell} seeds); it could see a shift of "
+                 f"{mde:.3g} nats/token (80% power), " + ("within" if mde <= tol.sampling_shift else "more than")
+                 + f" the tolerance {tol.sampling_shift:g}"
+                 + (f"; ~{row['seeds_needed']} seeds needed" if word == "not distinguishable" and row["seeds_needed"]
+                    else "")
+                 + (f"; ~{row['seeds_for_shift']} seeds would detect the shift seen" if row["seeds_for_shift"]
+                    else ""))
+        if row["sampler_note"]:
+            word += f"; note: {row['sampler_note']}"
+    out = (f"{word} (each test at {level:.3g}: served two-sample p={test.p_value:.3g}, shift {test.shift:+.4f} "
+           f"nats/token, {test.n_cell} vs {test.n_base} samples, {test.seeds_cell} vs {test.seeds_base} seeds, "
+           f"{test.test}; ")
+    if "first_p" in row:
+        out += (f"model first token p={row['first_p']:.3g}, {row['first_n']} draws over {row['first_prompts']} "
+                f"prompt(s)" + (f", {row['first_outside']} outside the baseline's kept tokens"
+                                if row["first_outside"] else "") + f", {row['first_test']}"
+                + (f"; {row['first_reason']}" if row.get("first_reason") else "") + ")")
+    else:
+        out += f"model first token n/a: {row['first_reason']})"
+    return out
+
+
+def _seed_by_seed(row: dict, c: dict, b0: pd.DataFrame, first: pd.DataFrame, base: pd.DataFrame,
+                  base_cell: dict | None) -> str:
+    """Seed-by-seed identity into `row` where both sides are one framework and repeatable; the reason part."""
+    base_fw = (base_cell or {}).get("framework")
+    if base_fw != c["framework"] or row["repeatable"] != 1.0 or _repeatable(base) != 1.0:
+        row["seed_verdict"] = "n/a"
+        why = "another engine" if base_fw != c["framework"] else "a side whose seeds do not repeat"
+        return f"seed by seed: not compared ({why})"
+    a = b0.set_index(["prompt_index", "seed"]).ids
+    b = first.set_index(["prompt_index", "seed"]).ids
+    both = a.index.intersection(b.index)
+    same = (a.reindex(both) == b.reindex(both)).to_numpy()
+    divs = [_first_div(x, y) for x, y, s in zip(a.reindex(both), b.reindex(both), same) if not s]
+    promised, why = seed_promise(c["framework"], c.get("versions"), int(c["batch_size"]),
+                                 int(base_cell["batch_size"]))
+    identical = bool(len(both)) and bool(same.all())
+    row |= {"seed_identical": float(same.mean()) if len(both) else None,
+            "seed_first_div_mean": float(np.mean(divs)) if divs else None, "seed_promised": promised,
+            "seed_verdict": "identical" if identical else "differs" if promised else "n/a"}
+    return (f"seed by seed: {int(same.sum())} of {len(both)} samples identical to the baseline's"
+            + (f" (first difference at token {np.mean(divs):.1f} on average)" if divs else "") + f", {why}")
+
+
 def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: pd.DataFrame,
                       base_cells: pd.DataFrame, tol: Tolerances, settings: SamplerSettings | None = None) -> pd.DataFrame:
-    """`cells`: cell_id, axes, status, baseline_cell_id (a cell of the baseline run). One row per ok cell
-    with samples."""
+    """`cells`: cell_id, axes, status, versions, baseline_cell_id (a cell of the baseline run). One row per
+    ok cell with samples."""
     by_cell = {cid: g for cid, g in samples.groupby("cell_id", sort=False)}
     by_base = {cid: g for cid, g in base_samples.groupby("cell_id", sort=False)}
-    base_fw = base_cells.set_index("cell_id").framework
+    base_by_id = base_cells.set_index("cell_id").to_dict("index")
     rows = []
     for c in cells.to_dict("records"):
         mine = by_cell.get(c["cell_id"])
@@ -101,57 +238,16 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
         row = {k: c[k] for k in ("cell_id", *AXES)} | {"baseline_cell_id": c["baseline_cell_id"]}
         first = mine[mine.repeat == 0]
         row["samples_n"], row["repeatable"] = len(first), _repeatable(mine)
-        row["seeds_needed"] = seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(),
-                                              first.seed.to_numpy(), tol.sampling_shift, tol.sampling_alpha)
         base = by_base.get(c["baseline_cell_id"])
         if base is None:
+            row["seeds_needed"] = _seeds_needed(first, tol, tol.sampling_alpha / (2 if _has_candidates(first) else 1))
             rows.append(row | {"seed_verdict": "n/a", "dist_verdict": "n/a", "sampling_reason":
                                c.get("baseline_match") or "the baseline cell has no samples"})
             continue
         b0 = base[base.repeat == 0]
-        test = permutation_test(b0.stat.to_numpy(), b0.prompt_index.to_numpy(), b0.seed.to_numpy(),
-                                first.stat.to_numpy(), first.prompt_index.to_numpy(), first.seed.to_numpy())
-        row |= {"dist_shift": test.shift, "dist_p": test.p_value, "dist_n_base": test.n_base, "dist_n_cell": test.n_cell,
-                "dist_seeds_base": test.seeds_base, "dist_seeds_cell": test.seeds_cell, "dist_test": test.test}
-        row |= _first_token(b0, first, c["framework"], settings)
-        ps = [x for x in (test.p_value, row.get("first_p")) if x is not None and np.isfinite(x)]
-        level = tol.sampling_alpha / max(len(ps), 1)
-        row["dist_verdict"] = "different" if ps and min(ps) < level else "same distribution"
-        # a shift too small for these seeds: how many would find one of this size (not a verdict, a size)
-        row["seeds_for_shift"] = seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(),
-                                                 first.seed.to_numpy(), abs(test.shift), level) \
-            if np.isfinite(test.shift) and test.shift else None
-        undetected = (f"no difference detected at n={test.n_cell} ({test.seeds_cell} seeds)"
-                      + (f", ~{row['seeds_for_shift']} seeds needed to detect a shift of this size"
-                         if row["seeds_for_shift"] else "") + "; ") if row["dist_verdict"] == "same distribution" else ""
-        dist = (f"{undetected}{row['dist_verdict']} (each test at {level:.3g}: two-sample p={test.p_value:.3g}, shift "
-                f"{test.shift:+.4f} nats/token, {test.n_cell} vs {test.n_base} samples, {test.seeds_cell} vs "
-                f"{test.seeds_base} seeds, {test.test}; ")
-        if "first_p" in row:
-            dist += (f"first token p={row['first_p']:.3g}, {row['first_n']} draws over {row['first_prompts']} "
-                     f"prompt(s)" + (f", {row['first_outside']} outside the baseline's kept tokens"
-                                     if row["first_outside"] else "") + f", {row['first_test']}"
-                     + (f"; {row['first_reason']}" if row.get("first_reason") else "") + ")")
-        else:
-            dist += f"first token n/a: {row['first_reason']})"
-        promised = base_fw.get(c["baseline_cell_id"]) == c["framework"] and row["repeatable"] == 1.0 \
-            and _repeatable(base) == 1.0
-        if promised:
-            a = b0.set_index(["prompt_index", "seed"]).ids
-            b = first.set_index(["prompt_index", "seed"]).ids
-            both = a.index.intersection(b.index)
-            same = (a.reindex(both) == b.reindex(both)).to_numpy()
-            divs = [_first_div(x, y) for x, y, s in zip(a.reindex(both), b.reindex(both), same) if not s]
-            row |= {"seed_identical": float(same.mean()) if len(both) else None,
-                    "seed_first_div_mean": float(np.mean(divs)) if divs else None,
-                    "seed_verdict": "identical" if len(both) and same.all() else "differs"}
-            seed = (f"seed by seed: {int(same.sum())} of {len(both)} samples identical to the baseline's"
-                    + (f" (first difference at token {np.mean(divs):.1f} on average)" if divs else ""))
-        else:
-            row["seed_verdict"] = "n/a"
-            why = "another engine" if base_fw.get(c["baseline_cell_id"]) != c["framework"] else \
-                "a side whose seeds do not repeat"
-            seed = f"seed by seed: not promised ({why})"
+        base_cell = base_by_id.get(c["baseline_cell_id"])
+        dist = _distribution(row, b0, first, (base_cell or {}).get("framework"), settings, tol)
+        seed = _seed_by_seed(row, c, b0, first, base, base_cell)
         row["sampling_verdict"] = "identical" if row["seed_verdict"] == "identical" else row["dist_verdict"]
         row["sampling_reason"] = f"{seed}; distribution: {dist}; repeatable within the cell: " + (
             "n/a (one repeat)" if row["repeatable"] is None else f"{row['repeatable']:.0%}")
@@ -168,7 +264,7 @@ def analyse_sampling(run_dir: str | Path, baseline: dict | None = None, toleranc
     manifest = RunStore(root).read_manifest()
     selector, tol = run_settings(manifest, baseline, tolerances)
     samples = _samples(root)
-    cells = with_baselines(layer_cells(root), samples.cell_id, selector, "samples")
+    cells = with_baselines(_cells(root), samples.cell_id, selector, "samples")
     return sampling_verdicts(cells, samples, samples, cells, tol, _sampler(manifest))
 
 
@@ -178,5 +274,6 @@ def compare_sampling_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.Da
     new_root, old_root = Path(new_dir), Path(old_dir)
     manifest = RunStore(new_root).read_manifest()
     _, tol = run_settings(manifest, {}, tolerances)
-    return sampling_verdicts(with_old_partners(new_root, old_root, pairs), _samples(new_root), _samples(old_root),
-                             layer_cells(old_root), tol, _sampler(manifest))
+    new = with_old_partners(new_root, old_root, pairs).merge(_cells(new_root)[["cell_id", "versions"]],
+                                                              on="cell_id", how="left")
+    return sampling_verdicts(new, _samples(new_root), _samples(old_root), _cells(old_root), tol, _sampler(manifest))

@@ -267,10 +267,12 @@ class Tolerances(_Strict):
     noise_factor: float = Field(1.0, ge=0, description="A metric no further from exact than noise_factor x the "
                                 "baseline's own noise floor (run-to-run, batch 1 vs largest batch) counts as "
                                 "'lossless'; 0 turns the noise floor off")
-    sampling_alpha: float = Field(0.01, gt=0, lt=1, description="Level of the sampling layer's distribution test: "
-                                  "p >= sampling_alpha is 'same distribution'")
-    sampling_shift: float = Field(0.05, gt=0, description="The shift of the mean sampled-token logprob (nats) the "
-                                  "report sizes 'seeds needed to detect' for (80% power at sampling_alpha)")
+    sampling_alpha: float = Field(0.01, gt=0, lt=1, description="Level of the sampling layer's distribution tests "
+                                  "together (each test at sampling_alpha / tests run): below it, 'different'")
+    sampling_shift: float = Field(0.05, gt=0, description="The largest shift of the mean sampled-token logprob "
+                                  "(nats/token) a 'same distribution' may hide: where the smallest shift the "
+                                  "two-sample test could see (80% power at its level) is larger, the verdict is "
+                                  "'not distinguishable'; 'seeds needed' is sized for it")
     task_alpha: float = Field(0.05, gt=0, lt=1, description="Level of the paired tests of the task layer: a change "
                               "with p >= task_alpha is 'no change' (McNemar's exact test, or a paired bootstrap)")
     task_tolerance: float = Field(0.02, gt=0, description="The largest relative change of a task's figure "

@@ -244,7 +244,8 @@ def task_table(tv: pd.DataFrame) -> Table:
     return t
 
 
-_SAMPLING_STYLE = {"identical": "bold green", "same distribution": "green", "different": "bold red", "n/a": "dim"}
+_SAMPLING_STYLE = {"identical": "bold green", "same distribution": "green", "not distinguishable": "yellow",
+                   "sampler differs": "magenta", "different": "bold red", "n/a": "dim"}
 
 
 def sampling_table(sv: pd.DataFrame) -> Table:
@@ -268,7 +269,9 @@ def sampling_table(sv: pd.DataFrame) -> Table:
                   f"{r['first_p']:.3g} (n {int(r['first_n'])})" if finite(r.get("first_p")) else "n/a",
                   f"[{_SAMPLING_STYLE[v]}]{v}[/]",
                   str(int(r["seeds_needed"])) if finite(r.get("seeds_needed")) else "",
-                  "" if v != "n/a" else str(r.get("sampling_reason") or ""))
+                  str(r.get("sampler_note") or "") if v == "sampler differs" else
+                  (f"could see {r['dist_detectable']:.3g} nats/tok" if v == "not distinguishable" else "")
+                  if v != "n/a" else str(r.get("sampling_reason") or ""))
     return t
 
 

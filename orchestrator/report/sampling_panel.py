@@ -14,9 +14,10 @@ from orchestrator.report.data import first_line, num
 from orchestrator.store.manifest import Manifest
 from orchestrator.values import finite
 
-SAMPLING_VERDICT_ORDER = ("different", "same distribution", "identical", "n/a")
-SAMPLING_VERDICT_COLOR = {"identical": "#1a7f37", "same distribution": "#4caf50", "different": "#d73027",
-                          "n/a": "#8c8c8c"}
+SAMPLING_VERDICT_ORDER = ("different", "sampler differs", "not distinguishable", "same distribution", "identical",
+                          "n/a")
+SAMPLING_VERDICT_COLOR = {"identical": "#1a7f37", "same distribution": "#4caf50", "not distinguishable": "#d4a017",
+                          "sampler differs": "#9c27b0", "different": "#d73027", "n/a": "#8c8c8c"}
 
 
 @dataclass
@@ -49,17 +50,18 @@ def no_sampling_text(manifest: Manifest) -> str:
 
 def _seed(r: dict) -> str:
     v = r.get("seed_verdict")
-    if v in (None, "n/a") or not finite(r.get("seed_identical")):
-        return "not promised" if v == "n/a" else ""
+    if not finite(r.get("seed_identical")):
+        return "not compared" if v == "n/a" else ""
     div = f", first divergence at token {r['seed_first_div_mean']:.1f}" if finite(r.get("seed_first_div_mean")) else ""
-    return f"{r['seed_identical']:.0%} identical{div}"
+    return f"{r['seed_identical']:.0%} identical{div}" + ("" if r.get("seed_promised") else " (not promised)")
 
 
 def _two(r: dict) -> str:
     if not finite(r.get("dist_p")):
         return ""
-    return (f"p={r['dist_p']:.3g}, shift {r['dist_shift']:+.4f}, n {int(r['dist_n_cell'])} vs {int(r['dist_n_base'])} "
-            f"({int(r['dist_seeds_cell'])} vs {int(r['dist_seeds_base'])} seeds)")
+    could = f", could see {r['dist_detectable']:.3g}" if finite(r.get("dist_detectable")) else ""
+    return (f"p={r['dist_p']:.3g}, shift {r['dist_shift']:+.4f}{could}, n {int(r['dist_n_cell'])} vs "
+            f"{int(r['dist_n_base'])} ({int(r['dist_seeds_cell'])} vs {int(r['dist_seeds_base'])} seeds)")
 
 
 def _first(r: dict) -> str:
@@ -71,7 +73,7 @@ def _first(r: dict) -> str:
 
 def _need(r: dict) -> str:
     out = num(r.get("seeds_needed"), ".0f")
-    if r.get("dist_verdict") == "same distribution" and finite(r.get("seeds_for_shift")):
+    if r.get("dist_verdict") in ("same distribution", "not distinguishable") and finite(r.get("seeds_for_shift")):
         out += f" (this shift: ~{int(r['seeds_for_shift'])})"
     return out
 
@@ -95,16 +97,22 @@ def columns() -> list[tuple[str, str, Callable[[dict], Any], Callable[[dict], st
 
 def explanation(layer: SamplingLayer) -> str:
     return (f"Each cell's seeded samples against its baseline's. Repeatable: the share of (prompt, seed) samples "
-            f"identical between the cell's two passes. Seed by seed (where both sides promise it: the same engine): "
-            f"the share identical to the baseline's sample of the same seed, and where the others first differ. "
+            f"identical between the cell's two passes. Seed by seed (the same engine on both sides, each repeating "
+            f"its seeds): the share identical to the baseline's sample of the same seed, and where the others first "
+            f"differ; 'not promised' where the engine's documentation does not promise it (seed_promises.py). "
             f"Two tests of the distribution: the two-sample test (a permutation of seeds on each sample's mean raw "
             f"logprob, centred per prompt: n samples, the shift in nats/token) and the first-token test (each "
             f"prompt's first sampled token against the baseline's next-token logprobs after the cell's sampler: "
-            f"G-tests with simulated nulls, Bonferroni over prompts); the verdict is different where either p is "
-            f"below {layer.alpha:g} / (tests run) (sampling_alpha, Bonferroni over the tests), else same distribution "
-            f"(identical where every seed matched). Seeds to detect: seeds each side for the two-sample test to find "
-            f"a shift of {layer.shift:g} nats/token (sampling_shift) with 80% power, and where no difference was "
-            f"detected, ~how many would find a shift of the size observed.")
+            f"G-tests with simulated nulls, Bonferroni over prompts), each at {layer.alpha:g} / (tests run) "
+            f"(sampling_alpha, Bonferroni over the tests). The two-sample test sees the distribution as served (model "
+            f"and sampler together), the first-token test the model under the cell's own sampler: different where "
+            f"the first-token test finds a difference, or the two-sample test does and the engines sample alike; "
+            f"sampler differs where only the two-sample test does and the engines' samplers give another "
+            f"distribution at these settings; not distinguishable where no test finds one but the two-sample test "
+            f"could not have seen a shift of {layer.shift:g} nats/token (sampling_shift) with 80% power; else same "
+            f"distribution (identical where every seed matched). Seeds to detect: seeds each side for the "
+            f"two-sample test to find a shift of {layer.shift:g} nats/token with 80% power, and where no difference "
+            f"was detected, ~how many would find a shift of the size observed.")
 
 
 def rows(layer: SamplingLayer, cells: pd.DataFrame) -> list[dict]:

@@ -6,7 +6,9 @@ engines/test_sampling_engines.py.)"""
 import numpy as np
 import pytest
 
-from orchestrator.judge.sampling_stats import first_token_test, permutation_test, sampler_probs, seeds_to_detect
+from orchestrator.judge.sampling_stats import (SAMPLER_STEPS, first_token_test, order_difference, permutation_test,
+                                               sampler_probs, seeds_to_detect)
+from orchestrator.judge.seed_promises import PROMISES, promise_for, seed_promise
 
 
 def test_permutation_test_level_and_power():
@@ -115,3 +117,61 @@ def test_first_token_test_level_and_power():
                          {0: np.zeros(4, int), 1: np.zeros(4, int)})
     assert t.prompts == 1 and "beyond" in t.skipped[1]
 
+
+
+def test_detectable_shift_is_what_the_test_finds_with_80_percent_power():
+    """The 'could have seen' figure of a 'not distinguishable': at that shift the permutation test rejects
+    in about 80% of simulated comparisons at its level; at a third of it, far less often."""
+    rng = np.random.default_rng(3)
+    strata, seeds = np.repeat(np.arange(4), 16), np.tile(np.arange(16), 4)
+
+    prompt_effect = np.repeat(rng.normal(size=4), 16)    # the same prompts on both sides
+
+    def side(shift=0.0):
+        return prompt_effect + np.tile(rng.normal(size=16), 4) * 0.5 + 0.3 * rng.normal(size=64) + shift
+
+    level = 0.005
+    probe = permutation_test(side(), strata, seeds, side(), strata, seeds + 100, n_perm=200)
+    mde = probe.detectable_shift(level)
+    assert 0 < mde < 2 and np.isfinite(probe.unit_var)
+    hits = [permutation_test(side(), strata, seeds, side(mde), strata, seeds + 100, n_perm=1000, seed=i).p_value < level
+            for i in range(60)]
+    small = [permutation_test(side(), strata, seeds, side(mde / 3), strata, seeds + 100, n_perm=1000, seed=i).p_value
+             < level for i in range(60)]
+    assert 0.55 <= np.mean(hits) <= 0.97 and np.mean(small) < 0.35, (np.mean(hits), np.mean(small))
+    # four times the seeds: half the shift (the figure shrinks with the square root of the seeds)
+    s64, p64 = np.tile(np.arange(64), 4), np.repeat(np.arange(4), 64)
+    wide = permutation_test(rng.normal(size=256) * 0.5, p64, s64, rng.normal(size=256) * 0.5, p64, s64 + 100, n_perm=50)
+    narrow = permutation_test(rng.normal(size=64) * 0.5, strata, seeds, rng.normal(size=64) * 0.5, strata, seeds + 100,
+                              n_perm=50)
+    assert wide.seeds_base == 64 and wide.detectable_shift(level) == pytest.approx(narrow.detectable_shift(level) / 2,
+                                                                                 rel=0.35)
+
+
+def test_the_order_of_the_sampler_steps_matters_only_where_the_distribution_changes():
+    llama, hf = ("top_k", "top_p", "min_p", "temperature"), SAMPLER_STEPS
+    assert order_difference(llama, hf, temperature=0.8, top_p=0.95) == ("top_p", "temperature")
+    assert order_difference(llama, hf, temperature=1.0, top_p=0.95) is None       # no temperature: one order
+    assert order_difference(llama, hf, temperature=0.8, top_k=40) is None         # top-k keeps the ranking
+    assert order_difference(llama, hf, temperature=0.8) is None
+    # and the transform agrees: the kept sets differ at T 0.8 / top-p 0.95, not at T 1
+    lp = np.log(np.array([0.5, 0.2, 0.1, 0.08, 0.06, 0.04, 0.02]))
+    ids = np.arange(7)
+    a, _, _ = sampler_probs(ids, lp, 0.8, top_p=0.95, order=llama)
+    b, _, _ = sampler_probs(ids, lp, 0.8, top_p=0.95, order=hf)
+    assert len(a) > len(b)
+    assert len(sampler_probs(ids, lp, 1.0, top_p=0.95, order=llama)[0]) == len(sampler_probs(ids, lp, 1.0, top_p=0.95,
+                                                                                            order=hf)[0])
+
+
+def test_seed_promises_follow_each_engines_documentation():
+    assert {p.framework for p in PROMISES} == {"hf", "llamacpp", "vllm"}
+    assert promise_for("vllm", {"vllm": "0.32.0"}).across_batch is False
+    assert promise_for("vllm", {"vllm": "0.40.0"}) is None                    # a version nobody has read
+    assert promise_for("trtllm", {"tensorrt_llm": "1.0"}) is None
+    ok, why = seed_promise("vllm", {"vllm": "0.32.0+cpu"}, 4, 1)
+    assert not ok and "NVIDIA, AMD and Intel XPU" in why
+    ok, why = seed_promise("llamacpp", {"llama_cpp_python": "0.3.16"}, 1, 1)
+    assert ok and "promised" in why
+    ok, why = seed_promise("hf", float("nan"), 1, 1)                           # a cell without versions
+    assert not ok and "no documented seed promise" in why
