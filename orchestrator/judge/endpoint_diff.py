@@ -273,7 +273,8 @@ def diff_sampled(url_a: str, url_b: str, prompts: Sequence[Prompt], seeds: int, 
     the seeds each side draws start there (different seeds on identical servers: the tests' false alarms)."""
     import numpy as np
 
-    from orchestrator.judge.sampling_stats import permutation_test, seeds_to_detect
+    from adapters.contract.seed_power import seeds_to_detect
+    from orchestrator.judge.sampling_stats import permutation_test
 
     sampler = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
     urls = {"A": url_a, "B": url_b}

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from adapters.contract.seed_power import POWER, seed_units, z_sum
+
 N_PERM = 5000
 SEED = 0
-POWER = 0.8          # the power every "could have seen" and "seeds needed" figure is sized for
 SAMPLER_STEPS = ("temperature", "top_k", "top_p", "min_p")
 _TAIL_EPS = 1e-6     # raw probability mass below this outside the stored candidates is none (float32 rounding)
 
@@ -50,19 +51,9 @@ class DistributionTest:
     def detectable_shift(self, level: float, power: float = POWER) -> float:
         """The smallest shift (nats/token, either sign) this test finds with `power` at `level`, at its
         seeds: normal approximation on the per-seed means (what the permutation test permutes)."""
-        from scipy.stats import norm
-
         if not (self.seeds_base and self.seeds_cell and np.isfinite(self.unit_var)):
             return math.nan
-        z = norm.ppf(1 - level / 2) + norm.ppf(power)
-        return float(z * math.sqrt(self.unit_var * (1 / self.seeds_base + 1 / self.seeds_cell)))
-
-
-def _seed_units(values: np.ndarray, prompts: np.ndarray, seeds: np.ndarray, centre: dict) -> np.ndarray:
-    """Per seed: the mean over its prompts of (value - that prompt's centre)."""
-    y = values - np.array([centre[p] for p in prompts])
-    order = np.unique(seeds)
-    return np.array([y[seeds == s].mean() for s in order])
+        return float(z_sum(level, power) * math.sqrt(self.unit_var * (1 / self.seeds_base + 1 / self.seeds_cell)))
 
 
 def permutation_test(base: np.ndarray, base_prompt: np.ndarray, base_seed: np.ndarray, cell: np.ndarray,
@@ -73,8 +64,8 @@ def permutation_test(base: np.ndarray, base_prompt: np.ndarray, base_seed: np.nd
     kb, kc = np.isin(base_prompt, prompts), np.isin(cell_prompt, prompts)
     centre = {p: float(np.concatenate([base[kb & (base_prompt == p)], cell[kc & (cell_prompt == p)]]).mean())
               for p in prompts}
-    a = _seed_units(base[kb], base_prompt[kb], base_seed[kb], centre)
-    b = _seed_units(cell[kc], cell_prompt[kc], cell_seed[kc], centre)
+    a = seed_units(base[kb], base_prompt[kb], base_seed[kb], centre)
+    b = seed_units(cell[kc], cell_prompt[kc], cell_seed[kc], centre)
     if not len(a) or not len(b):
         return DistributionTest(int(kb.sum()), int(kc.sum()), math.nan, math.nan, len(a), len(b))
     rng = np.random.default_rng(seed)
@@ -87,21 +78,6 @@ def permutation_test(base: np.ndarray, base_prompt: np.ndarray, base_seed: np.nd
     unit_var = (np.sum((a - a.mean()) ** 2) + np.sum((b - b.mean()) ** 2)) / dof if dof > 0 else math.nan
     return DistributionTest(n_base=int(kb.sum()), n_cell=int(kc.sum()), shift=float(observed), p_value=float(p),
                             seeds_base=len(a), seeds_cell=len(b), unit_var=float(unit_var))
-
-
-def seeds_to_detect(values: np.ndarray, prompts: np.ndarray, seeds: np.ndarray, shift: float, alpha: float,
-                    power: float = POWER) -> int | None:
-    """Seeds (each side, every prompt sampled with each) for the two-sample test to find a `shift` of the
-    mean statistic with `power` at level `alpha`: normal approximation with the variance of the
-    per-seed means of `values` (centred per prompt), which carries the dependence across prompts."""
-    from scipy.stats import norm
-
-    centre = {p: float(values[prompts == p].mean()) for p in np.unique(prompts)}
-    units = _seed_units(values, prompts, seeds, centre)
-    if len(units) < 2 or shift <= 0:
-        return None
-    z = norm.ppf(1 - alpha / 2) + norm.ppf(power)
-    return max(2, math.ceil(2 * float(units.var(ddof=1)) * z * z / (shift * shift)))
 
 
 # ------------------------------------------------------------------ the sampler transform

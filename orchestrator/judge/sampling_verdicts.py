@@ -35,10 +35,10 @@ import numpy as np
 import pandas as pd
 
 from adapters import ADAPTERS
+from adapters.contract.seed_power import seeds_to_detect
 from adapters.contract.specs import SamplerSettings
 from orchestrator.judge.analysis import run_settings
-from orchestrator.judge.sampling_stats import (first_token_test, order_difference, permutation_test, sampler_probs,
-                                               seeds_to_detect)
+from orchestrator.judge.sampling_stats import first_token_test, order_difference, permutation_test, sampler_probs
 from orchestrator.judge.seed_promises import seed_promise
 from orchestrator.judge.task_verdicts import layer_cells, with_baselines, with_old_partners
 from orchestrator.matrix.models import AXES, Tolerances

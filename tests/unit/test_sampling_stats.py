@@ -6,8 +6,14 @@ engines/test_sampling_engines.py.)"""
 import numpy as np
 import pytest
 
-from orchestrator.judge.sampling_stats import (SAMPLER_STEPS, first_token_test, order_difference, permutation_test,
-                                               sampler_probs, seeds_to_detect)
+from adapters.contract.seed_power import seeds_to_detect
+from orchestrator.judge.sampling_stats import (
+    SAMPLER_STEPS,
+    first_token_test,
+    order_difference,
+    permutation_test,
+    sampler_probs,
+)
 from orchestrator.judge.seed_promises import PROMISES, promise_for, seed_promise
 
 
