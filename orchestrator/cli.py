@@ -356,6 +356,10 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
                                                      help="--against: a repeat of OLD; its drift from OLD widens the "
                                                      "speed intervals by the run-to-run noise"),
+            history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                   help="--against: a results root whose earlier runs repeat OLD's "
+                                                   "configurations: their drift is the run-to-run noise (default: "
+                                                   "the folder holding OLD)"),
             baseline: Optional[str] = typer.Option(None, help="Axis values of the baseline, e.g. framework=hf,quantization=fp32 (default: the matrix's)"),
             tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
             output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
@@ -373,17 +377,17 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
 
             if baseline:
                 _fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
-            df = compare_runs(run_dir, against, _axes(match), tol, noise_run)
+            df = compare_runs(run_dir, against, _axes(match), tol, noise_run, history or against.parent)
             tv = compare_task_runs(run_dir, against, df, tol)
             sv = compare_sampling_runs(run_dir, against, df, tol)
             df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
             df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
             print_table(against_table(df, str(run_dir), str(against)))
-            for line in [_noise_line(df, noise_run), *changes_lines(df)]:
+            for line in [_noise_line(df), *changes_lines(df)]:
                 out.print(line, highlight=False, markup=False, soft_wrap=True)
         else:
-            if match or noise_run:
-                _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
+            if match or noise_run or history:
+                _fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
             selector = parse_selector(baseline) if baseline else None
             df = analyse(run_dir, baseline=selector, tolerances=tol)
             tv = analyse_tasks(run_dir, baseline=selector, tolerances=tol)
@@ -405,13 +409,15 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
         df.to_parquet(output)
 
 
-def _noise_line(df, noise_run: Path | None) -> str:
-    if noise_run is None:
-        return ("speed intervals: from the repeats within each run only; how two runs of the same cells differ is "
-                "not measured (--noise-run OLD_REPEAT measures it)")
+def _noise_line(df) -> str:
+    source = df["run_noise"].dropna()
+    if not len(source):
+        return ("speed: cannot judge across runs (no run-to-run noise estimate): the repeats within each run do not "
+                "see how two runs differ; --noise-run OLD_REPEAT, or earlier runs of these cells under --history, "
+                "measure it")
     sd = df["tok_s_run_sd"].dropna()
     drift = f"{100 * (float(sd.iloc[0]) if len(sd) else 0.0):.1f}%"
-    return f"speed intervals: repeats and the run-to-run drift measured against {noise_run} (tok/s log sd {drift})"
+    return f"speed intervals: repeats and the run-to-run drift measured from {source.iloc[0]} (tok/s log sd {drift})"
 
 
 def _axes(text: str | None) -> list[str] | None:
@@ -428,6 +434,9 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
          noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
                                                   help="--against: a repeat of OLD, whose drift from OLD widens the "
                                                   "speed intervals by the run-to-run noise"),
+         history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                help="--against: a results root whose earlier runs repeat OLD's "
+                                                "configurations (default: the folder holding OLD)"),
          junit: Optional[Path] = typer.Option(None, help="Also write the checks as JUnit XML here"),
          format: str = typer.Option("text", "--format", help="text, or md: a Markdown summary for a pull request")) -> None:
     """Exit 1 when a check fails: a cell the policy marks must-be-lossless (or identical, near-lossless)
@@ -443,15 +452,15 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
             from orchestrator.judge.sampling_verdicts import compare_sampling_runs
             from orchestrator.judge.task_verdicts import compare_task_runs
 
-            df = compare_runs(run_dir, against, _axes(match), noise_run=noise_run)
+            df = compare_runs(run_dir, against, _axes(match), noise_run=noise_run, history=history or against.parent)
             tasks = compare_task_runs(run_dir, against, df) if any(r.task for r in rules.rules) else None
             sampling = compare_sampling_runs(run_dir, against, df) if any(r.sampling for r in rules.rules) else None
         else:
             from orchestrator.judge.analysis import analyse
             from orchestrator.judge.task_verdicts import analyse_tasks
 
-            if match or noise_run:
-                _fail("--match and --noise-run are for two runs: give --against OLD_RUN")
+            if match or noise_run or history:
+                _fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
             from orchestrator.judge.sampling_verdicts import analyse_sampling
 
             df = analyse(run_dir)

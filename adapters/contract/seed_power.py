@@ -16,6 +16,11 @@ import numpy as np
 POWER = 0.8          # the power every "could have seen" and "seeds needed" figure is sized for
 
 
+def sample_statistic(logprobs) -> float:
+    """What the two-sample test compares per sample: the mean raw logprob of its sampled tokens."""
+    return float(np.mean(logprobs)) if len(logprobs) else math.nan
+
+
 def seed_units(values: np.ndarray, prompts: np.ndarray, seeds: np.ndarray, centre: dict) -> np.ndarray:
     """Per seed: the mean over its prompts of (value - that prompt's centre)."""
     y = values - np.array([centre[p] for p in prompts])

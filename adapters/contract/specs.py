@@ -46,6 +46,16 @@ class RepeatsAuto(ContractModel):
     max_s: float = Field(60.0, gt=0)
 
 
+class SeedsAuto(ContractModel):
+    """measure.sampling.seeds: auto draws `min_seeds` seeds, then `step` more (or as many as the estimate
+    asks) until the cell's own spread says the two-sample test could see the sampling tolerance's shift
+    (adapters/contract/seed_power.py), at most `max_seeds`."""
+
+    min_seeds: int = Field(16, ge=2)
+    step: int = Field(16, ge=1)
+    max_seeds: int = Field(256, ge=2)
+
+
 class CellSpec(ContractModel):
     cell_id: str
     batch_size: int
@@ -141,6 +151,9 @@ class SamplingSpec(ContractModel):
     tokens: int
     repeats: int = 2
     next_top_k: int = 128          # candidates stored for each prompt's next token (the first-token test)
+    auto: SeedsAuto | None = None  # seeds: auto: `seeds` is the first draw; more until the power is reached
+    auto_shift: float = 0.05       # the shift (nats/token) the test must see with 80% power, at auto_level
+    auto_level: float = 0.005
 
 
 class GenerationTaskSpec(ContractModel):

@@ -28,6 +28,7 @@ from adapters.base import Adapter, Unsupported
 from adapters.contract.events import End, GroupUnsupported, Loaded, Started
 from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
+from adapters.contract.seed_power import sample_statistic, seeds_to_detect
 from adapters.contract.specs import CellSpec, GroupSpec, SamplingSpec, ScoringSpec, TaskSpec, engine_seed
 from adapters.contract.timing import summarize
 from adapters.meters import telemetry
@@ -60,9 +61,24 @@ def capture_logprobs(adapter: Adapter, scoring: ScoringSpec, batch_size: int) ->
     return rows.arrays()
 
 
+def _seeds_wanted(cols: dict[str, list], sampling: SamplingSpec, drawn: int) -> int:
+    """seeds: auto: how many seeds the cell's own spread asks for (at least one step more, at most
+    max_seeds); `drawn` where that is reached or nothing more may be drawn."""
+    auto = sampling.auto
+    if auto is None or drawn >= auto.max_seeds:
+        return drawn
+    first = np.asarray(cols["repeat"]) == 0
+    stat = [sample_statistic(lp) for lp, keep in zip(cols["logprobs"], first) if keep]
+    needed = seeds_to_detect(np.asarray(stat), np.asarray(cols["prompt_index"])[first], np.asarray(cols["seed"])[first],
+                             sampling.auto_shift, sampling.auto_level)
+    if needed is None or needed <= drawn:
+        return drawn
+    return min(auto.max_seeds, max(drawn + auto.step, needed))
+
+
 def capture_samples(adapter: Adapter, sampling: SamplingSpec, batch_size: int) -> dict[str, np.ndarray]:
-    """Seeded samples of every (prompt, seed), `repeats` times, batch_size pairs per engine call."""
-    pairs = [(i, sampling.seed_offset + s) for i in range(len(sampling.prompts)) for s in range(sampling.seeds)]
+    """Seeded samples of every (prompt, seed), `repeats` times, batch_size pairs per engine call; with
+    seeds: auto, more seeds until the cell's own spread says the distribution test has its power."""
     cols: dict[str, list] = {name: [] for name, _ in SAMPLE_COLUMNS}
     k = sampling.next_top_k
     try:   # the next token's candidates: one greedy step, the first row's top-k
@@ -72,15 +88,19 @@ def capture_samples(adapter: Adapter, sampling: SamplingSpec, batch_size: int) -
         nxt = []
     if not nxt:
         nxt = [(np.zeros(0, np.int32), np.zeros(0, np.float32))] * len(sampling.prompts)
-    for repeat in range(sampling.repeats):
-        for batch in chunks(pairs, batch_size):
-            got = adapter.sample([sampling.prompts[i] for i, _ in batch], [engine_seed(s, i) for i, s in batch],
-                                 sampling.settings, sampling.tokens)
-            for (i, seed), scores in zip(batch, got):
-                for name, value in (("repeat", repeat), ("prompt_index", i), ("seed", seed),
-                                    ("token_ids", scores.token_ids), ("logprobs", scores.logprobs),
-                                    ("next_topk_ids", nxt[i][0]), ("next_topk_logprobs", nxt[i][1])):
-                    cols[name].append(value)
+    drawn, wanted = 0, sampling.seeds
+    while wanted > drawn:
+        pairs = [(i, sampling.seed_offset + s) for i in range(len(sampling.prompts)) for s in range(drawn, wanted)]
+        for repeat in range(sampling.repeats):
+            for batch in chunks(pairs, batch_size):
+                got = adapter.sample([sampling.prompts[i] for i, _ in batch], [engine_seed(s, i) for i, s in batch],
+                                     sampling.settings, sampling.tokens)
+                for (i, seed), scores in zip(batch, got):
+                    for name, value in (("repeat", repeat), ("prompt_index", i), ("seed", seed),
+                                        ("token_ids", scores.token_ids), ("logprobs", scores.logprobs),
+                                        ("next_topk_ids", nxt[i][0]), ("next_topk_logprobs", nxt[i][1])):
+                        cols[name].append(value)
+        drawn, wanted = wanted, _seeds_wanted(cols, sampling, wanted)
     return {name: np.asarray(cols[name], dtype=dtype) for name, dtype in SAMPLE_COLUMNS}
 
 

@@ -26,7 +26,7 @@ from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prom
 from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.matrix.cells import Cell, EngineGroup
-from orchestrator.matrix.models import Matrix
+from orchestrator.matrix.models import Matrix, Sampling, Tolerances
 
 # the checkout the engine child imports `adapters` from (its PYTHONPATH), and what rows never show
 PROJECT_ROOT = Path(adapters.__file__).resolve().parent.parent
@@ -104,13 +104,14 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
     scoring = scoring_prompts(m.measure, tok)
     task_max = lm_eval_tasks.model_max_length(source, tokenizer_source(job)) if task_sets.has_lm_eval(tasks) else None
     task_specs = task_sets.task_specs(tasks, tok, tokenizer_source(job), entry.trust_remote_code, task_max)
+    sampling = m.sampling_for(g.framework, g.flags)
     load = LoadSpec(
         framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
         gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
         cache_dir=str(Path(job.cache_dir) / "engines"), seed=0,
         max_running=g.cells[0].batch_size if g.mode == "stream" else None,
         context_len=max([longest, task_sets.longest_sequence(task_specs)] + [m.measure.scoring_len + max(
-            m.measure.greedy_tokens, m.measure.sampling.tokens if m.measure.sampling else 0)]),
+            m.measure.greedy_tokens, sampling.tokens if sampling else 0)]),
         model=ModelSpec(name=g.model, source=source, trust_remote_code=entry.trust_remote_code, revision=entry.revision))
     return GroupSpec(
         mode=g.mode, load=load, cells=spec_cells,
@@ -121,7 +122,7 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
             # one seed per server (arrivals, request seeds): the first cell's workload's, where workloads differ
             startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload_of(cells[0].workload), "seed", 0)),
-        tasks=task_specs, sampling=_sampling_spec(m, scoring))
+        tasks=task_specs, sampling=_sampling_spec(sampling, scoring, m.tolerances))
 
 
 def _cap(workload, field: str, axis_value: int) -> int:
@@ -130,12 +131,15 @@ def _cap(workload, field: str, axis_value: int) -> int:
     return dist.upper if dist is not None else axis_value
 
 
-def _sampling_spec(m: Matrix, scoring: list[list[int]]) -> SamplingSpec | None:
-    s = m.measure.sampling
+def _sampling_spec(s: Sampling | None, scoring: list[list[int]], tol: Tolerances) -> SamplingSpec | None:
     if s is None:
         return None
-    return SamplingSpec(prompts=scoring[: s.prompts or len(scoring)], seeds=s.seeds, seed_offset=s.seed_offset,
-                        tokens=s.tokens, repeats=s.repeats, next_top_k=s.next_top_k,
+    auto = s.auto_seeds if s.seeds == "auto" else None
+    # the served test runs at sampling_alpha over the tests run: two where the first-token test has candidates
+    level = tol.sampling_alpha / (2 if s.next_top_k else 1)
+    return SamplingSpec(prompts=scoring[: s.prompts or len(scoring)], seeds=auto.min_seeds if auto else s.seeds,
+                        seed_offset=s.seed_offset, tokens=s.tokens, repeats=s.repeats, next_top_k=s.next_top_k,
+                        auto=auto, auto_shift=tol.sampling_shift, auto_level=level,
                         settings=SamplerSettings(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, min_p=s.min_p))
 
 

@@ -118,7 +118,7 @@ def analyse(run_dir: str | Path, baseline: dict | None = None, tolerances: Toler
     df = cells.merge(pm[pm.kind == "base"].drop(columns=["kind", "a_cell", "a_rep", "a_file", "b_cell", "b_rep", "b_file",
                                                          "pair_id"])
                      .rename(columns={"key": "cell_id"}), on="cell_id", how="left")
-    add_speed(df, cells)
+    add_speed(df, cells, tolerances.speed_tolerance)
     judge(df, pm, df.baseline_cell_id.map(cells.set_index("cell_id").engine_key), tolerances, own_floors=True)
     return _order(df)
 

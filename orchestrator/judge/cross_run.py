@@ -5,9 +5,13 @@ matrices differ. Each pair is judged as a cell against its baseline within one r
 (orchestrator/judge/analysis.py): NEW's logprobs against OLD's, on every layer both captured, with OLD's
 own noise floor (its engine's run-to-run and batch-invariance pairs). Speed: NEW/OLD ratios of output
 tokens/s and of TTFT and TPOT p50/p99, each with the Welch t interval on the log ratio of the two
-runs' repeats (per timed batch: throughput, and each batch's own percentiles) and a call: faster,
-slower, or no change (the interval holds 1: a change inside the noise is none); peak memory as a
-ratio without an interval (one peak per cell). A ratio is that of the two runs' geometric means over
+runs' repeats (per timed batch: throughput, and each batch's own percentiles), widened by the
+run-to-run noise, and a call (orchestrator/judge/speed.py: faster, slower, no difference, not
+distinguishable). The repeats inside a run do not see how two runs of the same cells differ (a busy
+host), so the noise comes from a repeat of OLD (`noise_run`) or from the history: the other runs of
+the same configurations under a results root that started before NEW and recorded no change against
+OLD's cells. Without either, every call is "cannot judge" (no run-to-run noise estimate). Peak memory as
+a ratio without an interval (one peak per cell). A ratio is that of the two runs' geometric means over
 their repeats (the interval's center), or of the cells' own figures where a side has one repeat.
 What changed: the provenance of the two cells
 (library versions, engine arguments as resolved, the model's fingerprint, the host: CPU, GPUs,
@@ -95,14 +99,16 @@ def provenance_columns(root: Path) -> pd.DataFrame:
 
 
 def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | None = None,
-                 tolerances: Tolerances | None = None, noise_run: str | Path | None = None) -> pd.DataFrame:
+                 tolerances: Tolerances | None = None, noise_run: str | Path | None = None,
+                 history: str | Path | None = None) -> pd.DataFrame:
     """One row per cell of either run: the pair's verdict (NEW against OLD), speed ratios with
     intervals and calls, and what changed. `only_in` names the run of a cell without a partner.
 
     The repeats inside a run do not see how two runs of the same cells differ (the machine's state
-    drifts: 10-40% on a shared host). `noise_run`, a repeat of OLD (the same matrix run again),
-    measures that: its drift from OLD, pooled over the cells they share, widens every speed interval
-    (adapters.contract.intervals.run_noise). Without it the intervals cover the repeats only, and say so."""
+    drifts: 10-40% on a shared host). `noise_run`, a repeat of OLD (the same matrix run again), or else
+    `history`, a results root whose other runs repeat OLD's configurations, measures that: the drift,
+    pooled over the cells and runs, widens every speed interval (adapters.contract.intervals.run_noise);
+    `run_noise` says where it came from. Without one the speed calls are "cannot judge"."""
     new_root, old_root = Path(new_dir), Path(old_dir)
     unknown = sorted(set(match or ()) - set(AXES))
     if unknown:
@@ -146,14 +152,15 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
     df.loc[df.baseline_cell_id.isna(), "verdict_reason"] = "only in NEW: no cell of this config in OLD"
     df["only_in"] = np.where(df.baseline_cell_id.isna(), "new", None)
     df["old_status"] = df.baseline_cell_id.map(old_row.status)
-    noise = None
+    noise, source = None, None
     if noise_run is not None:
-        with duckdb_connection() as con:
-            rep = read_run_cells(con, Path(noise_run))
-        rep["key"] = _pair_keys(rep, match, "the noise run")
-        noise = old.merge(rep[["key", "status", *(runs for *_, runs, _ in SPEED)]], on="key", suffixes=("", "_rep"))
-        noise = noise[(noise.status == "ok") & (noise.status_rep == "ok")]
-    _add_cross_speed(df, old_row, noise)
+        noise, source = _repeats_of(old, [Path(noise_run)], match), f"the noise run {Path(noise_run).name}"
+    elif history is not None:
+        noise, source = _history_noise(old, new_root, old_root, Path(history), match)
+    if noise is not None and noise.empty:
+        noise, source = None, None     # no configuration in common: nothing measured
+    df["run_noise"] = source
+    _add_cross_speed(df, old_row, noise, tolerances.speed_tolerance)
     _add_changes(df, new_root, old_root)
 
     gone = old[~old.key.isin(new.key)]
@@ -168,7 +175,52 @@ def compare_runs(new_dir: str | Path, old_dir: str | Path, match: list[str] | No
     return df[first + rest].sort_values([*CONFIG_AXES, "batch_size", "cell_id"], kind="stable", ignore_index=True)
 
 
-def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame, noise: pd.DataFrame | None) -> None:
+def _repeats_of(old: pd.DataFrame, runs: list[Path], match: list[str] | None) -> pd.DataFrame:
+    """OLD's ok cells beside the same configuration's ok cells in each of `runs`: one row per pair."""
+    frames = []
+    with duckdb_connection() as con:
+        for run in runs:
+            rep = read_run_cells(con, run)
+            rep["key"] = _pair_keys(rep, match, run.name)
+            pair = old.merge(rep[["key", "cell_id", "status", *(r for *_, r, _ in SPEED)]], on="key",
+                             suffixes=("", "_rep"))
+            frames.append(pair[(pair.status == "ok") & (pair.status_rep == "ok")].assign(run_rep=str(run)))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _history_noise(old: pd.DataFrame, new_root: Path, old_root: Path, history: Path,
+                   match: list[str] | None) -> tuple[pd.DataFrame | None, str | None]:
+    """The pairs of OLD's cells with the same configuration in the other runs under `history` that
+    started before NEW, where the two cells recorded no change of provenance (the same engine, model,
+    arguments and host: what differs between them is the run-to-run noise); and where it came from."""
+    from orchestrator.store.runs import list_runs
+
+    runs = list_runs(history)
+    mine = {new_root.resolve(), old_root.resolve()}
+    new_started = next((r.started for r in list_runs(new_root).itertuples()), None)
+    others = [Path(r.path) for r in runs.itertuples() if Path(r.path).resolve() not in mine
+              and r.started and (new_started is None or r.started < new_started)]
+    usable = []
+    for run in others:
+        try:
+            usable.append((run, _repeats_of(old, [run], match)))
+        except MatchError:
+            continue   # a run whose cells --match cannot tell apart says nothing of these configurations
+    prov_old = provenance_columns(old_root)
+    frames = []
+    for run, pairs in usable:
+        prov = provenance_columns(run)
+        same = [not provenance_changes(prov_old.loc[a].to_dict(), prov.loc[b].to_dict())
+                for a, b in zip(pairs.cell_id, pairs.cell_id_rep)]
+        if any(same):
+            frames.append(pairs[same])
+    if not frames:
+        return None, None
+    noise = pd.concat(frames, ignore_index=True)
+    return noise, f"{noise.run_rep.nunique()} earlier run(s) under {history.name}/ ({len(noise)} cell pairs)"
+
+
+def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame, noise: pd.DataFrame | None, tolerance: float) -> None:
     base = old.reindex(df.baseline_cell_id)
     ok = ((df.status == "ok") & (base.status == "ok").to_numpy()).to_numpy()
     for name, col, runs, higher_better in SPEED:
@@ -182,7 +234,9 @@ def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame, noise: pd.DataFrame | 
         with np.errstate(divide="ignore", invalid="ignore"):
             whole = np.where(ok & (old_v > 0), new_v / old_v, np.nan)
         df[f"{name}_ratio"] = np.where(np.isfinite(center), center, whole)
-        calls = speed_call(lo, hi)
+        # without a run-to-run noise estimate the interval holds the repeats alone: no call across runs
+        calls = speed_call(lo, hi, tolerance) if noise is not None else \
+            [None if c is None else "cannot judge" for c in speed_call(lo, hi, tolerance)]
         if not higher_better:   # a latency ratio above 1 is slower
             calls = [{"faster": "slower", "slower": "faster"}.get(c, c) for c in calls]
         df[f"{name}_lo"], df[f"{name}_hi"], df[f"{name}_call"] = lo, hi, calls

@@ -15,8 +15,10 @@ orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same con
             max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
             task: {name: tiny-ending, min_ratio: 0.99, no_regression: true}   # the task layer
             sampling: {same_distribution: true}   # the sampling layer (or identical: true)
-    With --noise-run OLD_REPEAT (OLD's matrix run again) the intervals also hold the run-to-run drift
-    the repeats inside one run cannot see; without it they hold the repeats only.
+    With --noise-run OLD_REPEAT (OLD's matrix run again), or earlier runs of OLD's configurations under
+    --history (default: the folder holding OLD), the intervals also hold the run-to-run drift the
+    repeats inside one run cannot see; without either a speed bound is not checked and says so
+    (require_run_noise: true fails it as "cannot judge").
     A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
     OLD); so does a listed value no cell has. A speed bound fails only when the 95% interval of the
     NEW/OLD ratio lies wholly beyond it, so noise alone never fails a build; a ratio with no interval
@@ -114,6 +116,9 @@ class Rule(BaseModel):
     max_slowdown: float | None = Field(None, ge=0, lt=1, description="--against: most output tokens/s may drop")
     max_ttft_p99_increase: float | None = Field(None, ge=0, description="--against: most TTFT p99 may rise")
     max_memory_increase: float | None = Field(None, ge=0, description="--against: most peak memory may rise")
+    require_run_noise: bool = Field(False, description="--against: a speed bound fails as 'cannot judge' where no "
+                                    "run-to-run noise estimate exists (no --noise-run, no earlier runs under "
+                                    "--history); by default such a bound is not checked, and says so")
     task: TaskRule | None = None
     sampling: SamplingRule | None = None
 
@@ -184,7 +189,7 @@ def _where(r: dict) -> str:
         if r["mode"] in ("serve", "stream") else f"batch={r['batch_size']}")
 
 
-def _speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
+def _speed_check(r: dict, bound: str, limit: float, require_run_noise: bool) -> tuple[bool, str]:
     col, what = SPEED_BOUNDS[bound]
     if col == "mem":
         ratio = r.get("mem_ratio")
@@ -198,13 +203,18 @@ def _speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
     run_sd = r.get(f"{col}_run_sd")
     noise = f", run drift sd {100 * run_sd:.1f}%" if finite(run_sd) else ", repeats only"
     shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {r.get(f'{col}_n')}{noise})"
+    if not isinstance(r.get("run_noise"), str):   # a busy host's run is no regression: the repeats cannot tell
+        return not require_run_noise, (f"cannot judge {what} across runs (no run-to-run noise estimate: --noise-run "
+                                       f"or earlier runs under --history): {shown}; " +
+                                       ("require_run_noise fails it" if require_run_noise else
+                                        "not checked (require_run_noise: true would fail it)"))
     if bound == "max_slowdown":   # worse is lower: fail only if even the interval's top is below the bound
         ok = hi >= 1 - limit
-        return ok, f"{shown}: " + ("within noise of" if ok and lo < 1 - limit else "") + (
-            f"above x{1 - limit:.3f}" if ok else f"wholly below x{1 - limit:.3f}")
+        return ok, f"{shown}: " + (f"wholly below x{1 - limit:.3f}" if not ok else f"above x{1 - limit:.3f}"
+                                   if lo >= 1 - limit else f"not wholly below x{1 - limit:.3f} (within the noise)")
     ok = lo <= 1 + limit
-    return ok, f"{shown}: " + ("within noise of" if ok and hi > 1 + limit else "") + (
-        f"below x{1 + limit:.3f}" if ok else f"wholly above x{1 + limit:.3f}")
+    return ok, f"{shown}: " + (f"wholly above x{1 + limit:.3f}" if not ok else f"below x{1 + limit:.3f}"
+                               if hi <= 1 + limit else f"not wholly above x{1 + limit:.3f} (within the noise)")
 
 
 def _task_check(tv: pd.DataFrame | None, cell_id: str, rule: TaskRule) -> tuple[bool, str]:
@@ -292,7 +302,7 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
                 if r.get("only_in"):
                     ok, msg = False, r["verdict_reason"]
                 else:
-                    ok, msg = _speed_check(r, bound, limit)
+                    ok, msg = _speed_check(r, bound, limit, rule.require_run_noise)
                 checks.append(Check(i, f"{bound} {limit:g}", cell, r["cell_id"], ok, msg))
             if rule.task:
                 ok, msg = (False, r["verdict_reason"]) if r.get("only_in") else _task_check(tasks, r["cell_id"], rule.task)

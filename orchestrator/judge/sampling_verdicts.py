@@ -18,7 +18,8 @@ Per cell, against its baseline (the baseline config's cell, as the other layers 
                             against the baseline's model, whatever the two samplers do (n/a, why, where the
                             baseline stored too few candidates to know that distribution; model_verdict);
                   dist_verdict  different: the model test finds a difference, or the served one does and the
-                                two engines sample alike; sampler differs: only the served test finds one and
+                                two engines sample alike or the cell was asked for other sampler
+                                settings (a flag set's `sampling`: settings_changed); sampler differs: only the served test finds one and
                                 the engines' samplers give another distribution at these settings (the
                                 reason names the steps); not distinguishable: no test finds one, but the
                                 served test could not have seen a shift of tolerances.sampling_shift (80%
@@ -28,14 +29,13 @@ Per cell, against its baseline (the baseline config's cell, as the other layers 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from adapters import ADAPTERS
-from adapters.contract.seed_power import seeds_to_detect
+from adapters.contract.seed_power import sample_statistic, seeds_to_detect
 from adapters.contract.specs import SamplerSettings
 from orchestrator.judge.analysis import run_settings
 from orchestrator.judge.sampling_stats import first_token_test, order_difference, permutation_test, sampler_probs
@@ -49,9 +49,18 @@ from orchestrator.store.schema import json_object
 SAMPLING_VERDICTS = ("identical", "same distribution", "not distinguishable", "sampler differs", "different", "n/a")
 
 
-def _sampler(manifest: Manifest) -> SamplerSettings | None:
-    s = manifest.sampling
+def _sampler(manifest: Manifest, cell: dict | None) -> SamplerSettings | None:
+    """The sampler settings a cell drew with: measure.sampling and its flag set's override."""
+    s = manifest.sampling_for(cell["framework"], cell["flags"]) if cell else manifest.sampling
     return SamplerSettings(**s.model_dump(include=set(SamplerSettings.model_fields))) if s else None
+
+
+def _settings_change(settings: SamplerSettings | None, base: SamplerSettings | None) -> str | None:
+    """'top_p 0.95 -> 0.5' where the cell was asked to sample otherwise than its baseline."""
+    if settings is None or base is None or settings == base:
+        return None
+    a, b = base.model_dump(), settings.model_dump()
+    return ", ".join(f"{k} {a[k]:g} -> {b[k]:g}" for k in a if a[k] != b[k])
 
 
 def _order(framework: str) -> tuple[str, ...] | None:
@@ -111,7 +120,7 @@ def _sampler_difference(framework: str, base_framework: str | None, settings: Sa
 
 def _samples(root: Path) -> pd.DataFrame:
     t = RunStore(root).read_samples().to_pandas()
-    t["stat"] = [float(np.mean(x)) if len(x) else math.nan for x in t.logprobs]
+    t["stat"] = [sample_statistic(x) for x in t.logprobs]
     t["ids"] = [tuple(x) for x in t.token_ids]
     return t
 
@@ -144,7 +153,7 @@ def _seeds_needed(first: pd.DataFrame, tol: Tolerances, level: float) -> int | N
 
 
 def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str | None,
-                  settings: SamplerSettings | None, tol: Tolerances) -> str:
+                  settings: SamplerSettings | None, changed: str | None, tol: Tolerances) -> str:
     """Both tests and the distribution verdict into `row`; returns the reason's distribution part."""
     test = permutation_test(b0.stat.to_numpy(), b0.prompt_index.to_numpy(), b0.seed.to_numpy(),
                             first.stat.to_numpy(), first.prompt_index.to_numpy(), first.seed.to_numpy())
@@ -160,9 +169,11 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str
     served = test.p_value < level if np.isfinite(test.p_value) else False
     model = row.get("first_p") is not None and row["first_p"] < level
     row["sampler_note"] = _sampler_difference(row["framework"], base_fw, settings, kept)
+    row["settings_changed"] = changed
     row["served_verdict"] = "different" if served else "n/a" if not np.isfinite(mde) else         "no difference" if mde <= tol.sampling_shift else "not distinguishable"
     row["model_verdict"] = "n/a" if row.get("first_p") is None else "different" if model else "no difference found"
-    if model or (served and not row["sampler_note"]):
+    # asked to sample otherwise (a flag set's override): a served difference is the answer, not the engines'
+    if model or (served and (changed or not row["sampler_note"])):
         row["dist_verdict"] = "different"
     elif served:
         row["dist_verdict"] = "sampler differs"
@@ -175,6 +186,8 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str
                                              first.seed.to_numpy(), abs(test.shift), level) \
         if np.isfinite(test.shift) and test.shift else None
     word = row["dist_verdict"]
+    if changed:
+        word += f" (sampler settings against the baseline's: {changed})"
     if word == "sampler differs":
         word += f": {row['sampler_note']}; the served distributions differ, the model's first token does not"
     elif word in ("same distribution", "not distinguishable"):
@@ -202,15 +215,20 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str
 
 def _seed_by_seed(row: dict, c: dict, b0: pd.DataFrame, first: pd.DataFrame, base: pd.DataFrame,
                   base_cell: dict | None) -> str:
-    """Seed-by-seed identity into `row` where both sides are one framework and repeatable; the reason part."""
+    """Seed-by-seed identity into `row` where both sides are one framework and sampler settings and are
+    repeatable; the reason part."""
     base_fw = (base_cell or {}).get("framework")
-    if base_fw != c["framework"] or row["repeatable"] != 1.0 or _repeatable(base) != 1.0:
+    if base_fw != c["framework"] or row["settings_changed"] or row["repeatable"] != 1.0 or _repeatable(base) != 1.0:
         row["seed_verdict"] = "n/a"
-        why = "another engine" if base_fw != c["framework"] else "a side whose seeds do not repeat"
+        why = ("another engine" if base_fw != c["framework"] else "other sampler settings" if row["settings_changed"]
+               else "a side whose seeds do not repeat")
         return f"seed by seed: not compared ({why})"
     a = b0.set_index(["prompt_index", "seed"]).ids
     b = first.set_index(["prompt_index", "seed"]).ids
     both = a.index.intersection(b.index)
+    if not len(both):   # other seeds (another seed_offset): nothing to compare seed by seed
+        row["seed_verdict"] = "n/a"
+        return "seed by seed: not compared (no (prompt, seed) in common)"
     same = (a.reindex(both) == b.reindex(both)).to_numpy()
     divs = [_first_div(x, y) for x, y, s in zip(a.reindex(both), b.reindex(both), same) if not s]
     promised, why = seed_promise(c["framework"], c.get("versions"), int(c["batch_size"]),
@@ -224,9 +242,10 @@ def _seed_by_seed(row: dict, c: dict, b0: pd.DataFrame, first: pd.DataFrame, bas
 
 
 def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: pd.DataFrame,
-                      base_cells: pd.DataFrame, tol: Tolerances, settings: SamplerSettings | None = None) -> pd.DataFrame:
-    """`cells`: cell_id, axes, status, versions, baseline_cell_id (a cell of the baseline run). One row per
-    ok cell with samples."""
+                      base_cells: pd.DataFrame, tol: Tolerances, manifest: Manifest,
+                      base_manifest: Manifest) -> pd.DataFrame:
+    """`cells`: cell_id, axes, status, versions, baseline_cell_id (a cell of the baseline run, whose
+    settings `base_manifest` holds). One row per ok cell with samples."""
     by_cell = {cid: g for cid, g in samples.groupby("cell_id", sort=False)}
     by_base = {cid: g for cid, g in base_samples.groupby("cell_id", sort=False)}
     base_by_id = base_cells.set_index("cell_id").to_dict("index")
@@ -246,7 +265,9 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
             continue
         b0 = base[base.repeat == 0]
         base_cell = base_by_id.get(c["baseline_cell_id"])
-        dist = _distribution(row, b0, first, (base_cell or {}).get("framework"), settings, tol)
+        settings = _sampler(manifest, c)
+        changed = _settings_change(settings, _sampler(base_manifest, base_cell))
+        dist = _distribution(row, b0, first, (base_cell or {}).get("framework"), settings, changed, tol)
         seed = _seed_by_seed(row, c, b0, first, base, base_cell)
         row["sampling_verdict"] = "identical" if row["seed_verdict"] == "identical" else row["dist_verdict"]
         row["sampling_reason"] = f"{seed}; distribution: {dist}; repeatable within the cell: " + (
@@ -265,7 +286,7 @@ def analyse_sampling(run_dir: str | Path, baseline: dict | None = None, toleranc
     selector, tol = run_settings(manifest, baseline, tolerances)
     samples = _samples(root)
     cells = with_baselines(_cells(root), samples.cell_id, selector, "samples")
-    return sampling_verdicts(cells, samples, samples, cells, tol, _sampler(manifest))
+    return sampling_verdicts(cells, samples, samples, cells, tol, manifest, manifest)
 
 
 def compare_sampling_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.DataFrame,
@@ -276,4 +297,5 @@ def compare_sampling_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.Da
     _, tol = run_settings(manifest, {}, tolerances)
     new = with_old_partners(new_root, old_root, pairs).merge(_cells(new_root)[["cell_id", "versions"]],
                                                               on="cell_id", how="left")
-    return sampling_verdicts(new, _samples(new_root), _samples(old_root), _cells(old_root), tol, _sampler(manifest))
+    return sampling_verdicts(new, _samples(new_root), _samples(old_root), _cells(old_root), tol, manifest,
+                             RunStore(old_root).read_manifest())

@@ -59,7 +59,7 @@ class EngineGroup:
 
 def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     fw = values["framework"]
-    options = m.flag_sets(fw)[values["flags"]] or {}
+    options = m.engine_options(fw, values["flags"])
     quant = normalize_quantization(values["quantization"])
     model = m.model_entry(values["model"])
     # the serving fields are left out where unset, so ids of cells without them stay as they were
@@ -74,6 +74,9 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
         "workload": stable_dump(m.workload_of(values["workload"])), "measure": stable_dump(m.measure)}
     if values["workload"] is not None:   # a named workload: its name too (a single section's ids stay as they were)
         canonical["workload_name"] = values["workload"]
+    override = m.sampling_override(fw, values["flags"])
+    if override:   # a sampler change is its own cell (ids of flag sets without one stay as they were)
+        canonical["sampling_override"] = override
     search = serve and m.serve.search is not None
     if serve:
         canonical |= {"request_rate": values["request_rate"], "serve": serve_settings(m)}

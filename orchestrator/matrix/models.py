@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from adapters.contract.specs import RepeatsAuto
+from adapters.contract.specs import RepeatsAuto, SeedsAuto
 from orchestrator.inputs import task_sets
 from orchestrator.inputs.lengths import LengthDist
 from orchestrator.inputs.task_sets import TaskEntry
@@ -22,6 +22,7 @@ MODES = ("offline", "serve", "stream")
 
 
 DEFAULT_FLAGS = "default"
+SAMPLING_OVERRIDE = "sampling"   # the key of a flag set that is not an engine option
 
 
 class MatrixError(ValueError):
@@ -158,7 +159,10 @@ _NEW_MEASURE_FIELDS = {"stream_requests": 64}
 def stable_dump(section: BaseModel) -> dict:
     """A workload or measure section as cell ids hash it: fields newer than cell ids only where set."""
     new = _NEW_WORKLOAD_FIELDS | _NEW_MEASURE_FIELDS
-    return {k: v for k, v in section.model_dump().items() if not (k in new and v == new[k])}
+    out = {k: v for k, v in section.model_dump().items() if not (k in new and v == new[k])}
+    if isinstance(out.get("sampling"), dict) and out["sampling"].get("auto_seeds") == SeedsAuto().model_dump():
+        out["sampling"] = {k: v for k, v in out["sampling"].items() if k != "auto_seeds"}
+    return out
 
 
 class Sampling(_Strict):
@@ -168,7 +172,19 @@ class Sampling(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="1.0: off")
     top_k: int = Field(0, ge=0, description="0: off")
     min_p: float = Field(0.0, ge=0, lt=1, description="0: off (vLLM refuses min_p with speculative decoding)")
-    seeds: int = Field(16, ge=1, description="Seeds per prompt (seed_offset .. seed_offset + seeds - 1)")
+    seeds: Union[int, Literal["auto"]] = Field(16, description="Seeds per prompt (seed_offset .. seed_offset + seeds "
+                                                "- 1); auto: until the distribution test could see "
+                                                "tolerances.sampling_shift (auto_seeds)")
+    auto_seeds: SeedsAuto = Field(default_factory=SeedsAuto, description="seeds: auto draws min_seeds, then more "
+                                  "until the cell's own spread says its test has 80% power for the tolerance's "
+                                  "shift, at most max_seeds")
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_positive_or_auto(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("expected a number of seeds >= 1, or 'auto'")
+        return v
     seed_offset: int = Field(0, ge=0)
     tokens: int = Field(16, ge=1, description="Tokens per sample (EOS ignored)")
     prompts: int | None = Field(None, ge=1, description="How many scoring prompts to sample (default: all)")
@@ -279,6 +295,10 @@ class Tolerances(_Strict):
                                   "(|cell / baseline - 1|) a 'no change' may hide: where the smallest change the "
                                   "paired test could see (80% power at task_alpha) is larger, the verdict is "
                                   "'not distinguishable'")
+    speed_tolerance: float = Field(0.05, gt=0, description="The largest relative speed change (|ratio - 1|) a "
+                                   "'no difference' may hide: where the ratio's 95% interval holds 1 but reaches "
+                                   "past 1 / (1 + speed_tolerance) or 1 + speed_tolerance, the call is 'not "
+                                   "distinguishable'")
 
 
 class Run(_Strict):
@@ -306,7 +326,10 @@ class Matrix(_Strict):
     name: str = "matrix"
     models: dict[str, Union[str, ModelEntry]]
     axes: Axes
-    flags: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="framework -> flag-set name -> engine options")
+    flags: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="framework -> flag-set name -> "
+                                                        "engine options; a `sampling` key in a set overrides "
+                                                        "measure.sampling fields for its cells (a sampler change "
+                                                        "as a cell beside its baseline)")
     include: list[dict[str, Any]] = Field(default_factory=list, description="Extra cells: one value per axis")
     exclude: list[dict[str, Any]] = Field(default_factory=list, description="Cells matching every key are dropped; a value may be a list")
     workload: Workload = Field(default_factory=SyntheticWorkload, description="The one workload of every cell "
@@ -353,6 +376,21 @@ class Matrix(_Strict):
         sets = {DEFAULT_FLAGS: {}}
         sets.update(self.flags.get(framework, {}))
         return sets
+
+    def engine_options(self, framework: str, flags: str) -> dict[str, Any]:
+        """A flag set's engine options: everything in it but its `sampling` override."""
+        return {k: v for k, v in (self.flag_sets(framework)[flags] or {}).items() if k != SAMPLING_OVERRIDE}
+
+    def sampling_override(self, framework: str, flags: str) -> dict[str, Any]:
+        """The measure.sampling fields a flag set sets for its cells (empty: none)."""
+        return dict((self.flag_sets(framework).get(flags) or {}).get(SAMPLING_OVERRIDE) or {})
+
+    def sampling_for(self, framework: str, flags: str) -> Sampling | None:
+        """The seeded-sampling settings of a flag set's cells: measure.sampling with the set's override."""
+        override = self.sampling_override(framework, flags)
+        if self.measure.sampling is None or not override:
+            return self.measure.sampling
+        return Sampling.model_validate(self.measure.sampling.model_dump() | override)
 
 
 def axis_values(m: Matrix, axis: str) -> list:

@@ -18,9 +18,11 @@ from orchestrator.matrix.models import (
     AXES,
     DEFAULT_FLAGS,
     MODES,
+    SAMPLING_OVERRIDE,
     HfWorkload,
     Matrix,
     MatrixError,
+    Sampling,
     SyntheticWorkload,
     Workload,
     axis_values,
@@ -70,6 +72,24 @@ def _known(values) -> str:
     return ", ".join(str(v) for v in values)
 
 
+def _check_sampling_override(m: Matrix, fw: str, set_name: str) -> list[str]:
+    """A flag set's `sampling` override: a mapping of measure.sampling fields, on a run that samples."""
+    raw = (m.flag_sets(fw)[set_name] or {}).get(SAMPLING_OVERRIDE)
+    where = f"flags.{fw}.{set_name}.{SAMPLING_OVERRIDE}"
+    if raw is None:
+        return []
+    if not isinstance(raw, dict) or not raw:
+        return [f"{where}: expected a mapping of measure.sampling fields (known: {_known(Sampling.model_fields)})"]
+    if m.measure.sampling is None:
+        return [f"{where}: overrides measure.sampling, which is not set (set measure.sampling to draw samples)"]
+    try:
+        m.sampling_for(fw, set_name)
+    except ValidationError as err:
+        return [p + (f" (known: {_known(Sampling.model_fields)})" if p.endswith("unknown key") else "")
+                for p in pydantic_problems(err, prefix=where)]
+    return []
+
+
 def _check_semantics(m: Matrix) -> list[str]:
     """Mistakes pydantic cannot see: names that must refer to frameworks, models, flag sets, levels."""
     problems: list[str] = []
@@ -90,13 +110,14 @@ def _check_semantics(m: Matrix) -> list[str]:
         if fw not in ADAPTERS:
             problems.append(f"flags.{fw}: unknown framework '{fw}' (known: {_known(frameworks)})")
             continue
-        for set_name, options in sets.items():
+        for set_name in sets:
             try:
-                ADAPTERS[fw].Options(**(options or {}))
+                ADAPTERS[fw].Options(**m.engine_options(fw, set_name))
             except ValidationError as err:
                 for p in pydantic_problems(err, prefix=f"flags.{fw}.{set_name}"):
-                    known = _known(ADAPTERS[fw].Options.model_fields)
+                    known = _known([*ADAPTERS[fw].Options.model_fields, SAMPLING_OVERRIDE])
                     problems.append(p + (f" (known options for {fw}: {known})" if p.endswith("unknown key") else ""))
+            problems += _check_sampling_override(m, fw, set_name)
     defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
     for i, name in enumerate(m.axes.flags):
         if name not in defined:

@@ -268,11 +268,21 @@ def sampling_table(sv: pd.DataFrame) -> Table:
                   format(r["dist_p"], ".3g") if finite(r.get("dist_p")) else "",
                   f"{r['first_p']:.3g} (n {int(r['first_n'])})" if finite(r.get("first_p")) else "n/a",
                   f"[{_SAMPLING_STYLE[v]}]{v}[/]",
-                  str(int(r["seeds_needed"])) if finite(r.get("seeds_needed")) else "",
-                  str(r.get("sampler_note") or "") if v == "sampler differs" else
-                  (f"could see {r['dist_detectable']:.3g} nats/tok" if v == "not distinguishable" else "")
-                  if v != "n/a" else str(r.get("sampling_reason") or ""))
+                  str(int(r["seeds_needed"])) if finite(r.get("seeds_needed")) else "", _sampling_why(r, v))
     return t
+
+
+def _sampling_why(r: dict, verdict: str) -> str:
+    """The sampling table's short why: what the verdict turns on."""
+    if verdict == "n/a":
+        return str(r.get("sampling_reason") or "")
+    if isinstance(r.get("settings_changed"), str):
+        return f"asked to sample with {r['settings_changed']}"
+    if verdict == "sampler differs":
+        return str(r.get("sampler_note") or "")
+    if verdict == "not distinguishable":
+        return f"could see {r['dist_detectable']:.3g} nats/tok"
+    return ""
 
 
 def against_table(df: pd.DataFrame, new: str, old: str) -> Table:

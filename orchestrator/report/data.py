@@ -180,7 +180,7 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
     name = str(old_manifest.run_id or Path(old_root).name)
     error = None
     try:
-        pairs = compare_runs(new_root, old_root, match)
+        pairs = compare_runs(new_root, old_root, match, history=Path(old_root).parent)
     except MatchError:
         raise
     except Exception as e:  # the rest of the report still stands

@@ -99,6 +99,13 @@ class Manifest(BaseModel):
         raw = (self.matrix_json.get("measure") or {}).get("sampling")
         return Sampling.model_validate(raw) if raw else None
 
+    def sampling_for(self, framework: str, flags: str) -> Sampling | None:
+        """The sampling settings a flag set's cells drew with (its override of measure.sampling); a run
+        whose matrix today's models refuse: measure.sampling alone."""
+        if self.matrix is not None and flags in self.matrix.flag_sets(framework):
+            return self.matrix.sampling_for(framework, flags)
+        return self.sampling
+
     @property
     def tasks(self) -> list:
         return self.section("tasks")

@@ -104,7 +104,7 @@ def test_a_repeat_of_a_run_matches_it_and_passes_the_gate(runs):
     assert (df.changed == "nothing recorded changed").all(), df.changed.tolist()
     for r in df.itertuples():
         assert r.tok_s_n == "8/8" and r.tok_s_lo <= r.tok_s_ratio <= r.tok_s_hi
-        assert r.tok_s_call in ("faster", "slower", "no difference") and r.tok_s_run_sd >= 0
+        assert r.tok_s_call in ("faster", "slower", "no difference", "not distinguishable") and r.tok_s_run_sd >= 0
     # the run-to-run drift widens the interval beyond what the repeats alone give
     alone = compare_runs(runs["A3"], runs["A"]).set_index("cell_id")
     for r in df.itertuples():
@@ -151,6 +151,34 @@ def test_one_busy_core_is_a_speed_regression_the_gate_fails(runs, tmp_path):
     md = _gate(runs["C"], runs["A"], _policy(runs), "--format", "md", noise=runs["A2"])
     assert md.returncode == 1 and md.stdout.startswith("### lossless-bench gate") and "FAIL" in md.stdout
     assert "| ❌ |" in md.stdout
+
+
+def test_a_busy_host_is_no_speed_call_across_runs(runs, tmp_path):
+    """OLD ran on a busy host (C: its engines on one core beside busy loops), NEW is A3, nothing else changed
+    (the provenance says so). The repeats inside each run do not see a run's host state: without a
+    run-to-run noise estimate no faster/slower call is made and the gate does not fail on speed; with the
+    history's (the other runs of these cells under the results root: A and A2, which ran before A3, against
+    C) there is still no call. A quiet history and a busy NEW stay a slowdown (the test above, and below)."""
+    empty = tmp_path / "no-history"
+    empty.mkdir()
+    alone = compare_runs(runs["A3"], runs["C"], history=empty)
+    shown = alone[["framework", "batch_size", "tok_s_ratio", "tok_s_lo", "tok_s_hi", "tok_s_call", "run_noise"]]
+    assert alone.run_noise.isna().all() and set(alone.tok_s_call) == {"cannot judge"}, shown
+    assert (alone.tok_s_lo > 1).sum() >= 3, shown      # the repeats alone would have called NEW faster
+    hist = compare_runs(runs["A3"], runs["C"], history=runs["dir"])
+    shown = hist[["framework", "batch_size", "tok_s_ratio", "tok_s_lo", "tok_s_hi", "tok_s_call", "run_noise"]]
+    assert hist.run_noise.str.startswith("2 earlier run(s) under").all(), shown
+    assert not hist.tok_s_call.isin(["faster", "slower"]).any(), shown
+    assert (hist.tok_s_call == "not distinguishable").all(), shown    # a ratio of 4 on this host: none to see
+    # the gate, NEW busy against a quiet OLD, with no estimate: speed bounds are not checked, and say so
+    md = _gate(runs["C"], runs["A"], _policy(runs), "--format", "md", "--history", str(empty))
+    assert md.returncode == 0 and md.stdout.count("not checked (require_run_noise: true would fail it)") == 8, md.stdout
+    strict = runs["dir"] / "strict.yaml"
+    strict.write_text(yaml.safe_dump({"rules": [POLICY["rules"][0] | {"require_run_noise": True}]}))
+    assert _gate(runs["C"], runs["A"], strict, "--history", str(empty)).returncode == 1
+    # by default the history is the folder holding OLD: A2 and A3 ran before C, quietly, so C is slower
+    proc = _gate(runs["C"], runs["A"], _policy(runs))
+    assert proc.returncode == 1 and "wholly below" in proc.stdout, proc.stdout
 
 
 def test_cells_in_one_run_only_are_listed(runs):

@@ -6,6 +6,7 @@ CPU build, whose seeded sampling under speculation is broken upstream: an unsupp
 
 import copy
 import json
+import re
 import subprocess
 
 import numpy as np
@@ -37,7 +38,10 @@ def sampling_run(ray_local, tmp_path_factory, tiny_model):
                               "ngram": CPU | {"speculative": {"method": "ngram", "num_speculative_tokens": 3,
                                                               "prompt_lookup_max": 3}}}}
     data["flags"]["llamacpp"] = {"lookup": {"prompt_lookup": True, "num_pred_tokens": 4}}
-    data["include"] = [{"framework": "vllm", "flags": "ngram", "batch_size": 1}] + \
+    # a sampler change as a cell beside its baseline: the same engine and model, a narrower nucleus
+    data["flags"]["hf"] = {"narrow": {"sampling": {"top_p": 0.5}}}
+    data["include"] = [{"framework": "vllm", "flags": "ngram", "batch_size": 1},
+                       {"framework": "hf", "flags": "narrow", "batch_size": 1}] + \
         [{"framework": "llamacpp", "flags": f, "batch_size": 1} for f in ("default", "lookup")]
     # prompts that repeat themselves, so n-gram drafts find matches
     data["workload"] = {"kind": "jsonl", "path": str(tmp_path_factory.mktemp("w") / "p.jsonl")}
@@ -103,6 +107,21 @@ def test_seeds_repeat_and_engines_agree_in_distribution(sampling_run):
     assert v.first_p >= 0.01 / 2 and v.first_outside == 0
 
 
+def test_a_flag_set_that_narrows_top_p_is_different_from_its_baseline(sampling_run):
+    """Does top_p 0.5 change my outputs? One run answers it: the flag set's cell against hf's default."""
+    store, cells, _ = sampling_run
+    sv = analyse_sampling(store.root).set_index("cell_id")
+    narrow = sv.loc[_id(cells, "hf", "narrow")]
+    assert narrow.baseline_cell_id == _id(cells, "hf")
+    assert narrow.sampling_verdict == "different" and narrow.dist_p < narrow.dist_level, narrow.sampling_reason
+    assert narrow.settings_changed == "top_p 0.95 -> 0.5" and "top_p 0.95 -> 0.5" in narrow.sampling_reason
+    # the same engine, other settings: no seed-by-seed promise; the model itself did not change
+    assert narrow.seed_verdict == "n/a" and "other sampler settings" in narrow.sampling_reason
+    assert narrow.model_verdict == "no difference found", narrow.sampling_reason
+    # a narrower nucleus keeps likelier tokens: the mean sampled logprob rises
+    assert narrow.dist_shift > 0
+
+
 @pytest.mark.parametrize("framework", ["hf", "vllm"])
 def test_seeds_are_identical_inside_a_batch(sampling_run, framework):
     """A seed's samples whatever else runs beside it (hf: per-request generators; vLLM promises it):
@@ -139,7 +158,7 @@ def test_gate_sampling_rules_and_the_report_panel(sampling_run, tmp_path):
     store, cells, _ = sampling_run
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump({"rules": [
-        {"match": {"framework": "hf"}, "sampling": {"identical": True}},                  # batch 4 == batch 1, seed by seed
+        {"match": {"framework": "hf", "flags": "default"}, "sampling": {"identical": True}},  # batch 4 == batch 1
         {"match": {"framework": "vllm", "flags": "default"}, "sampling": {"same_distribution": True,
                                                                            "accept_underpowered": True}},
         {"match": {"framework": "vllm", "flags": "default", "batch_size": 1}, "sampling": {"identical": True}},
@@ -155,7 +174,8 @@ def test_gate_sampling_rules_and_the_report_panel(sampling_run, tmp_path):
     assert failed[0].startswith("rule 2 (sampling identical)") and "identity not promised" in failed[0]
     assert failed[1].startswith("rule 3 (sampling same_distribution)") and "cannot judge sampling" in failed[1]
     assert failed[2].startswith("rule 4 (sampling same_distribution)") and \
-        "cannot judge sampling: not distinguishable" in failed[2] and "accept_underpowered" in failed[2]
+        "cannot judge sampling: not distinguishable" in failed[2]
+    assert r.stdout.count("accept_underpowered") == 1, r.stdout     # rule 4 only (its long line folds)
 
     from orchestrator.report.write import write_report
 
@@ -175,7 +195,8 @@ def test_compare_prints_a_sampling_verdict_for_every_ok_cell(sampling_run):
                        env={**__import__("os").environ, "COLUMNS": "250"})
     assert r.returncode == 0, r.stderr
     table = r.stdout[r.stdout.index("Sampling layer"):]
-    rows = [line for line in table.splitlines() if line.startswith("│") and "/" in line]
+    # a cell's first line names it (framework/quantization/flags); a long reason folds onto more lines
+    rows = [line for line in table.splitlines() if re.match(r"│ [a-z]+/[a-z0-9_]+/[a-z_]+ ", line)]
     assert len(rows) == len(cells) - 1          # every ok cell with samples (not vLLM's n-gram: see above)
     assert all(any(v in line for v in ("identical", "same distribution", "not distinguishable", "sampler differs",
                                        "different")) for line in rows)

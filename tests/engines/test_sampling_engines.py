@@ -198,6 +198,37 @@ def test_llamacpp_seed_range(llama_exact):
         llama_exact.sample([P[0]], [2**32 - 1], FULL, 2)
 
 
+@needs_llama
+def test_seeds_auto_draws_until_the_test_has_its_power(llama_exact):
+    """measure.sampling.seeds: auto (adapters/worker/group.py capture_samples): a first draw of min_seeds,
+    then more until seeds_to_detect, on the cell's own samples, is met (or max_seeds); fixed seeds draw once."""
+    from adapters.contract.seed_power import sample_statistic, seeds_to_detect
+    from adapters.contract.specs import SamplingSpec, SeedsAuto
+    from adapters.worker.group import capture_samples
+
+    def spec(**kw):
+        return SamplingSpec(prompts=P, settings=FULL, seeds=4, tokens=8, repeats=1, next_top_k=0, **kw)
+
+    def needed(cols, shift, level):
+        return seeds_to_detect(np.array([sample_statistic(x) for x in cols["logprobs"]]), cols["prompt_index"],
+                               cols["seed"], shift, level)
+
+    fixed = capture_samples(llama_exact, spec(), batch_size=4)
+    assert sorted(set(fixed["seed"])) == [0, 1, 2, 3] and len(fixed["seed"]) == 4 * len(P)
+    # a shift the first 4 seeds cannot see: more seeds, and the final draw's own estimate is met
+    auto = SeedsAuto(min_seeds=4, step=4, max_seeds=200)
+    cols = capture_samples(llama_exact, spec(auto=auto, auto_shift=0.15, auto_level=0.005), batch_size=4)
+    drawn = len(set(cols["seed"]))
+    assert 4 < drawn <= 200 and len(cols["seed"]) == drawn * len(P)
+    assert sorted(set(cols["seed"])) == list(range(drawn))                 # contiguous: seed_offset .. + drawn - 1
+    assert drawn == 200 or needed(cols, 0.15, 0.005) <= drawn
+    assert needed({k: v[: 4 * len(P)] for k, v in cols.items()}, 0.15, 0.005) > 4   # the first draw fell short
+    # a budget below what the estimate asks stops at the budget
+    capped = capture_samples(llama_exact, spec(auto=SeedsAuto(min_seeds=4, step=4, max_seeds=8), auto_shift=0.01,
+                                               auto_level=0.005), batch_size=4)
+    assert len(set(capped["seed"])) == 8
+
+
 # ------------------------------------------------------------------------------------------------
 # vLLM: a script in its environment
 

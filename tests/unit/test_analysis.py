@@ -247,7 +247,12 @@ def test_speed_and_na_cells(tmp_path):
     assert f["ttft_ratio"] == 0.5 and f["mem_saving"] == 0.75
     b = row(df, "base")
     assert b["speedup"] == 1.0 and b["speedup_lo"] < 1.0 < b["speedup_hi"] and b["speed_call"] == "no difference"
-    assert speed_call([math.nan, 1.01, 0.8, 1.0], [math.nan, 1.3, 0.99, 1.0]) == [None, "faster", "slower", "no difference"]
+    assert speed_call([math.nan, 1.01, 0.8, 1.0], [math.nan, 1.3, 0.99, 1.0], 0.05) == [None, "faster", "slower",
+                                                                                         "no difference"]
+    # an interval that holds 1 but reaches past the tolerance could hide a change of its size: no "no difference"
+    assert speed_call([0.97, 0.9, 1 / 1.05], [1.06, 1.02, 1.05], 0.05) == ["not distinguishable", "not distinguishable",
+                                                                          "no difference"]
+    assert speed_call([0.92], [1.1], 0.1) == ["no difference"]
     again = analyse(store.root)   # no resampling: re-running gives the same interval
     assert row(again, "fast")["speedup_lo"] == f["speedup_lo"]
     assert (row(df, "oom")["verdict"], row(df, "oom")["verdict_reason"]) == ("n/a", "status failed: CUDA out of memory")

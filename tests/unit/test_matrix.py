@@ -38,6 +38,23 @@ def test_expansion_respects_per_framework_flag_sets():
     assert len({c.cell_id for c in cells}) == 6
 
 
+def test_a_flag_sets_sampling_override_is_a_cell_of_its_own():
+    data = with_(measure={"sampling": {"temperature": 0.8, "top_p": 0.95}},
+                 flags__hf__narrow={"sampling": {"top_p": 0.5}}, flags__hf__narrower={"sampling": {"top_p": 0.4}},
+                 axes__flags=["default", "eager", "narrow", "narrower"])
+    m = parse_matrix(data)
+    cells = {(c.framework, c.flags, c.batch_size): c for c in expand(m)}
+    narrow = cells["hf", "narrow", 1]
+    assert narrow.options == {} and m.engine_options("hf", "narrow") == {}    # no engine option reaches the engine
+    assert m.sampling_for("hf", "narrow").top_p == 0.5 and m.sampling_for("hf", "narrow").temperature == 0.8
+    assert m.sampling_for("hf", "default").top_p == 0.95
+    # another override value is another cell; the sets without one keep the ids they had
+    assert narrow.cell_id != cells["hf", "narrower", 1].cell_id
+    plain = {(c.framework, c.flags, c.batch_size): c.cell_id for c in expand(parse_matrix(
+        with_(measure={"sampling": {"temperature": 0.8, "top_p": 0.95}})))}
+    assert all(cells[k].cell_id == v for k, v in plain.items())
+
+
 def test_cell_ids_are_stable_and_engine_keys_shared_across_batch_sizes():
     a, b = expand(parse_matrix(BASE)), expand(parse_matrix(BASE))
     assert [c.cell_id for c in a] == [c.cell_id for c in b]
@@ -121,6 +138,15 @@ def test_unknown_framework_names_index_and_choices():
      "models.other.endpoint: a model with an endpoint makes serve cells only, and axes.mode has no serve"),
     (with_(serve={"arrival": "bursty"}), "serve.arrival: Input should be 'constant' or 'poisson'"),
     (with_(serve={"requests": 0}), "serve.requests: Input should be greater than or equal to 1"),
+    # a flag set's sampling override: measure.sampling fields, on a run that samples
+    (with_(flags__hf__eager={"sampling": {"top_p": 0.9}}), "flags.hf.eager.sampling: overrides measure.sampling, "
+     "which is not set"),
+    (with_(measure={"sampling": {}}, flags__hf__eager={"sampling": {"top_p": 1.5}}),
+     "flags.hf.eager.sampling.top_p: Input should be less than or equal to 1"),
+    (with_(measure={"sampling": {}}, flags__hf__eager={"sampling": {"topp": 0.9}}),
+     "flags.hf.eager.sampling.topp: unknown key (known: temperature, top_p, top_k, min_p, seeds,"),
+    (with_(measure={"sampling": {}}, flags__hf__eager={"sampling": 0.9}), "flags.hf.eager.sampling: expected a "
+     "mapping of measure.sampling fields"),
 ])
 def test_each_kind_of_mistake_names_its_yaml_path(data, expected):
     got = problems(data)
