@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from adapters.contract.specs import RepeatsAuto, SeedsAuto
 from orchestrator.inputs import task_sets
@@ -165,6 +165,18 @@ def stable_dump(section: BaseModel) -> dict:
     return out
 
 
+def _count_or_auto(what: str):
+    """A count of at least 1, or 'auto' (the harness decides when it has enough)."""
+    def check(v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"expected a number of {what} >= 1, or 'auto'")
+        return v
+    return Annotated[Union[int, Literal["auto"]], AfterValidator(check)]
+
+
+SeedCount, RepeatCount = _count_or_auto("seeds"), _count_or_auto("timed batches")
+
+
 class Sampling(_Strict):
     """measure.sampling: seeded samples through each engine's own sampler (the sampling layer)."""
 
@@ -172,19 +184,12 @@ class Sampling(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="1.0: off")
     top_k: int = Field(0, ge=0, description="0: off")
     min_p: float = Field(0.0, ge=0, lt=1, description="0: off (vLLM refuses min_p with speculative decoding)")
-    seeds: Union[int, Literal["auto"]] = Field(16, description="Seeds per prompt (seed_offset .. seed_offset + seeds "
-                                                "- 1); auto: until the distribution test could see "
-                                                "tolerances.sampling_shift (auto_seeds)")
+    seeds: SeedCount = Field(16, description="Seeds per prompt (seed_offset .. seed_offset + seeds - 1); "
+                                           "auto: until the distribution test could see tolerances.sampling_shift "
+                                           "(auto_seeds)")
     auto_seeds: SeedsAuto = Field(default_factory=SeedsAuto, description="seeds: auto draws min_seeds, then more "
                                   "until the cell's own spread says its test has 80% power for the tolerance's "
                                   "shift, at most max_seeds")
-
-    @field_validator("seeds")
-    @classmethod
-    def _seeds_positive_or_auto(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError("expected a number of seeds >= 1, or 'auto'")
-        return v
     seed_offset: int = Field(0, ge=0)
     tokens: int = Field(16, ge=1, description="Tokens per sample (EOS ignored)")
     prompts: int | None = Field(None, ge=1, description="How many scoring prompts to sample (default: all)")
@@ -196,19 +201,12 @@ class Sampling(_Strict):
 
 class Measure(_Strict):
     warmup: int = Field(1, ge=0)
-    repeats: Union[int, Literal["auto"]] = Field(3, description="Timed batches (serve: timed "
-                                                                   "runs) per cell; auto: until the throughput's 95% "
-                                                                   "interval is narrow enough (auto_repeats)")
+    repeats: RepeatCount = Field(3, description="Timed batches (serve: timed runs) per cell; "
+                                                     "auto: until the throughput's 95% interval is narrow enough "
+                                                     "(auto_repeats)")
     auto_repeats: RepeatsAuto = Field(default_factory=RepeatsAuto, description="repeats: auto stops when the output "
                                       "throughput's 95% interval is within half_width (relative), after min_repeats, "
                                       "at max_repeats or after max_s seconds of timed batches")
-
-    @field_validator("repeats")
-    @classmethod
-    def _positive_or_auto(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError("expected a number of timed batches >= 1, or 'auto'")
-        return v
     ignore_eos: bool = Field(True, description="Fixed output length for throughput")
     stream_requests: int = Field(64, ge=1, description="Stream cells: requests per timed run (all submitted at "
                                  "once, at most batch_size running)")
