@@ -71,17 +71,19 @@ def main() -> None:
     ap.add_argument("--offsets", type=int, default=20, help="identical-engine comparisons on other seeds")
     ap.add_argument("--seeds", type=int, default=16, help="seeds per prompt (the first draw of seeds: auto)")
     ap.add_argument("--out", type=Path, default=None, help="where the run and the CSV tables go")
+    ap.add_argument("--reuse", action="store_true", help="judge the run already under --out again, without running")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="sampling-verdicts-"))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "matrix.yaml"
-    path.write_text(yaml.safe_dump(matrix(a.offsets, a.seeds)))
+    if not a.reuse:
+        path.write_text(yaml.safe_dump(matrix(a.offsets, a.seeds)))
     t0 = time.perf_counter()
-    store = run_matrix(path, out / "run")
-    print(f"bench run: {time.perf_counter() - t0:.0f} s, run dir {store.root}")
+    root = out / "run" if a.reuse else run_matrix(path, out / "run").root
+    print(f"bench run: {time.perf_counter() - t0:.0f} s, run dir {root}")
 
-    alarms = analyse_sampling(store.root)
-    alarms = alarms[(alarms.framework == "hf") & (alarms.flags != "default")]
+    alarms = analyse_sampling(root)
+    alarms = alarms[(alarms.framework == "hf") & (alarms["flags"] != "default")]
     show(f"false alarms: hf against hf on other seeds ({len(alarms)} comparisons)", alarms)
     n_diff = int((alarms.sampling_verdict == "different").sum())
     print(f"\nverdict 'different': {n_diff} of {len(alarms)} ({n_diff / max(len(alarms), 1):.1%}); at most "
@@ -89,15 +91,15 @@ def main() -> None:
     alarms.to_csv(out / "false_alarms.csv", index=False)
 
     for tag, ref in (("at fixed seeds", "f32_kv"), ("at seeds: auto", "f32_kv_auto")):
-        power = analyse_sampling(store.root, baseline={"framework": "llamacpp", "quantization": "fp32", "flags": ref})
+        power = analyse_sampling(root, baseline={"framework": "llamacpp", "quantization": "fp32", "flags": ref})
         want = ("default", "f32_kv") if ref == "f32_kv" else ("default_auto", "f32_kv_auto")
-        power = power[(power.framework == "llamacpp") & power.flags.isin(want)
-                      & ~((power.quantization == "fp32") & (power.flags == ref))]
+        power = power[(power.framework == "llamacpp") & power["flags"].isin(want)
+                      & ~((power.quantization == "fp32") & (power["flags"] == ref))]
         show(f"power {tag}: llama.cpp q4_0 and f16 KV against fp32 f32-KV", power)
         power.to_csv(out / f"power_{ref}.csv", index=False)
 
-    engines = analyse_sampling(store.root)
-    engines = engines[(engines.framework == "llamacpp") & (engines.quantization == "fp32") & (engines.flags == "f32_kv")]
+    engines = analyse_sampling(root)
+    engines = engines[(engines.framework == "llamacpp") & (engines.quantization == "fp32") & (engines["flags"] == "f32_kv")]
     show("engines: llama.cpp fp32 f32-KV against hf", engines)
     for r in engines.itertuples():
         print(f"\nmodel verdict: {r.model_verdict}; sampler note: {r.sampler_note}\nreason: {r.sampling_reason}")
