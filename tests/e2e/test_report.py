@@ -305,7 +305,8 @@ def test_report_against(report_run, rerun, tmp_path):
     assert len(ok) == 3
     for r in ok:  # the same engine on the same model: lossless against run1, and throughput ratios with a call
         assert int(r["vs-verdict"]) <= VERDICT_RANK["lossless"]
-        assert float(r["vs-tok_s"]) > 0 and r["vs-tok_s-call"] in ("faster", "slower", "no difference")
+        assert float(r["vs-tok_s"]) > 0 and r["vs-tok_s-call"] in ("faster", "slower", "no difference",
+                                                                   "not distinguishable", "cannot judge")
         assert float(r["vs-ttft_p99"]) > 0 and float(r["vs-tpot_p50"]) > 0 and float(r["vs-mem"]) > 0
         assert r["vs-changed"]  # "nothing recorded changed", or the provenance diff
     unsupported = next(r for r in rows if r["vs-config"] == "hf/tiny/q4_0/default")
@@ -337,7 +338,8 @@ def test_report_against(report_run, rerun, tmp_path):
     md_rows = md_table(md, "### Against run1")
     assert len(md_rows) == 4 and all(len(r) == 11 for r in md_rows)
     assert sorted(r[0] for r in md_rows) == sorted(r["vs-config"] for r in rows)
-    assert all(re.match(r"[\d.e+-]+x \[[\d.e+-]+, [\d.e+-]+\] (faster|slower|no difference)$", r[5])
+    calls = "faster|slower|no difference|not distinguishable|cannot judge"
+    assert all(re.match(rf"[\d.e+-]+x \[[\d.e+-]+, [\d.e+-]+\] ({calls})$", r[5])
                for r in md_rows if r[2] != "n/a")
     assert md.count("\n| hf | tiny |") == 4  # the run's own table is still there
 
