@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ContractModel(BaseModel):
@@ -54,6 +54,12 @@ class SeedsAuto(ContractModel):
     min_seeds: int = Field(16, ge=2)
     step: int = Field(16, ge=1)
     max_seeds: int = Field(256, ge=2)
+
+    @model_validator(mode="after")
+    def _budget_above_the_first_draw(self) -> "SeedsAuto":
+        if self.max_seeds < self.min_seeds:
+            raise ValueError(f"max_seeds ({self.max_seeds}) is below min_seeds ({self.min_seeds})")
+        return self
 
 
 class CellSpec(ContractModel):

@@ -185,16 +185,16 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str
     row["seeds_for_shift"] = seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(),
                                              first.seed.to_numpy(), abs(test.shift), level) \
         if np.isfinite(test.shift) and test.shift else None
-    word = row["dist_verdict"]
+    verdict = word = row["dist_verdict"]
     if changed:
         word += f" (sampler settings against the baseline's: {changed})"
-    if word == "sampler differs":
+    if verdict == "sampler differs":
         word += f": {row['sampler_note']}; the served distributions differ, the model's first token does not"
-    elif word in ("same distribution", "not distinguishable"):
+    elif verdict in ("same distribution", "not distinguishable"):
         word += (f": no difference at n={test.n_cell} ({test.seeds_cell} seeds); it could see a shift of "
                  f"{mde:.3g} nats/token (80% power), " + ("within" if mde <= tol.sampling_shift else "more than")
                  + f" the tolerance {tol.sampling_shift:g}"
-                 + (f"; ~{row['seeds_needed']} seeds needed" if word == "not distinguishable" and row["seeds_needed"]
+                 + (f"; ~{row['seeds_needed']} seeds needed" if verdict == "not distinguishable" and row["seeds_needed"]
                     else "")
                  + (f"; ~{row['seeds_for_shift']} seeds would detect the shift seen" if row["seeds_for_shift"]
                     else ""))

@@ -147,6 +147,9 @@ def test_unknown_framework_names_index_and_choices():
      "flags.hf.eager.sampling.topp: unknown key (known: temperature, top_p, top_k, min_p, seeds,"),
     (with_(measure={"sampling": {}}, flags__hf__eager={"sampling": 0.9}), "flags.hf.eager.sampling: expected a "
      "mapping of measure.sampling fields"),
+    (with_(measure={"sampling": {"seeds": "auto", "auto_seeds": {"min_seeds": 32, "max_seeds": 16}}}),
+     "measure.sampling.auto_seeds: Value error, max_seeds (16) is below min_seeds (32)"),
+    (with_(measure={"sampling": {"seeds": 0}}), "measure.sampling.seeds: Value error, expected a number of seeds >= 1"),
 ])
 def test_each_kind_of_mistake_names_its_yaml_path(data, expected):
     got = problems(data)
