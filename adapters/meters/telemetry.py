@@ -5,8 +5,11 @@ the last: a cell's figure is their difference, so whatever ran before (load, war
 is not counted. vLLM counts prefix-cache queries and hits in tokens (hits in whole KV blocks), so
 the hit rate is hit tokens / queried tokens. Gauges (KV-cache usage, requests waiting) are worth
 nothing before or after a load point (the queue is empty then): a served cell samples them every
-`GAUGE_INTERVAL_S` during its timed runs and keeps the largest; an offline cell does not sample
-them (a sampling thread in the engine's process costs the engine it measures: adapters/meters/memory.py).
+`GAUGE_INTERVAL_S` during its timed runs and keeps the largest, from a process of its own (`python -m
+adapters.meters.telemetry`: a sampling thread in the load generator's process took its GIL for the
+~50 KB parse of every scrape, 300 ms a scrape on a busy 2-core host, and delayed the very chunk times
+it stood beside); an offline cell does not sample them (a sampling thread in the engine's process
+costs the engine it measures: adapters/meters/memory.py).
 
 One parser (prometheus_client's) and one definition of every figure (`figures`), for the served
 /metrics text and the offline engine's in-process registry alike (vLLM's `LLM.get_metrics()`).
@@ -14,7 +17,11 @@ One parser (prometheus_client's) and one definition of every figure (`figures`),
 
 from __future__ import annotations
 
-import threading
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 # figure -> the metric families that give it, per server (the first one present is used).
@@ -121,16 +128,33 @@ def figures(before: Snapshot | None, after: Snapshot | None, gauges: list[Snapsh
     return values, missing
 
 
+_GAUGE_FAMILIES = {n for names in GAUGES.values() for n in names}
+
+
+def fetch(url: str, headers: dict | None) -> tuple[Snapshot, float]:
+    """GET a /metrics URL and parse it: (snapshot, seconds it took)."""
+    import httpx
+
+    t0 = time.perf_counter()
+    r = httpx.get(url, headers=headers, timeout=10.0, trust_env=False)
+    if r.status_code != 200:
+        raise RuntimeError(f"HTTP {r.status_code}")
+    snap = parse(r.text)
+    return snap, time.perf_counter() - t0
+
+
 class Scraper:
-    """A server's GET /metrics: one snapshot now, and a thread that samples gauges during timed runs."""
+    """A server's GET /metrics: one snapshot now, and a process of its own that samples gauges during
+    timed runs (started and stopped around them; its samples come back through a file)."""
 
     def __init__(self, url: str, headers: dict | None = None, path: str = "/metrics",
                  interval_s: float = GAUGE_INTERVAL_S):
         self.url, self.headers, self.path, self.interval_s = url.rstrip("/"), headers, path, interval_s
         self.samples: list[Snapshot] = []
-        self.scrape_s: list[float] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.scrape_s: list[float] = []        # the snapshots' own, and the sampling process's scrapes
+        self.sampler_pid: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._out: str | None = None
 
     def unavailable(self) -> str | None:
         """Why this server's metrics cannot be read (None: they can), checked once before a cell."""
@@ -145,30 +169,66 @@ class Scraper:
         return None
 
     def snapshot(self) -> Snapshot:
-        import httpx
-
-        t0 = time.perf_counter()
-        r = httpx.get(self.url + self.path, headers=self.headers, timeout=10.0, trust_env=False)
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}")
-        snap = parse(r.text)
-        self.scrape_s.append(time.perf_counter() - t0)
+        snap, took = fetch(self.url + self.path, self.headers)
+        self.scrape_s.append(took)
         return snap
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.samples.append(self.snapshot())
-            except Exception:   # a missed sample is a smaller sample count, stated with the figure
-                pass
-
     def start_sampling(self) -> None:
-        self.samples, self._stop = [], threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        from adapters.contract.processes import die_with_parent
+
+        fd, self._out = tempfile.mkstemp(prefix="bench-gauges-", suffix=".jsonl")
+        os.close(fd)
+        self.samples = []
+        # the headers (an API key, maybe) go through stdin, never the command line
+        self._proc = subprocess.Popen([sys.executable, "-m", "adapters.meters.telemetry", self.url + self.path,
+                                       str(self.interval_s), self._out], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        self._proc.stdin.write(json.dumps(self.headers or {}).encode())
+        self._proc.stdin.close()
+        self.sampler_pid = self._proc.pid
+        # its start (an interpreter, httpx, the parser) is over before the first timed run begins
+        self._proc.stdout.readline()
 
     def stop_sampling(self) -> list[Snapshot]:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
+        if self._proc is None:
+            return self.samples
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+        try:
+            with open(self._out) as f:
+                lines = [json.loads(line) for line in f if line.endswith("\n")]   # a torn last line: not a sample
+        finally:
+            os.unlink(self._out)
+        self.samples = [x["gauges"] for x in lines]
+        self.scrape_s += [x["scrape_s"] for x in lines]
         return self.samples
+
+
+def _sample_forever(url: str, interval_s: float, out: str, headers: dict) -> None:
+    """The sampling process: every interval, the gauge families of GET url, one JSON line each."""
+    import httpx  # noqa: F401  (imported before it says it is ready)
+    from prometheus_client import parser  # noqa: F401
+
+    print("ready", flush=True)
+    with open(out, "a") as f:
+        while True:
+            time.sleep(interval_s)
+            try:
+                snap, took = fetch(url, headers)
+            except Exception:   # a missed sample is a smaller sample count, stated with the figure
+                continue
+            f.write(json.dumps({"gauges": {k: v for k, v in snap.items() if k in _GAUGE_FAMILIES},
+                                "scrape_s": took}) + "\n")
+            f.flush()
+
+
+if __name__ == "__main__":   # python -m adapters.meters.telemetry URL INTERVAL_S OUT_FILE  (headers: JSON on stdin)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _sample_forever(sys.argv[1], float(sys.argv[2]), sys.argv[3], json.loads(sys.stdin.read() or "{}"))

@@ -78,7 +78,9 @@ def test_missing_figures_say_why():
     assert set(values.values()) == {None} and set(missing) == set(telemetry.FIGURES)
 
 
-def test_scraper_reads_a_real_metrics_endpoint_and_samples_gauges():
+def test_scraper_reads_a_real_metrics_endpoint():
+    """One snapshot of prometheus_client's own server (the sampling process during timed runs:
+    e2e/test_gauge_sampler.py)."""
     r, m = _registry()
     port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=r)
@@ -86,17 +88,12 @@ def test_scraper_reads_a_real_metrics_endpoint_and_samples_gauges():
         scraper = telemetry.Scraper(f"http://127.0.0.1:{port}", interval_s=0.05)
         assert scraper.unavailable() is None
         before = scraper.snapshot()
-        scraper.start_sampling()
         m["w"].labels("0").set(5)
         m["q"].labels("0").inc(10)
-        import time
-
-        time.sleep(0.4)
-        m["w"].labels("0").set(0)
-        samples = scraper.stop_sampling()
-        values, missing = telemetry.figures(before, scraper.snapshot(), samples)
-        assert len(samples) >= 3 and values["requests_waiting_max"] == 5 and values["prefix_cache_queries"] == 10
-        assert values["prefix_cache_hit_rate"] == 0.0 and values["gauge_samples"] == len(samples)
+        values, missing = telemetry.figures(before, scraper.snapshot(), [scraper.snapshot()])
+        assert values["requests_waiting_max"] == 5 and values["prefix_cache_queries"] == 10
+        assert values["prefix_cache_hit_rate"] == 0.0 and values["gauge_samples"] == 1
+        assert len(scraper.scrape_s) == 4         # unavailable()'s probe and three snapshots
     finally:
         server.shutdown()
     # nothing listening (a server without the endpoint, HTTP 404: llama-cpp-python's, in tests/e2e/test_serve.py)
