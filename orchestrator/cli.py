@@ -305,6 +305,10 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
                        top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
                        top_k: int = typer.Option(0, "--top-k", min=0, help="0: off"),
                        seeds: int = typer.Option(16, "--seeds", min=2, help="With --temperature: seeds per prompt"),
+                       seed_offset: int = typer.Option(0, "--seed-offset", min=0,
+                                                       help="With --temperature: B's seeds start here (A's at 0); "
+                                                       "two identical servers on other seeds measure the tests' "
+                                                       "false alarms"),
                        sampler_order: str = typer.Option("", "--sampler-order",
                                                          help="With --temperature: the framework whose sampler B runs "
                                                          "(hf, llamacpp, vllm): the order of its filters, for the "
@@ -337,7 +341,7 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
         if temperature > 0:
             report = diff_sampled(url_a, url_b, items, seeds=seeds, max_tokens=max_tokens, temperature=temperature,
                                   top_p=top_p, top_k=top_k, timeout_s=timeout_s, sampler_order=order,
-                                  next_top_k=next_top_k)
+                                  next_top_k=next_top_k, first_seed=(0, seed_offset))
         else:
             report = diff_endpoints(url_a, url_b, items, repeats=repeats, max_tokens=max_tokens, seed=seed,
                                     timeout_s=timeout_s)

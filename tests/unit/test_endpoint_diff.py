@@ -85,3 +85,35 @@ def test_read_prompts_text_and_jsonl(tmp_path):
     f.write_text('hello world\n\n{"prompt": "from json"}\nplain {not json\n')
     assert read_prompts(f) == ["hello world", "from json", "plain {not json"]
 
+
+
+def test_seed_offset_draws_other_seeds_on_b(monkeypatch, tmp_path):
+    """`bench diff-endpoints --temperature 1 --seed-offset N`: B's seeds start at N, A's at 0 (two identical
+    servers on other seeds: the false alarms of the distribution tests); seed by seed is then n/a."""
+    import httpx
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    handler, _ = _fake_server("aligned")
+    seen: dict[str, set] = {"a": set(), "b": set()}
+
+    def record(request):
+        body = json.loads(request.content)
+        if body.get("temperature"):
+            seen[request.url.host].add(body["seed"])
+        return handler(request)
+
+    real = httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(record), **kw))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("ab\nca\n")
+    args = ["diff-endpoints", "http://a", "http://b", "--prompts", str(prompts), "--temperature", "1", "--seeds", "4",
+            "--max-tokens", "3", "--json"]
+    same = json.loads(CliRunner().invoke(app, args, catch_exceptions=False).stdout)
+    assert same["first_seed"] == {"A": 0, "B": 0} and seen["a"] == seen["b"]
+    seen = {"a": set(), "b": set()}
+    other = json.loads(CliRunner().invoke(app, [*args, "--seed-offset", "1000"], catch_exceptions=False).stdout)
+    assert other["first_seed"] == {"A": 0, "B": 1000}
+    assert seen["a"] and seen["b"] and not seen["a"] & seen["b"]       # no seed drawn on both sides
+    assert other["seed_by_seed"] == "n/a: A and B drew different seeds"
