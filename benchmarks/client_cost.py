@@ -24,8 +24,10 @@ and during each run it counts the CPU used by anything but the server's processe
 --max-foreign CPUs during one of its runs is measured again (up to --retries times, else dropped).
 Within a round the order alternates (forward in even rounds, reversed in odd ones), so drift falls
 on every side. Each side's figures are its own: output tok/s = output tokens / the run's
-wall time, TPOT p50 = the median over requests of (last chunk - first chunk) / (tokens - 1) (the
-same definitions on both sides). The table gives the median over rounds of each, the median of the
+wall time, TTFT p50 = the median over requests of first chunk - sent, TPOT p50 = the median over requests
+of (last chunk - first chunk) / (tokens - 1) (the same definitions on both sides). `--telemetry`: our side
+reads the server's /metrics before and after its timed run and samples its gauges during it, from the
+sampling process a served cell uses (adapters/meters/telemetry.py). The table gives the median over rounds of each, the median of the
 per-round ratios ours/theirs, their quartiles and min-max. `--load-generator NAME=PATH` (repeatable) measures
 other versions of load_generator.py as more sides, e.g. the one before a change.
 
@@ -114,7 +116,8 @@ for line in sys.stdin:
     start = next(m for m in marks if m[0] == "fetch_diffusion_metrics" and m[1] == "exit")
     end = [m for m in marks if m[0] == "fetch_spec_decode_metrics" and m[1] == "enter"][1]
     chunks = sum(len(itl) + 1 for itl, n in zip(res["itls"], res["output_lens"]) if n)
-    keep = ("completed", "failed", "output_throughput", "median_tpot_ms", "total_output_tokens", "total_input_tokens")
+    keep = ("completed", "failed", "output_throughput", "median_tpot_ms", "median_ttft_ms", "total_output_tokens",
+            "total_input_tokens")
     print(json.dumps({**{k: res[k] for k in keep}, "errors": [e for e in res["errors"] if e][:3], "chunks": chunks,
                       "cpu_s": end[2] - start[2]}), file=reply, flush=True)
 """
@@ -193,21 +196,33 @@ def reset_cache(url: str) -> None:
         pass                       # a server without dev mode: nothing to empty
 
 
-def run_ours(lg, url: str, prompts: list[list[int]], conc: int, n: int, out_len: int, setup_cpu: float) -> dict:
+def run_ours(lg, url: str, prompts: list[list[int]], conc: int, n: int, out_len: int, setup_cpu: float,
+             telemetry: bool = False) -> dict:
     kw = dict(max_tokens=out_len, ignore_eos=True, seed=0, request_timeout_s=120.0, model=MODEL_NAME)
     lg.run_load(url, API, prompts[:conc], lg.LoadProfile(concurrency=conc, requests=conc, time_limit_s=600), **kw)
     reset_cache(url)
     timed = prompts[conc:conc + n]
+    scraper = None
+    if telemetry:   # as a served cell does: counters before and after, gauges sampled in between
+        from adapters.meters.telemetry import Scraper
+
+        scraper = Scraper(url)
+        scraper.snapshot()
+        scraper.start_sampling()
     c0 = _cpu_s()
     run = lg.run_load(url, API, timed, lg.LoadProfile(concurrency=conc, requests=n, time_limit_s=600),
                       prompt_tokens=[len(p) for p in timed], **kw)
     cpu = _cpu_s() - c0 - setup_cpu
+    if scraper:
+        scraper.stop_sampling()
+        scraper.snapshot()
     m = summarize([run])
     chunks = sum(len(r.chunk_times) for r in run.requests)
     if m.errors:
         raise RuntimeError(f"ours: {m.errors} errors: {[r.error for r in run.requests if not r.ok][:3]}")
-    return {"tok_s": m.output_tok_s, "tpot": m.tpot_ms_p50, "cpu_s": cpu, "requests": m.requests, "chunks": chunks,
-            "tokens": m.output_tokens}
+    return {"tok_s": m.output_tok_s, "tpot": m.tpot_ms_p50, "ttft": m.ttft_ms_p50, "cpu_s": cpu,
+            "requests": m.requests, "chunks": chunks, "tokens": m.output_tokens,
+            "scrape_ms": 1e3 * statistics.mean(scraper.scrape_s) if scraper and scraper.scrape_s else None}
 
 
 def setup_cost(lg, url: str, prompts, reps: int = 5) -> float:
@@ -251,7 +266,8 @@ class Theirs:
         res = json.loads(self._reply())
         if res["failed"]:
             raise RuntimeError(f"theirs: {res['failed']} failed: {res['errors']}")
-        return {"tok_s": res["output_throughput"], "tpot": res["median_tpot_ms"], "cpu_s": res["cpu_s"],
+        return {"tok_s": res["output_throughput"], "tpot": res["median_tpot_ms"], "ttft": res["median_ttft_ms"],
+                "cpu_s": res["cpu_s"],
                 "requests": res["completed"], "chunks": res["chunks"], "tokens": res["total_output_tokens"],
                 "input_tokens": res["total_input_tokens"]}
 
@@ -276,6 +292,7 @@ def table(results: dict[int, dict[str, list[dict]]]) -> str:
     pairs = [(name, rows) for name, rows in next(iter(results.values())).items() if name != "theirs"]
     if next(iter(results.values()))["theirs"]:
         head = (f"{'conc':>4} {'client':<7} {'rounds':>6} | {'tok/s':>7} {'theirs':>7} {'ratio [q1-q3] (min-max)':>31} | "
+                f"{'TTFT ms':>7} {'theirs':>7} {'ratio [q1-q3] (min-max)':>31} | "
                 f"{'TPOT ms':>7} {'theirs':>7} {'ratio [q1-q3] (min-max)':>31}")
         lines += [head, "-" * len(head)]
         for conc, sides in results.items():
@@ -284,8 +301,10 @@ def table(results: dict[int, dict[str, list[dict]]]) -> str:
                 o = sides[name]
                 tok_r = [a["tok_s"] / b["tok_s"] for a, b in zip(o, t)]
                 tpot_r = [a["tpot"] / b["tpot"] for a, b in zip(o, t)]
+                ttft_r = [a["ttft"] / b["ttft"] for a, b in zip(o, t)]
                 lines.append(f"{conc:>4} {name:<7} {len(o):>6} | {med(o, 'tok_s'):>7.1f} {med(t, 'tok_s'):>7.1f} "
-                             f"{_ratio_stats(tok_r):>31} | {med(o, 'tpot'):>7.3f} {med(t, 'tpot'):>7.3f} "
+                             f"{_ratio_stats(tok_r):>31} | {med(o, 'ttft'):>7.2f} {med(t, 'ttft'):>7.2f} "
+                             f"{_ratio_stats(ttft_r):>31} | {med(o, 'tpot'):>7.3f} {med(t, 'tpot'):>7.3f} "
                              f"{_ratio_stats(tpot_r):>31}")
         lines.append("")
     head = (f"{'conc':>4} {'client':<7} | {'CPU ms/request':>14} {'CPU us/chunk':>12} {'chunks/request':>14} "
@@ -320,6 +339,8 @@ def main() -> None:
                     help="a round is measured again when other jobs used more than this many CPUs during one of its "
                          "runs (beside the server's processes and the clients; only for a server started here)")
     ap.add_argument("--retries", type=int, default=3, help="measure a disturbed round again at most this many times")
+    ap.add_argument("--telemetry", action="store_true",
+                    help="our side samples the server's /metrics during its timed run, as a served cell does")
     ap.add_argument("--load-generator", action="append", metavar="NAME=PATH",
                     help="a load_generator.py to measure, as client NAME (e.g. before=/tmp/old_load_generator.py); "
                          "repeat for several; default: ours=adapters/serving/load_generator.py")
@@ -373,10 +394,12 @@ def main() -> None:
                         if side == "theirs":
                             r = theirs.run(conc, args.requests, args.input_len, args.output_len)
                         else:
-                            r = run_ours(modules[side], url, prompts, conc, args.requests, args.output_len, setup[side])
+                            r = run_ours(modules[side], url, prompts, conc, args.requests, args.output_len, setup[side],
+                                         args.telemetry)
                         r["busy"], r["foreign"] = busy, foreign.stop() if foreign else None
                         rows[side] = r
-                        print(f"round {rnd} conc {conc} {side:<6}: {r['tok_s']:8.1f} tok/s  TPOT {r['tpot']:6.2f} ms  "
+                        print(f"round {rnd} conc {conc} {side:<6}: {r['tok_s']:8.1f} tok/s  TTFT {r['ttft']:6.2f} ms  "
+                              f"TPOT {r['tpot']:6.2f} ms  "
                               f"CPU {r['cpu_s'] * 1e3 / r['requests']:6.2f} ms/req"
                               + (f"  busy before {busy:.2f}" if busy is not None else "")
                               + (f"  foreign {r['foreign']:.2f} CPUs" if foreign else ""), file=sys.stderr, flush=True)
@@ -396,6 +419,7 @@ def main() -> None:
     clients = ", ".join(f"{n} = {p or 'adapters/serving/load_generator.py'}" for n, p in gens.items())
     print(f"client cost: {what}; {args.requests} requests of {args.input_len} in / {args.output_len} out, "
           f"ignore_eos, temperature 0; {args.rounds} alternations; {clients}, theirs = vllm bench serve; "
+          f"telemetry {'on (gauges sampled by their own process during our timed runs)' if args.telemetry else 'off'}; "
           f"load avg {load0:.2f} -> {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs\n")
     runs = [r for sides in results.values() for rows in sides.values() for r in rows]
     busy = [r["busy"] for r in runs if r["busy"] is not None]
