@@ -124,8 +124,10 @@ for line in sys.stdin:
 
 
 def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    """This process's CPU and its ended children's: the gauge sampler (--telemetry) is a child process
+    that ends with our timed run, so its CPU is ours, not another job's."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
 def load_generator_module(path: str, name: str):
@@ -163,7 +165,8 @@ class Foreign:
         for p in procs.values():
             try:
                 t = p.cpu_times()
-                mine += t.user + t.system
+                # with their ended children's (the gauge sampler of --telemetry ends with our timed run)
+                mine += t.user + t.system + t.children_user + t.children_system
             except psutil.Error:
                 pass
         return everyone, mine
