@@ -79,6 +79,17 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _a_run(path: Optional[Path]) -> Optional[Path]:
+    """Every argument that names a run dir is one, or the command stops before reading it (exit 2): a
+    mistyped --against path must never read as a run whose cells all vanished."""
+    from orchestrator.store.run_store import is_run_dir
+
+    if path is not None and not is_run_dir(path):
+        raise typer.BadParameter(f"{path} is not a run directory: a run dir holds manifest.json and cells/ "
+                                 f"or journal/ (what `bench run --run-dir DIR` writes)")
+    return path
+
+
 @app.command()
 def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
     """Expand and check a matrix; runs nothing."""
@@ -173,10 +184,10 @@ def status(job_id: str, address: str = typer.Option(..., help="Ray dashboard add
 
 
 @app.command("report")
-def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
+def report_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory"),
                output: Optional[Path] = typer.Option(None, "-o", "--output",
                                                      help="The HTML file (default: RUN/report.html); report.md goes beside it"),
-               against: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+               against: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=_a_run,
                                                       help="A stored run OLD: also show each config's move from OLD on "
                                                            "the quality plot, and this run against OLD cell by cell"),
                match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes (comma-separated) "
@@ -206,7 +217,7 @@ def ls_cmd(results: Path = typer.Argument(Path("results"), help="A results root 
 
 
 @app.command("show")
-def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory")) -> None:
+def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory")) -> None:
     """The run's cells in a table."""
     from orchestrator.judge import searches
     from orchestrator.store.run_store import RunStore
@@ -232,7 +243,7 @@ def _print_searches(cells) -> None:
 
 
 @app.command("plan")
-def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
+def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory"),
              qps: float = typer.Option(..., help="Requests per second to serve"),
              input_len: int = typer.Option(..., help="Prompt tokens per request"),
              output_len: int = typer.Option(..., help="Output tokens per request"),
@@ -255,7 +266,7 @@ def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help=
 
 
 @app.command("export")
-def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
+def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory"),
                fmt: str = typer.Option("csv", "--format", help="csv or jsonl"),
                output: Optional[Path] = typer.Option(None, "-o", "--output", help="Directory (default: RUN/export)"),
                logprobs: bool = typer.Option(True, help="Also the logprobs table (one row per scored token)")) -> None:
@@ -271,7 +282,7 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, hel
 
 
 @app.command("compact")
-def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory")) -> None:
+def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory")) -> None:
     """Fold a run's journal (and per-cell files of earlier versions) into one cells file and one file
     per side table per framework (bench run does this when it ends); atomic, and a no-op when there
     is nothing to fold."""
@@ -352,12 +363,12 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
 
 
 @app.command()
-def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
-            against: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run),
+            against: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=_a_run,
                                                    help="A stored run: compare every cell with the same config there"),
             match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes (comma-separated) "
                                                 "instead of their ids, for matrices that differ"),
-            noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+            noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=_a_run,
                                                      help="--against: a repeat of OLD; its drift from OLD widens the "
                                                      "speed intervals by the run-to-run noise"),
             history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
@@ -429,13 +440,13 @@ def _axes(text: str | None) -> list[str] | None:
 
 
 @app.command()
-def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False),
+def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run),
          policy: Path = typer.Option(..., exists=True, dir_okay=False,
                                      help="YAML rules: match + must_be and/or speed bounds"),
-         against: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+         against: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=_a_run,
                                                 help="A stored run: gate quality and speed against it"),
          match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes instead of their ids"),
-         noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+         noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=_a_run,
                                                   help="--against: a repeat of OLD, whose drift from OLD widens the "
                                                   "speed intervals by the run-to-run noise"),
          history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
