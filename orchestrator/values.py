@@ -7,8 +7,14 @@ bool; every reader asks these two questions the same way. Stdlib only (the CLI's
 from __future__ import annotations
 
 import math
+import reprlib
 from numbers import Real
 from typing import Any
+
+SHOWN_MAX = 300
+_SHOWN = reprlib.Repr()   # (keyword arguments only from Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxdict, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxset = 2, 6, 6, 6, 6
+_SHOWN.maxstring = _SHOWN.maxother = 80
 
 
 def finite(v: Any) -> bool:
@@ -20,3 +26,10 @@ def finite(v: Any) -> bool:
 def as_text(v: Any) -> str:
     """A text column's value, or "" where it is missing (None, NaN, pd.NA)."""
     return v if isinstance(v, str) else ""
+
+
+def shown(v: Any) -> str:
+    """A user's value as an error message shows it: its repr, cut to a few hundred characters at most
+    (a value built by YAML aliases can be astronomically long written out)."""
+    text = _SHOWN.repr(v)
+    return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 3] + "..."

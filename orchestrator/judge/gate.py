@@ -51,7 +51,7 @@ from orchestrator.judge.logits import VERDICTS
 from orchestrator.matrix.cells import load_label
 from orchestrator.matrix.models import AXES, MatrixError
 from orchestrator.matrix.validate import pydantic_problems
-from orchestrator.values import finite
+from orchestrator.values import finite, shown
 
 # bound -> (the cross-run column it reads, what it says)
 SPEED_BOUNDS = {"max_slowdown": ("tok_s", "output tokens/s"), "max_ttft_p99_increase": ("ttft_p99", "TTFT p99"),
@@ -150,7 +150,7 @@ class Rule(BaseModel):
                 else:
                     ok, want = isinstance(x, str), "a string"
                 if not ok:
-                    raise ValueError(f"{axis}: expected {want}, got {x!r}")
+                    raise ValueError(f"{axis}: expected {want}, got {shown(x)}")
         return v
 
 

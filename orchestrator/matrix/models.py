@@ -13,6 +13,7 @@ from adapters.contract.specs import RepeatsAuto, SeedsAuto
 from orchestrator.inputs import task_sets
 from orchestrator.inputs.lengths import LengthDist
 from orchestrator.inputs.task_sets import TaskEntry
+from orchestrator.values import shown
 
 AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate",
         "workload")
@@ -52,7 +53,7 @@ class ModelEntry(_Strict):
     @classmethod
     def _http_url(cls, v: str | None) -> str | None:
         if v is not None and not (v.startswith("http://") or v.startswith("https://")):
-            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+            raise ValueError(f"expected an http:// or https:// URL, got {shown(v)}")
         return v.rstrip("/") if v else v
 
 
@@ -321,7 +322,9 @@ def _synthetic_kind(v):
 
 
 class Matrix(_Strict):
-    name: str = "matrix"
+    name: str = Field("matrix", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+                      description="The run's name: results/NAME is its default run dir, so a safe file name "
+                      "(letters, digits, '.', '_', '-'; not starting with '.' or '-')")
     models: dict[str, Union[str, ModelEntry]]
     axes: Axes
     flags: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description="framework -> flag-set name -> "

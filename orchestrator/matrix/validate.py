@@ -27,6 +27,7 @@ from orchestrator.matrix.models import (
     Workload,
     axis_values,
 )
+from orchestrator.values import shown
 
 # every workload kind (the discriminator's values), from the Workload union: a kind added there is known here
 _WORKLOAD_KINDS = tuple(k for cls in get_args(get_args(Workload)[0]) for k in get_args(cls.model_fields["kind"].annotation))
@@ -294,13 +295,13 @@ def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
     if axis == "quantization" and (not isinstance(v, str) or normalize_quantization(v) not in QUANTIZATIONS):
         return f"unknown quantization '{v}' (known: {_known(QUANTIZATIONS)})"
     if axis in ("batch_size", "input_len", "output_len") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-        return f"expected a positive integer, got {v!r}"
+        return f"expected a positive integer, got {shown(v)}"
     if axis == "mode" and v not in MODES:
-        return f"unknown mode {v!r} (known: {_known(MODES)})"
+        return f"unknown mode {shown(v)} (known: {_known(MODES)})"
     if axis == "request_rate" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-        return f"expected a positive number of requests/s (.inf: a closed loop), got {v!r}"
+        return f"expected a positive number of requests/s (.inf: a closed loop), got {shown(v)}"
     if axis == "workload" and (not m.workloads or v not in m.workloads):
-        return f"unknown workload {v!r} (defined in workloads: {_known(m.workloads or ()) or 'none'})"
+        return f"unknown workload {shown(v)} (defined in workloads: {_known(m.workloads or ()) or 'none'})"
     if axis == "flags":
         defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
         if v not in defined:
@@ -321,6 +322,43 @@ def parse_matrix(data: Any, source: str = "matrix") -> Matrix:
     return matrix
 
 
+# values a matrix may expand to through YAML aliases (the largest shipped matrix has a few hundred)
+MAX_VALUES = 100_000
+
+
+def expanded_size(data: Any) -> dict[int, int]:
+    """Values each mapping or list holds written out (aliases counted at every use), by id, in time
+    linear in the YAML's nodes: an alias bomb of a kilobyte expands to billions."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) not in sizes:
+            sizes[id(node)] = 0   # a cycle (not possible from safe_load, but cheap to stop)
+            items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            sizes[id(node)] = 1 + sum(size(x) for x in items)
+        return sizes[id(node)]
+
+    size(data)
+    return sizes
+
+
+def _too_large(data: Any) -> str | None:
+    """The YAML path of the smallest part that alone expands past MAX_VALUES, or None."""
+    sizes = expanded_size(data)
+    if sizes.get(id(data), 1) <= MAX_VALUES:
+        return None
+    path, node = "(top level)", data
+    while True:
+        kids = list(node.items()) if isinstance(node, dict) else list(enumerate(node))
+        big = [(k, v) for k, v in kids if sizes.get(id(v), 1) > MAX_VALUES]
+        if not big:
+            return path
+        key, node = big[0]
+        path = (f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}").removeprefix("(top level).")
+
+
 def load_matrix(path: str | Path) -> tuple[Matrix, str]:
     """Read and validate a matrix file; returns the model and the text as given (for the manifest)."""
     path = Path(path)
@@ -328,7 +366,11 @@ def load_matrix(path: str | Path) -> tuple[Matrix, str]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise MatrixError([f"(yaml): {err}"], str(path)) from None
+        raise MatrixError([f"(yaml): {shown(str(err))}"], str(path)) from None
+    where = _too_large(data)
+    if where:   # checked before anything walks it whole (validation, an error message)
+        raise MatrixError([f"{where}: expands to more than {MAX_VALUES:,} values through YAML aliases (&, *); "
+                           "write the values out, or use fewer aliases of aliases"], str(path))
     return parse_matrix(data, str(path)), text
 
 

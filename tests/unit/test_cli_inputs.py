@@ -49,3 +49,52 @@ def test_a_folder_that_is_not_a_run_is_a_usage_error(runs, args, bad):
 def test_a_run_against_a_run_still_compares(runs):
     res = CliRunner().invoke(app, ["compare", str(runs / "runs" / "new"), "--against", str(runs / "runs" / "old")])
     assert res.exit_code == 0, res.output
+
+
+BOMB = "".join(f"{a}: &{a} [{', '.join([f'*{b}'] * 9) if b else ', '.join(['1'] * 9)}]\n"
+               for a, b in zip("abcdefghi", ["", *"abcdefgh"]))
+
+
+def test_a_yaml_alias_bomb_fails_fast_with_its_path(tmp_path):
+    """A kilobyte of aliases of aliases (9^9 values written out) is refused before validation walks it."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB + "models: {tiny: builtin:tiny}\naxes: {framework: [hf], model: [tiny], quantization: [fp32], "
+                    "batch_size: *i, input_len: [8], output_len: [8]}\n")
+    assert len(path.read_text()) < 1500
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
+    assert time.perf_counter() - t0 < 2 and res.exit_code == 2, res.output
+    assert "f: expands to more than 100,000 values through YAML aliases" in res.output
+    assert len(res.output) < 600
+
+
+def test_error_messages_show_at_most_a_few_hundred_characters_of_a_value(tmp_path):
+    from orchestrator.values import SHOWN_MAX, shown
+
+    huge = [[list(range(1000))] * 100] * 100
+    assert len(shown(huge)) <= SHOWN_MAX and len(shown("x" * 10**6)) <= SHOWN_MAX
+    path = tmp_path / "m.yaml"   # a wrong axis value of 20,000 characters
+    path.write_text("models: {tiny: builtin:tiny}\naxes: {framework: [hf], model: [tiny], quantization: [fp32], "
+                    f"batch_size: [1], input_len: [8], output_len: [8], mode: ['{'z' * 20000}']}}\n")
+    res = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "axes.mode[0]" in res.output and len(res.output) < 1500, res.output[:2000]
+
+
+@pytest.mark.parametrize("name", ["../../x", "/etc/x", "a/b", "..", ".hidden", "-rf", "x" * 200, "a b", ""])
+def test_a_matrix_name_is_a_safe_file_name(name):
+    from tests.helpers import problems
+
+    got = problems({"name": name, "models": {"tiny": "builtin:tiny"},
+                    "axes": {"framework": ["hf"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1],
+                             "input_len": [8], "output_len": [8]}})
+    assert len(got) == 1 and got[0].startswith("name: String should match pattern"), got
+
+
+def test_every_shipped_matrix_name_is_still_valid():
+    import yaml
+
+    from orchestrator.matrix.validate import load_matrix
+
+    for path in [*(ROOT / "matrices").glob("*.yaml"), ROOT / "cluster" / "gpu-sweep.yaml"]:
+        if "name" in (yaml.safe_load(path.read_text()) or {}):
+            load_matrix(path)
