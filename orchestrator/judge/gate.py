@@ -168,7 +168,7 @@ def load_policy(path: str | Path) -> Policy:
     try:
         return Policy.model_validate(data)
     except ValidationError as err:
-        raise PolicyError(pydantic_problems(err), str(path)) from None
+        raise PolicyError(pydantic_problems(err, model=Policy), str(path)) from None
 
 
 @dataclass
@@ -271,6 +271,7 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
     """Every (rule, cell) check. Speed bounds need `against` (a cross-run frame); task rules read `tasks`
     (orchestrator/judge/task_verdicts.py), sampling rules `sampling` (orchestrator/judge/sampling_verdicts.py), both of
     the same comparison."""
+    _check_against_run(df, policy, tasks)
     checks: list[Check] = []
     rank = {v: i for i, v in enumerate(VERDICTS)}
     for i, rule in enumerate(policy.rules):
@@ -312,6 +313,26 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
                                                                                          rule.sampling)
                 checks.append(Check(i, rule.sampling.label(), cell, r["cell_id"], ok, msg))
     return checks
+
+
+def _check_against_run(df: pd.DataFrame, policy: Policy, tasks: pd.DataFrame | None) -> None:
+    """A rule that names an axis value no cell of the run has, or a task the run did not run, is a
+    mistake in the policy (exit 2, with what the run has), not a cell that failed."""
+    problems = []
+    for i, rule in enumerate(policy.rules):
+        for axis, value in rule.match.items():
+            have = sorted({axis_value(axis, x) for x in df[axis]}, key=str)
+            for x in value if isinstance(value, list) else [value]:
+                if axis_value(axis, x) not in have:
+                    problems.append(f"rules[{i}].match.{axis}: no cell of the run has {shown(x)} "
+                                    f"(it has: {', '.join(map(str, have)) or 'no cells'})")
+        if rule.task and tasks is not None:
+            names = sorted(set(tasks.task)) if len(tasks) else []
+            if rule.task.name not in names:
+                problems.append(f"rules[{i}].task.name: the run has no task {shown(rule.task.name)} "
+                                f"(it has: {', '.join(names) or 'none'})")
+    if problems:
+        raise PolicyError(problems)
 
 
 def check_line(c: Check) -> str:

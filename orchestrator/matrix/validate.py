@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from adapters import ADAPTERS
 from adapters.base import QUANTIZATIONS, normalize_quantization
@@ -48,7 +48,34 @@ def _path(loc: tuple) -> str:
     return out or "(top level)"
 
 
-def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
+def _models_in(tp: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field's annotation can hold (through Optional, lists, dicts, Annotated)."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    return [m for arg in get_args(tp) for m in _models_in(arg)]
+
+
+def known_keys(model: type[BaseModel] | None, loc: tuple) -> list[str] | None:
+    """The keys the mapping at `loc` (an error's location, without its last key) may hold, where one
+    model is there to say; None where it cannot be told (a union of several, a free-form mapping)."""
+    cls, free_key = model, False
+    for part in loc:
+        if cls is None:
+            return None
+        if free_key or isinstance(part, int) or part == cls.__name__:
+            free_key = False
+            continue   # a mapping's own key, a list index, or pydantic's tag of a union's branch
+        if part not in cls.model_fields:
+            return None
+        annotation = cls.model_fields[part].annotation
+        models = _models_in(annotation)
+        cls, free_key = (models[0] if len(models) == 1 else None), get_origin(annotation) is dict
+    return list(cls.model_fields) if cls is not None else None
+
+
+def pydantic_problems(err: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> list[str]:
+    """`path: message` per error; an unknown key lists the keys that would be valid, where `model` (the
+    validated model) says which."""
     problems = []
     for e in err.errors():
         loc = tuple(e["loc"])
@@ -64,7 +91,8 @@ def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
             path = f"{prefix}.{path}" if path != "(top level)" else prefix
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            keys = known_keys(model, tuple(e["loc"])[:-1])
+            msg = "unknown key" + (f" (known: {_known(keys)})" if keys else "")
         problems.append(f"{path}: {msg}")
     return problems
 
@@ -315,7 +343,7 @@ def parse_matrix(data: Any, source: str = "matrix") -> Matrix:
     try:
         matrix = Matrix.model_validate(data)
     except ValidationError as err:
-        raise MatrixError(pydantic_problems(err), source) from None
+        raise MatrixError(pydantic_problems(err, model=Matrix), source) from None
     problems = _check_semantics(matrix)
     if problems:
         raise MatrixError(problems, source)

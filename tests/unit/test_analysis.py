@@ -299,12 +299,19 @@ def test_gate(tmp_path):
                                            "must_be": "lossless"},
                                           {"match": {"framework": "hf"}, "must_be": "identical"}]})
     assert gate(df, ok) == (True, [])
-    bad = Policy.model_validate({"rules": [{"match": {"framework": "vllm", "quantization": ["fp32", "fp16", "fp8"]},
+    # a value no cell of the run has is a mistake in the policy, said with what the run has
+    unknown = Policy.model_validate({"rules": [{"match": {"framework": "vllm", "quantization": ["fp32", "fp8"]},
+                                                "must_be": "identical"}]})
+    with pytest.raises(PolicyError) as err:
+        gate(df, unknown)
+    assert err.value.problems == ["rules[0].match.quantization: no cell of the run has 'fp8' (it has: fp16, fp32)"]
+    # a combination no cell has (values the run has) fails as a check
+    bad = Policy.model_validate({"rules": [{"match": {"framework": ["vllm", "hf"], "quantization": ["fp32", "fp16"]},
                                             "must_be": "identical"}]})
     passed, lines = gate(df, bad)
     assert not passed
     assert lines == [
-        "rule 0 (must_be identical): no cell for framework=vllm, quantization=fp8",
+        "rule 0 (must_be identical): no cell for framework=hf, quantization=fp16",
         "rule 0 (must_be identical): oom vllm/tiny/fp16/default batch=1: n/a: status failed: OOM",
         "rule 0 (must_be identical): v vllm/tiny/fp32/default batch=1: lossless: "
         "not bit-identical; within the lossless tolerances",
