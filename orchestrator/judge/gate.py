@@ -20,7 +20,8 @@ orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same con
     repeats inside one run cannot see; without either a speed bound is not checked and says so
     (require_run_noise: true fails it as "cannot judge").
     A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
-    OLD); so does a listed value no cell has. A speed bound fails only when the 95% interval of the
+    OLD); so does a combination of listed values no cell has (a value no cell has at all, or a task the
+    run did not run, is a PolicyError: exit 2). A speed bound fails only when the 95% interval of the
     NEW/OLD ratio lies wholly beyond it, so noise alone never fails a build; a ratio with no interval
     (fewer than 2 repeats on a side) cannot show that, and fails as "cannot judge". Peak memory is one
     number per cell: its bound is checked on the ratio itself. A task rule reads the task layer
@@ -173,7 +174,7 @@ def load_policy(path: str | Path) -> Policy:
 
 @dataclass
 class Check:
-    """One rule against one cell (or a rule's value that no cell has): a JUnit test case."""
+    """One rule against one cell (or a combination of a rule's values that no cell has): a JUnit test case."""
 
     rule: int
     name: str          # e.g. "must_be lossless", "max_slowdown 0.05"

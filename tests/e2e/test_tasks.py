@@ -7,6 +7,7 @@ tasks section's validation: unit/test_task_stats.py.)
 
 import copy
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -165,7 +166,9 @@ def test_gate_on_task_rules(task_run, tmp_path):
          "task": {"name": "tiny-ending", "min_ratio": 0.99, "no_regression": True}}]}))
     violated = tmp_path / "violated.yaml"
     violated.write_text(yaml.safe_dump({"rules": [   # a ratio of 1.0 [1.0, 1.0] is wholly below 1.5
-        {"match": {"framework": "vllm"}, "task": {"name": "tiny-lastword", "min_ratio": 1.5}},
+        {"match": {"framework": "vllm"}, "task": {"name": "tiny-lastword", "min_ratio": 1.5}}]}))
+    unknown = tmp_path / "unknown.yaml"     # a task the run did not run: a mistake in the policy, not a cell
+    unknown.write_text(yaml.safe_dump({"rules": [
         {"match": {"framework": "vllm"}, "task": {"name": "no-such-task", "min_ratio": 0.99}}]}))
     ok = subprocess.run(bench_cmd("gate", str(store.root), "--policy", str(met)), cwd=ROOT, capture_output=True,
                         text=True, timeout=300)
@@ -174,7 +177,10 @@ def test_gate_on_task_rules(task_run, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "ratio x1.0000 [95% CI 1.0000, 1.0000] wholly below x1.5" in bad.stdout
-    assert "cannot judge task no-such-task" in bad.stdout
+    typo = subprocess.run(bench_cmd("gate", str(store.root), "--policy", str(unknown)), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "300"})
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert "rules[0].task.name: the run has no task 'no-such-task' (it has: " in typo.stderr, typo.stderr
     empty = tmp_path / "empty.yaml"
     empty.write_text(yaml.safe_dump({"rules": [{"match": {"framework": "vllm"}, "task": {"name": "tiny-ending"}}]}))
     usage = subprocess.run(bench_cmd("gate", str(store.root), "--policy", str(empty)), cwd=ROOT,
