@@ -1,4 +1,5 @@
-"""What a stored value is, read back: the one definition of a measured number and of a text cell.
+"""What a value is, read back: the one definition of a measured number and of a text cell, and how
+much of a user's value an error message shows.
 
 A value read from a table can be None, NaN (pandas' missing number), pd.NA, a numpy scalar or a
 bool; every reader asks these two questions the same way. Stdlib only (the CLI's start imports it).
