@@ -185,9 +185,8 @@ class Sampling(_Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="1.0: off")
     top_k: int = Field(0, ge=0, description="0: off")
     min_p: float = Field(0.0, ge=0, lt=1, description="0: off (vLLM refuses min_p with speculative decoding)")
-    seeds: SeedCount = Field(16, description="Seeds per prompt (seed_offset .. seed_offset + seeds - 1); "
-                                           "auto: until the distribution test could see tolerances.sampling_shift "
-                                           "(auto_seeds)")
+    seeds: SeedCount = Field(16, description="Seeds per prompt (seed_offset .. seed_offset + seeds - 1); auto: "
+                             "until the distribution test could see tolerances.sampling_shift (auto_seeds)")
     auto_seeds: SeedsAuto = Field(default_factory=SeedsAuto, description="seeds: auto draws min_seeds, then more "
                                   "until the cell's own spread says its test has 80% power for the tolerance's "
                                   "shift, at most max_seeds")
@@ -202,9 +201,8 @@ class Sampling(_Strict):
 
 class Measure(_Strict):
     warmup: int = Field(1, ge=0)
-    repeats: RepeatCount = Field(3, description="Timed batches (serve: timed runs) per cell; "
-                                                     "auto: until the throughput's 95% interval is narrow enough "
-                                                     "(auto_repeats)")
+    repeats: RepeatCount = Field(3, description="Timed batches (serve: timed runs) per cell; auto: until the "
+                                 "throughput's 95% interval is narrow enough (auto_repeats)")
     auto_repeats: RepeatsAuto = Field(default_factory=RepeatsAuto, description="repeats: auto stops when the output "
                                       "throughput's 95% interval is within half_width (relative), after min_repeats, "
                                       "at max_repeats or after max_s seconds of timed batches")
