@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from orchestrator.matrix.models import MatrixError
 from orchestrator.report.console import (
@@ -68,7 +69,52 @@ def _exit_now(code) -> None:
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
-app = _Bench(add_completion=False, no_args_is_help=True,
+EXIT_ENVIRONMENT, EXIT_DAMAGED = 3, 4   # the machine stopped it (disk full, no cluster); stored data does not verify
+
+
+def _exit_code(e: BaseException, default: int = 2) -> int:
+    """An error's own exit code (`bench_exit_code`: DamagedJournal 4, a cluster that did not start 3), else `default`."""
+    code = getattr(e, "bench_exit_code", None)
+    return code if isinstance(code, int) else default
+
+
+def _failure(e: BaseException) -> tuple[str, int] | None:
+    """The one `error:` line and exit code of a failure that is no bug in bench: a full disk, stored data
+    that does not verify, a cluster that did not start (anywhere in the exception's chain). None: a bug,
+    whose traceback is the report."""
+    import errno
+
+    seen, depth = e, 0
+    while seen is not None and depth < 10:
+        if isinstance(seen, OSError) and (seen.errno in (errno.ENOSPC, errno.EDQUOT)
+                                          or "No space left on device" in str(seen)):
+            where = f" writing {seen.filename}" if getattr(seen, "filename", None) else ""
+            return (f"disk full{where} ({seen.strerror or seen}): free space (or give --run-dir on another disk) and run "
+                    f"the same command again; a run resumes with every cell stored so far", EXIT_ENVIRONMENT)
+        if isinstance(getattr(seen, "bench_exit_code", None), int):
+            return str(seen), seen.bench_exit_code
+        seen, depth = seen.__cause__ or seen.__context__, depth + 1
+    return None
+
+
+class _Commands(TyperGroup):
+    """Every command: a failure that is no bug (_failure) is one `error:` line and its exit code, not a traceback."""
+
+    def invoke(self, ctx):
+        import click
+
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, typer.Exit, typer.Abort):
+            raise
+        except Exception as e:
+            known = _failure(e)
+            if known is None:
+                raise
+            _fail(escape(known[0]), known[1])
+
+
+app = _Bench(add_completion=False, no_args_is_help=True, cls=_Commands,
              help="Benchmark LLM engines for speed and prove whether their outputs changed.")
 model_app = typer.Typer(no_args_is_help=True, help="Built-in models.")
 app.add_typer(model_app, name="model")
@@ -282,19 +328,27 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, cal
 
 
 @app.command("compact")
-def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory")) -> None:
+def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory"),
+                salvage: bool = typer.Option(False, help="First replace each journal file that does not verify whole "
+                                                          "by the records of it that do; say what was not kept")) -> None:
     """Fold a run's journal (and per-cell files of earlier versions) into one cells file and one file
     per side table per framework (bench run does this when it ends); atomic, and a no-op when there
-    is nothing to fold."""
+    is nothing to fold. A journal that does not verify whole is never folded or deleted: --salvage."""
     from orchestrator.store.compaction import compact
     from orchestrator.store.run_store import RunStore
 
     if not ((run / "cells").is_dir() or (run / "journal").is_dir()):
         _fail(f"{run} is not a run directory (no cells/ and no journal/)")
     try:
+        if salvage:
+            from orchestrator.store.salvage import report_lines
+            from orchestrator.store.salvage import salvage as salvage_run
+
+            for line in report_lines(run, salvage_run(RunStore(run))):
+                print(line)
         stats = compact(RunStore(run))
     except RuntimeError as e:  # another writer holds the run dir, or its compacted files lack their record
-        _fail(str(e))
+        _fail(escape(str(e)), _exit_code(e))
     if stats["cells_folded"]:
         print(f"{run}: folded {stats['cells_folded']} per-cell files into compaction {stats['generation']} "
               f"({', '.join(stats['frameworks'])}) in {stats['seconds']:.1f}s")

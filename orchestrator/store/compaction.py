@@ -18,20 +18,26 @@ a run is compacted when it ends (and with `bench compact RUN`):
                                                     cells it holds and their row counts
 
 Compaction <g> (under the run dir's writer lock; the driver is the only writer):
-  1. finish or undo what an interrupted compaction left (recover)
+  1. finish or undo what an interrupted compaction left (recover); check every part of every journal
+     record against its checksum (a journal that does not verify whole is not folded: DamagedJournal,
+     and `bench compact --salvage` is the way on)
   2. per framework with cells in the journal (or per-cell files): write the new cells file and side
      table files under hidden staging names (.compacting-<g>...): the old compacted rows less the
      cells stored again since, merged with the journal's records (read one cell at a time) and the
      per-cell files in that order, streamed (memory is a bounded window and a row group; the
      framework's cells table is held whole, to sort it)
-  3. commit: write compacted.json (temp file + rename), naming the new files, the staging names
+  3. fsync the new files and read them back: each holds every cell folded into it with the rows
+     written for it, and every journal record's rows are in one (else Incomplete: nothing committed,
+     nothing deleted, the journal stays)
+  4. commit: write compacted.json (temp file + rename), naming the new files, the staging names
      they still have, and the files that are no longer live (the folded journal and per-cell
      files, the replaced compacted files)
-  4. rename the staging files to their names, delete the files no longer live, and rewrite
+  5. rename the staging files to their names, delete the files no longer live, and rewrite
      compacted.json without those lists
-A kill before 3 leaves the run as it was (the staging files are hidden and removed by the next
-writer); a kill after 3 leaves a committed compaction whose journal files are still there: they
-hold the same rows and win, so readers see each cell once; the next writer finishes step 4.
+The commit record is fsynced (file and folder) before anything is deleted, so a power loss after it
+finds the new files (fsynced in 3) and the record naming them. A kill before 4 leaves the run as it was (the staging files are hidden and removed by the next
+writer); a kill after 4 leaves a committed compaction whose journal files are still there: they
+hold the same rows and win, so readers see each cell once; the next writer finishes step 5.
 Compaction never writes into a journal file (it reads and deletes them), so a hard-linked copy of
 a run dir compacts without touching the original. A cell stored again after a compaction is a
 journal record again and wins until the next one.
@@ -55,6 +61,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -62,6 +69,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from orchestrator.store.bulk_parquet import RowGroupWriter, scan_in_order
+from orchestrator.store.journal import JournalReader, fsync_dir
 from orchestrator.store.layout import COMMIT_FILE, COMPACTED_PREFIX, STAGING_PREFIX, Layout, read_commit
 from orchestrator.store.run_store import RunStore, atomic_write_text
 from orchestrator.store.schema import CELLS_FILE_SCHEMA, SIDE_TABLES, SideTable
@@ -85,11 +93,63 @@ class _Writer(RowGroupWriter):
 
 
 def _commit(store: RunStore, record: dict) -> None:
-    atomic_write_text(store.root / COMMIT_FILE, json.dumps(record, sort_keys=True))
+    # durable when it names files to delete: a power loss must not leave the journal deleted and the
+    # commit that names the compacted files unwritten
+    atomic_write_text(store.root / COMMIT_FILE, json.dumps(record, sort_keys=True), durable=bool(record.get("delete")))
+
+
+class Incomplete(RuntimeError):
+    """The compacted files, read back, do not hold what was folded into them: nothing is committed,
+    the journal and every file stay."""
+
+    bench_exit_code = 4   # `bench`: damaged data
+
+
+def _read_back(store: RunStore, lay: Layout, by_fw: dict[str, list[str]], new: dict, staged: dict) -> None:
+    """Before the commit (after which the folded files are deleted): every staged file fsynced, then
+    read back, holding every cell folded into it with the rows written for it, and every journal
+    record's cells row and side rows. Incomplete otherwise."""
+    root = store.root
+    for stage in staged.values():
+        with open(root / stage, "rb") as f:
+            os.fsync(f.fileno())
+    for folder in {(root / stage).parent for stage in staged.values()}:
+        fsync_dir(folder)
+
+    def fail(what: str):
+        raise Incomplete(f"{root}: compaction not committed: {what}; the journal and every stored file stay "
+                         f"as they were")
+
+    def cell_ids(rel: str) -> pa.ChunkedArray:
+        try:
+            return pq.read_table(root / staged[rel], columns=["cell_id"])["cell_id"]
+        except (OSError, pa.ArrowException) as e:
+            fail(f"{staged[rel]} written but not readable ({e})")
+
+    for fw, ids in by_fw.items():
+        got = cell_ids(new["cells"][fw])
+        missing = set(ids) - set(got.to_pylist())
+        if missing or pc.count_distinct(got).as_py() != len(got):
+            fail(f"{staged[new['cells'][fw]]} read back without {sorted(missing)[:5]} or with a cell twice")
+    for name in SIDE_TABLES:
+        held: dict[tuple[str, str], int] = {}
+        for rel, info in new[name].items():
+            if rel not in staged:
+                continue
+            runs = pc.run_end_encode(cell_ids(rel).combine_chunks())
+            ends = runs.run_ends.to_numpy()
+            got = list(zip(runs.values.to_pylist(), np.diff(ends, prepend=0).tolist()))
+            want = [(c, n) for c, n in zip(info["cells"], info["rows"]) if n]
+            if got != want:
+                fail(f"{staged[rel]} read back does not hold the rows written to it")
+            held.update(((info["framework"], c), n) for c, n in want)
+        lost = [c for c, rec in lay.journal.items() if name in rec.parts and (rec.framework, c) not in held]
+        if lost:
+            fail(f"the {name} rows of {sorted(lost)[:5]} (journal records) are in no compacted file")
 
 
 def _finish(store: RunStore, record: dict) -> None:
-    """Step 4 of a committed compaction; idempotent, so recover() can run it again after a kill."""
+    """Step 5 of a committed compaction; idempotent, so recover() can run it again after a kill."""
     root = str(store.root)
     for final, staging in (record.get("staged") or {}).items():
         src = os.path.join(root, staging)
@@ -240,7 +300,10 @@ def _compact(store: RunStore) -> dict:
     recover(store)
     for tmp in store.root.rglob(".tmp-*"):   # partial writes of a killed driver (we hold the lock)
         tmp.unlink(missing_ok=True)
-    lay = Layout.scan(store.root)
+    lay = Layout.scan(store.root)   # a journal record that does not verify, with records after it: DamagedJournal
+    for path, records in lay.journal_records.items():   # every part of every record, before any is folded
+        with JournalReader(path, lay.journal_schemas[path]) as reader:
+            reader.verify(records)
     record = lay.record
     # every per-cell file (earlier versions) and every journal file is folded here or stale: none is
     # read after the commit (a per-cell side file without its cells row is an interrupted write)
@@ -303,6 +366,7 @@ def _compact(store: RunStore) -> dict:
         if written is not None:
             written.result()
 
+    _read_back(store, lay, by_fw, new, staged)
     commit = {"version": 1, "generation": gen, **new, "staged": staged, "delete": sorted(set(delete) - set(staged))}
     _commit(store, commit)
     _finish(store, commit)

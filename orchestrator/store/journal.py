@@ -1,22 +1,31 @@
 """The run's journal: every stored cell appended as one record to an append-only file.
 
-    journal/<creation time ns>-<pid>.journal2     one file per writing process, never written by another
+    journal/<creation time ns>-<pid>.journal3     one file per writing process, never written by another
 
 A file is the magic line, a schemas record (the Arrow schema of each table, as this process writes
-them), then one record per stored cell. A record is
+them), then one record per stored cell. A record (version 3) is
 
-    "LBJR" | header length u32 | payload length u64 | crc32 of the header u32
+    sync marker (8 bytes) | header length u32 | payload length u64 | crc32 u32 of everything before it
+                                                                     and of the header
     header: JSON {"cell_id", "framework", "parts": [[table, offset, length, crc32, raw length], ...]}
     payload: one Arrow IPC record-batch message per table the cell has rows in, its cells row last;
              a side table's message zstd-compressed whole (raw length: its size before), the cells
              row's plain (raw length 0)
 
 and goes to the file in one write(), so the cell row and its side rows are stored together or not
-at all: a killed writer leaves at most a torn last record, which readers skip (it is shorter than
-its header says, or its checksum does not match). A file is never opened for writing again once its
-process is gone, so a torn tail is never followed by a good record, and hard-linked copies of a run
-dir stay independent. A cell stored twice has two records; the later one wins (file order, then
-record order). Compaction folds the journal files into the compacted Parquet files and deletes them.
+at all: a killed writer leaves at most a torn last record, which readers skip. A file is never
+opened for writing again once its process is gone, so a torn tail is never followed by a good
+record, and hard-linked copies of a run dir stay independent. A cell stored twice has two records;
+the later one wins (file order, then record order). Compaction folds the journal files into the
+compacted Parquet files and deletes them.
+
+Every record verifies on its own: the header checksum covers the marker, both lengths and the
+header, the parts lie end to end and fill the payload, and each part has its checksum. A record
+that does not verify is a torn tail when no verified record follows it (the reader looks for the
+sync marker after it), and damage otherwise: `DamagedJournal`, naming the file, the byte, where
+the next verified record starts and the cells stored after it. Nothing after damage is read as if
+it were not there; `bench compact --salvage` (orchestrator/store/salvage.py) keeps every record
+that verifies and says what it could not keep.
 
 After every CELLS_BATCH cell records the writer appends a rows record: header {"rows_of": [offset,
 ...], "parts": [["cells", ...]]}, the cells rows of those records again (each named by its cells
@@ -29,34 +38,44 @@ Why not a Parquet file per cell: a one-row Parquet file is ~80 column chunks of 
 CPU to open; 100,000 cells were minutes of footers. An IPC message decodes without parsing a
 footer, and the files are few.
 
-Version 1 (`*.journal`, written before version 2, still read): side messages lz4-compressed by
-Arrow buffer by buffer (~20 LZ4 frames a logprobs message: ~300 us of CPU to decode one cell's,
-6x the one zstd call of version 2), parts without a raw length. Version 2 files have their own
-suffix so that a version 1 reader neither reads nor deletes them (it lists only `*.journal`).
+Earlier versions, still read (each version has its own suffix, so an earlier reader neither reads
+nor deletes a later version's files: it lists only its own suffixes):
+- version 2 (`*.journal2`): records start with "LBJR" and a 4-byte-marker fixed header whose crc32
+  covers the JSON header alone (the lengths and marker only by the checks above).
+- version 1 (`*.journal`): as version 2, with side messages lz4-compressed by Arrow buffer by buffer
+  (~20 LZ4 frames a logprobs message: ~300 us of CPU to decode one cell's, 6x the one zstd call of
+  version 2), parts without a raw length.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
+import tempfile
 import time
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 JOURNAL_DIR = "journal"
-SUFFIX = ".journal2"                                  # what this writer writes: version 2
-SUFFIXES = (".journal", SUFFIX)                        # what readers read: versions 1 and 2
-MAGIC = b"lossless-bench journal 2\n"
-MAGICS = (b"lossless-bench journal 1\n", MAGIC)       # the same length
+SUFFIX = ".journal3"                                  # what this writer writes: version 3
+MAGICS = {".journal": b"lossless-bench journal 1\n", ".journal2": b"lossless-bench journal 2\n",
+          SUFFIX: b"lossless-bench journal 3\n"}      # suffix -> the file's first line (all the same length)
+SUFFIXES = tuple(MAGICS)                              # what readers read: versions 1, 2 and 3
+MAGIC = MAGICS[SUFFIX]
 _ZSTD = pa.Codec("zstd", 1)
-_REC = struct.Struct("<4sIQI")
-_REC_MAGIC = b"LBJR"
+_REC = struct.Struct("<8sIQI")                        # version 3's fixed header
+_SYNC = b"\x1eLBJREC\x1f"                            # its sync marker
+_REC_OLD = struct.Struct("<4sIQI")                    # versions 1 and 2
+_MARK_OLD = b"LBJR"
 
 
 @dataclass(frozen=True)
@@ -70,18 +89,44 @@ class Record:
     parts: dict[str, tuple[int, int, int]]    # table -> offset, length and crc32 of its IPC message in the file
     raw: dict[str, int]                       # table -> size before compression, of the parts compressed whole
     row_at: tuple | None = None               # (rows record's part: offset, length, crc32, raw length; row)
+    at: int = -1                              # where the record starts in the file
 
 
-def _encode(header: dict, messages: list[tuple[str, pa.Buffer, int]]) -> tuple[bytes, int]:
-    """The record, and where its last part starts in it."""
+def _few(names: list[str], n: int = 8) -> str:
+    shown = ", ".join(str(x)[:80] for x in names[:n])
+    return shown + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+class DamagedJournal(RuntimeError):
+    """A journal record that does not verify where verified records follow (damage to the storage or an
+    edit, never a killed writer), or a part whose checksum does not match. Nothing is read past it as
+    if it were not there."""
+
+    bench_exit_code = 4   # `bench`: damaged data
+
+    def __init__(self, path: Path, offset: int, what: str, cells_after: list[str] | None = None):
+        self.path, self.offset, self.cells_after = Path(path), offset, cells_after
+        after = "" if cells_after is None else (
+            f"; {len(cells_after)} cell record(s) stored after it: {_few(cells_after)}" if cells_after
+            else "; no cell record after it")
+        run = self.path.parent.parent
+        super().__init__(f"{self.path}: damaged at byte {offset}: {what}{after}. Nothing was changed; "
+                         f"`bench compact --salvage {run}` keeps every record that verifies and says what it "
+                         f"cannot")
+
+
+def _encode(header: dict, messages: list[tuple[str, bytes | pa.Buffer, int]]) -> tuple[bytes, int]:
+    """The record (version 3), and where its last part starts in it."""
     parts, off = [], 0
     for name, buf, raw in messages:
-        parts.append([name, off, buf.size, zlib.crc32(buf), raw])
-        off += buf.size
+        n = len(buf) if isinstance(buf, bytes) else buf.size
+        parts.append([name, off, n, zlib.crc32(buf), raw])
+        off += n
     head = json.dumps({**header, "parts": parts}, separators=(",", ":")).encode()
     payload = b"".join(bytes(buf) for _, buf, _ in messages)
-    return (_REC.pack(_REC_MAGIC, len(head), len(payload), zlib.crc32(head)) + head + payload,
-            _REC.size + len(head) + parts[-1][1])
+    fixed = _REC.pack(_SYNC, len(head), len(payload), 0)[:-4]
+    crc = zlib.crc32(head, zlib.crc32(fixed))
+    return fixed + struct.pack("<I", crc) + head + payload, _REC.size + len(head) + parts[-1][1]
 
 
 CELLS_BATCH = 256   # cell records per rows record
@@ -110,7 +155,7 @@ class JournalWriter:
                 continue
         self.path, self.ino, self.size, self.rows = path, os.fstat(fd).st_ino, 0, []
         try:
-            self._write(fd, MAGIC + _encode({"schemas": True}, [(n, s.serialize(), 0) for n, s in self.schemas.items()])[0])
+            self._write(fd, MAGIC + _schemas_record(self.schemas))
         except BaseException:
             os.close(fd)
             raise
@@ -162,6 +207,42 @@ class JournalWriter:
             pass
 
 
+def _schemas_record(schemas: dict[str, pa.Schema]) -> bytes:
+    return _encode({"schemas": True}, [(n, s.serialize(), 0) for n, s in schemas.items()])[0]
+
+
+def write_copy(path: Path, schemas: dict[str, pa.Schema], records: list[tuple[dict, list[tuple[str, bytes, int]]]]) -> None:
+    """A journal file of this version holding `records` ((header without parts, [(table, message as
+    stored, raw length)]) in order), written whole to a hidden name, fsynced and renamed to `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + _schemas_record(schemas))
+            for header, messages in records:
+                f.write(_encode(header, messages)[0])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """A rename or unlink in `path` made durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _message(batch: pa.RecordBatch, compress: bool) -> tuple[pa.Buffer, int]:
     """The batch as one IPC message, and its size when it is compressed (else 0). Side tables are
     compressed (raw logprobs are ~3x their zstd size, and a journal that falls out of the page cache
@@ -189,66 +270,203 @@ def journal_files(root: Path) -> list[Path]:
                   key=lambda p: p.name)
 
 
-def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
-    """The schemas and complete records of one journal file (headers only: the parts are read, and
-    checked against their checksums, when needed). A torn last record (a killed writer) is left out;
-    a bad record before the end stops the scan there too (nothing after it can be trusted), which
-    only damage to the storage causes."""
-    path = Path(path)
-    size = os.path.getsize(path)
-    records: list[Record] = []
-    schemas: dict[str, pa.Schema] = {}
+# ------------------------------------------------------------------ reading a file's records
+
+def _suffix(path: Path) -> str:
+    return next(s for s in SUFFIXES if path.name.endswith(s) and (s != ".journal" or not path.name.endswith(".journal2")))
+
+
+@contextmanager
+def _mapped(path: Path):
+    """(the file's bytes, mapped, or b"" when empty; its size)."""
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            yield b"", 0
+            return
         # the headers are spread over the whole file: have it read ahead in sequence (compaction reads
         # it all next; out of the page cache, a seek per record waits on the disk each time)
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        if f.read(len(MAGIC)) not in MAGICS:
-            return schemas, records
-        pos = len(MAGIC)
-        found: list[tuple] = []          # the cell records' fields
-        row_at: dict[int, tuple] = {}    # cells part offset -> (rows record's part, row) (Record.row_at)
-        while pos + _REC.size <= size:
-            f.seek(pos)
-            magic, hlen, plen, hcrc = _REC.unpack(f.read(_REC.size))
-            end = pos + _REC.size + hlen + plen
-            if magic != _REC_MAGIC or end > size:
-                break
-            head = f.read(hlen)
-            if zlib.crc32(head) != hcrc:
-                break
-            header = json.loads(head)
-            start = pos + _REC.size + hlen
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            yield mm, size
+        finally:
+            mm.close()
+
+
+def _record_at(mm, pos: int, size: int, v3: bool) -> tuple[dict, int, int] | None:
+    """(header, payload start, end) of the record at `pos` when its header verifies, else None."""
+    fixed, marker = (_REC, _SYNC) if v3 else (_REC_OLD, _MARK_OLD)
+    if pos + fixed.size > size:
+        return None
+    mark, hlen, plen, hcrc = fixed.unpack_from(mm, pos)
+    start = pos + fixed.size + hlen
+    end = start + plen
+    if mark != marker or end > size:
+        return None
+    head = mm[pos + fixed.size:start]
+    if hcrc != (zlib.crc32(head, zlib.crc32(mm[pos:pos + fixed.size - 4])) if v3 else zlib.crc32(head)):
+        return None
+    try:   # the parts lie end to end and fill the payload (in versions 1 and 2 the lengths' only check)
+        header = json.loads(head)
+        off = 0
+        for p in header["parts"]:
+            if p[1] != off or p[2] < 0:
+                return None
+            off += p[2]
+        if off != plen:
+            return None
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    return header, start, end
+
+
+def _intact(mm, start: int, header: dict) -> bool:
+    return all(zlib.crc32(mm[start + p[1]:start + p[1] + p[2]]) == p[3] for p in header["parts"])
+
+
+def _next_record(mm, pos: int, size: int, v3: bool) -> int:
+    """Where the first record that verifies after `pos` starts (found by its marker), else `size`."""
+    marker = _SYNC if v3 else _MARK_OLD
+    at = pos
+    while True:
+        at = mm.find(marker, at + 1)
+        if at < 0:
+            return size
+        if _record_at(mm, at, size, v3) is not None:
+            return at
+
+
+def _walk(mm, size: int, v3: bool) -> Iterator[tuple]:
+    """("record", at, header, payload start, end) for each record that verifies, in order, and ("bad",
+    at, next) for each stretch that does not: damage when `next` < size (a verified record follows),
+    else a torn tail. The last record's parts are checked too (a tail torn inside its payload, or
+    garbage a power loss left there); the others' when they are read."""
+    pos = len(MAGIC)
+    while pos < size:
+        rec = _record_at(mm, pos, size, v3)
+        if rec is not None and rec[2] == size and not _intact(mm, rec[1], rec[0]):
+            rec = None
+        if rec is None:
+            nxt = _next_record(mm, pos, size, v3)
+            yield "bad", pos, nxt
+            pos = nxt
+            continue
+        yield "record", pos, *rec
+        pos = rec[2]
+
+
+def _start(path: Path, mm, size: int) -> int | None:
+    """Where the records start (after the magic line); None for a file torn while its first line was written."""
+    magic = MAGICS[_suffix(path)]
+    head = bytes(mm[:len(magic)])
+    if head == magic:
+        return len(magic)
+    if size < len(magic) and magic.startswith(head):
+        return None
+    return 0
+
+
+def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
+    """The schemas and complete records of one journal file (headers only: the parts are read, and
+    checked against their checksums, when needed). A torn last record (a killed writer) is left out;
+    a record that does not verify before others that do is DamagedJournal."""
+    path = Path(path)
+    schemas: dict[str, pa.Schema] = {}
+    found: list[tuple] = []          # the cell records' fields
+    row_at: dict[int, tuple] = {}    # cells part offset -> (rows record's part, row) (Record.row_at)
+    v3 = _suffix(path) == SUFFIX
+    with _mapped(path) as (mm, size):
+        first = _start(path, mm, size)
+        if first is None:
+            return {}, []
+        events = _walk(mm, size, v3)
+        if first == 0:   # the first line is not this version's magic
+            events = iter([("bad", 0, _next_record(mm, 0, size, v3)), *events])
+        for event in events:
+            if event[0] == "bad":
+                _, at, nxt = event
+                if nxt == size:
+                    break   # a torn tail
+                after = [e[2]["cell_id"] for e in events if e[0] == "record" and "cell_id" in e[2]]
+                raise DamagedJournal(path, at, f"{nxt - at} bytes that are no record that verifies (the next one "
+                                     f"starts at byte {nxt})", after)
+            _, at, header, start, end = event
             parts = {p[0]: (start + p[1], p[2], p[3]) for p in header["parts"]}
             raw = {p[0]: p[4] for p in header["parts"] if len(p) > 4 and p[4]}
-            # the last record may be torn inside its payload (a kill, or a power loss): check it all
-            if end == size and not all(_intact(f, part) for part in parts.values()):
-                break
             if "rows_of" in header:
                 part = (*parts["cells"], raw["cells"])
                 row_at.update((off, (part, row)) for row, off in enumerate(header["rows_of"]))
             elif header.get("schemas"):
-                schemas = schemas or {name: ipc.read_schema(pa.py_buffer(_read_part(f, part, path, "schemas")))
+                schemas = schemas or {name: ipc.read_schema(pa.py_buffer(_read_part(mm, part, path, "schemas")))
                                       for name, part in parts.items()}
             elif schemas:
-                found.append((header["cell_id"], header["framework"], parts, raw))
-            pos = end
-    records = [Record(path, seq, cid, fw, parts, raw, row_at.get(parts["cells"][0]) if "cells" in parts else None)
-               for seq, (cid, fw, parts, raw) in enumerate(found)]
+                found.append((header["cell_id"], header["framework"], parts, raw, at))
+    records = [Record(path, seq, cid, fw, parts, raw, row_at.get(parts["cells"][0]) if "cells" in parts else None, at)
+               for seq, (cid, fw, parts, raw, at) in enumerate(found)]
     return schemas, records
 
 
-def _intact(f, part: tuple[int, int, int]) -> bool:
-    off, n, crc = part
-    data = os.pread(f.fileno(), n, off)
-    return len(data) == n and zlib.crc32(data) == crc
+@dataclass
+class Salvaged:
+    """What salvage_scan found in one file: the schemas, every cell record that verifies whole (header
+    and parts), and what it could not keep: (byte, what) of each stretch or record that does not verify."""
+
+    schemas: dict[str, pa.Schema]
+    records: list[tuple[dict, list[tuple[str, bytes, int]]]]   # (header less parts, [(table, message, raw)])
+    lost: list[tuple[int, str]]
+    torn_tail: int = 0                                          # bytes of a torn last record (not damage)
+
+
+def salvage_scan(path: Path) -> Salvaged:
+    """Every record of one journal file that verifies, parts included, and where the rest lies."""
+    path = Path(path)
+    out = Salvaged({}, [], [])
+    v3 = _suffix(path) == SUFFIX
+    with _mapped(path) as (mm, size):
+        first = _start(path, mm, size)
+        if first is None:
+            return out
+        events = _walk(mm, size, v3)
+        if first == 0:
+            out.lost.append((0, "the file's first line is not a journal's (its records are read all the same)"))
+        for event in events:
+            if event[0] == "bad":
+                _, at, nxt = event
+                if nxt == size:   # nothing verifies after it: a torn last record (or damage to the last one)
+                    out.torn_tail = nxt - at
+                else:
+                    out.lost.append((at, f"{nxt - at} bytes that are no record that verifies (a cell's record whose "
+                                         f"header is damaged: which cell is not known)"))
+                continue
+            _, at, header, start, end = event
+            if "rows_of" in header:
+                continue   # a shortcut for readers: the cells rows are in their own records too
+            if not _intact(mm, start, header):
+                bad = [p[0] for p in header["parts"]
+                       if zlib.crc32(mm[start + p[1]:start + p[1] + p[2]]) != p[3]]
+                what = "the schemas" if header.get("schemas") else f"cell {header.get('cell_id')}"
+                out.lost.append((at, f"the record of {what}: its {', '.join(bad)} part does not verify"))
+                continue
+            messages = [(p[0], bytes(mm[start + p[1]:start + p[1] + p[2]]), p[4] if len(p) > 4 else 0)
+                        for p in header["parts"]]
+            if header.get("schemas"):
+                out.schemas = out.schemas or {n: ipc.read_schema(pa.py_buffer(m)) for n, m, _ in messages}
+            elif out.schemas:
+                out.records.append(({k: v for k, v in header.items() if k != "parts"}, messages))
+            else:
+                out.lost.append((at, f"the record of cell {header.get('cell_id')}: no schemas record before it "
+                                     f"to decode it with"))
+    return out
 
 
 def _read_part(f, part: tuple[int, int, int], path, what: str) -> bytes:
+    """A part's bytes (from an open file, or a mapped one), checked against its checksum."""
     off, n, crc = part
-    data = os.pread(f.fileno(), n, off)
+    data = bytes(f[off:off + n]) if isinstance(f, mmap.mmap) else os.pread(f.fileno(), n, off)
     if len(data) != n or zlib.crc32(data) != crc:
-        raise RuntimeError(f"{path}: the record of {what} at byte {off} is damaged (checksum mismatch): the "
-                           f"journal was changed after it was written")
+        raise DamagedJournal(path, off, f"the record of {what} does not match its checksum (the journal was "
+                                        f"changed after it was written)")
     return data
 
 
@@ -271,6 +489,12 @@ class JournalReader:
         raw = rec.raw.get(table)
         data = _ZSTD.decompress(data, decompressed_size=raw) if raw else pa.py_buffer(data)
         return ipc.read_record_batch(data, self.schemas[table])
+
+    def verify(self, records: list[Record]) -> None:
+        """Every part of `records` matches its checksum (DamagedJournal at the first that does not)."""
+        for rec in records:
+            for part in rec.parts.values():
+                _read_part(self.f, part, self.path, f"cell {rec.cell_id}")
 
     def cells(self, records: list[Record]) -> tuple[pa.Table, np.ndarray]:
         """The cells rows of `records` as read (the writer's schema), and the row of each record: from the rows records

@@ -128,6 +128,7 @@ class Layout:
         self.cells_parts: dict[str, Path] = {fw: resolve(rel) for fw, rel in (record.get("cells") or {}).items()}
         # journal: every file (to fold and delete), its schemas, and each cell's last record
         self.journal_files: list[Path] = [path for path, _, _ in journals or []]
+        self.journal_records: dict[Path, list[Record]] = {path: recs for path, _, recs in journals or []}
         self.journal_schemas: dict[Path, dict[str, pa.Schema]] = {path: sch for path, sch, _ in journals or []}
         self.journal: dict[str, Record] = {}
         for _, _, records in journals or []:

@@ -3,7 +3,7 @@ plus a manifest; every write crash-safe.
 
 results/<run>/
   manifest.json                                   the matrix as given, the cells, host, versions
-  journal/<created ns>-<pid>.journal2             while a run goes: each stored cell appended as one
+  journal/<created ns>-<pid>.journal3             while a run goes: each stored cell appended as one
                                                   record, its side rows and its cells row together
                                                   (orchestrator/store/journal.py), one file per writing process
   compacted.json                                  after a compaction: which compacted files are live
@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.store.journal import JOURNAL_DIR, JournalWriter
+from orchestrator.store.journal import JOURNAL_DIR, JournalWriter, fsync_dir
 from orchestrator.store.layout import Layout
 from orchestrator.store.manifest import Manifest
 from orchestrator.store.schema import (
@@ -67,12 +67,23 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
     return table.combine_chunks().to_batches()[0]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, durable: bool = False) -> None:
+    """`text` in `path` whole or not at all (a temporary file renamed); `durable`: fsynced, file and
+    folder, before this returns (what a power loss must not undo)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_dir(path.parent)
 
 
 def cell_row(values: dict[str, Any]) -> pa.Table:

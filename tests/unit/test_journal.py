@@ -149,21 +149,22 @@ def test_a_journal_from_before_the_schema_grew_reads_with_nulls(tmp_path):
     assert len(store.read_logprobs()) == 5
 
 
-def test_a_version_1_journal_still_reads_and_compacts(tmp_path):
-    """tests/data/journal_v1: written by version 1 (lz4 inside the messages, no rows records; a, b, a
-    stored again, c failed), beside a version 2 file of this writer."""
+@pytest.mark.parametrize("version, suffix", [(1, ".journal"), (2, ".journal2")])
+def test_an_earlier_version_journal_still_reads_and_compacts(tmp_path, version, suffix):
+    """tests/data/journal_v1 and journal_v2: written by versions 1 (lz4 inside the messages, no rows
+    records) and 2 (a rows record after b); a, b, a stored again, c failed; beside a file of this writer."""
     run = tmp_path / "run"
     (run / journal.JOURNAL_DIR).mkdir(parents=True)
-    v1, = (ROOT / "tests" / "data" / "journal_v1").glob("*.journal")
-    assert v1.read_bytes().startswith(journal.MAGICS[0])
-    shutil.copy(v1, run / journal.JOURNAL_DIR / v1.name)
+    old, = (ROOT / "tests" / "data" / f"journal_v{version}").glob(f"*{suffix}")
+    assert old.read_bytes().startswith(f"lossless-bench journal {version}\n".encode()) and old.name.endswith(suffix)
+    shutil.copy(old, run / journal.JOURNAL_DIR / old.name)
     store = RunStore(run)
     want = {"a": ("ok", 2.0, 5, [-3.0]), "b": ("ok", 1.0, 4, [-2.0]), "c": ("failed", 1.0, 0, [])}
     assert state(store) == want
     new_process()
-    store.write_cell(row("b", duration_s=3.0), lp("b", 2, -4.0))   # newer, in a version 2 file
+    store.write_cell(row("b", duration_s=3.0), lp("b", 2, -4.0))   # newer, in a file of this version
     want["b"] = ("ok", 3.0, 2, [-4.0])
-    assert [p.suffix for p in journal.journal_files(run)] == [".journal", journal.SUFFIX]
+    assert [p.suffix for p in journal.journal_files(run)] == [suffix, journal.SUFFIX]
     assert state(store) == want
     compact(store)
     assert state(store) == want and journal.journal_files(run) == []
