@@ -11,11 +11,19 @@
 Every test under tests/engines, tests/e2e and tests/gpu is marked `slow` here, by its path, so
 `pytest -m "not slow"` (`make test-fast`) is the fast loop; `pytest` runs everything.
 What several files share besides fixtures is in tests/helpers.py.
+
+No engine process outlives the test module that started it (`no_engine_left`): orphaned vLLM engine cores
+once ran on for 20 minutes and stalled the suite. The session is the subreaper of everything it starts
+(PR_SET_CHILD_SUBREAPER), so an engine process whose parent died is still found among its descendants,
+never confused with another session's on a shared host.
 """
 
+import ctypes
 import os
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -40,6 +48,69 @@ def pytest_collection_modifyitems(config, items):
             continue
         if folder in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
+
+
+# what names an engine process on its command line: the engine child, vLLM's engine core and workers
+# (their process titles), the engines' servers, the gauge sampler, the engine child's group watchdog
+ENGINE_MARKS = ("adapters.worker", "VLLM::", "vllm.entrypoints", "serve_main", "adapters.meters.telemetry",
+                "lossless-bench-group-watchdog", "trtllm-serve", "lmdeploy serve")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def pytest_configure(config):
+    try:   # orphans of what the session starts are re-parented to it, not to init: still its descendants
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except (OSError, AttributeError):
+        pass
+
+
+def engine_processes() -> list[psutil.Process]:
+    """The session's engine processes still running: its descendants (orphans included) that ENGINE_MARKS name."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.cmdline()) or p.name()
+        except psutil.Error:
+            continue
+        if any(mark in cmd for mark in ENGINE_MARKS):
+            out.append(p)
+    return out
+
+
+def _reap_zombies() -> None:
+    """Wait for the dead children the session adopted (orphans are its children now, and nobody else waits for them)."""
+    for p in psutil.Process().children():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_engine_left(request):
+    """After each test module (its fixtures torn down first): no engine process the suite started is left.
+    One that is (given 15 s to end) is killed, so it cannot stall the modules after it, and fails the module."""
+    yield
+    deadline = time.monotonic() + 15
+    left = engine_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = engine_processes()
+    seen = []
+    for p in left:
+        try:
+            seen.append(f"{p.pid} {' '.join(p.cmdline())[:120]} (parent {p.ppid()}, cwd {p.cwd()})")
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
+    _reap_zombies()
+    if seen:
+        pytest.fail(f"{request.module.__name__} left {len(seen)} engine process(es) running after its tests:\n"
+                    + "\n".join(seen), pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,6 +45,25 @@ SMALL_MATRIX = {
 
 def bench_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "orchestrator.cli", *args]
+
+
+def run_engine_script(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run for a script that starts an engine in its own process (vLLM's engine core): in a
+    process group of its own, which is SIGKILLed whole when the script ends or times out, so the
+    engine's processes never outlive it (subprocess.run's timeout kills the script alone)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = "", f"timed out after {timeout:g}s"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 BUILTIN_TASK_NAMES = ["tiny-lastword", "tiny-continue", "tiny-ending"]   # unit/test_task_stats.py, e2e/test_tasks.py

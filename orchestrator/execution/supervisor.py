@@ -2,7 +2,9 @@
 
 The child (`python -m adapters.worker`) gets its own process group and dies with its parent, so a
 segfault, an OOM kill, a hang or leaked GPU memory ends only that child. A crash or a timeout in
-one cell becomes that cell's row, and a fresh child is started for the cells still to run.
+one cell becomes that cell's row, and a fresh child is started for the cells still to run. When a
+child ends, however it ends, its whole process group ends with it (the engine's own processes: vLLM's
+engine core and workers, a server), before its cells' rows go back to the driver.
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
                 break
             _sleep_unless_exits(proc, POLL_S)
         log.close()
+        _end_group(proc.pid)
         tail = _tail(work / "output.log")
         pending = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
         if timed_out:
@@ -225,6 +228,39 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
         shutil.rmtree(work, ignore_errors=True)
         remaining = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
     return probes + [results[c.cell_id] for c in job.group.cells if c.cell_id not in gone]
+
+
+def _end_group(pgid: int, wait_s: float = 10.0) -> list[int]:
+    """After the engine child ended (done, crashed, killed or timed out): SIGKILL what is left of its process
+    group (vLLM's engine core and its workers, a server and its children: the engine child's own watchdog,
+    adapters/contract/processes.py, does the same when the child ends, and this covers a child that died
+    before it started one), and wait until each is gone, so the engine's memory is free before the next
+    child loads and no engine process outlives its cells' rows. Returns the pids that were left."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                left.append(p)
+        except (OSError, psutil.Error):
+            pass
+    if not left:
+        return []
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+    deadline = time.monotonic() + wait_s
+    for p in left:
+        while time.monotonic() < deadline:
+            try:
+                if not p.is_running() or p.status() == psutil.STATUS_ZOMBIE:   # (a zombie: its parent reaps it)
+                    break
+            except psutil.Error:
+                break
+            time.sleep(0.02)
+    return [p.pid for p in left]
 
 
 def _sleep_unless_exits(proc: subprocess.Popen, seconds: float) -> None:

@@ -16,14 +16,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
 
 from adapters.base import Unsupported
 from adapters.contract.specs import LoadSpec, ModelSpec, SamplerSettings
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_engine_script
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -315,8 +314,7 @@ def vllm_results(tiny_model, tmp_path_factory):
                        ["cache_off", VLLM_CPU | {"enable_prefix_caching": False}],
                        ["spec", VLLM_CPU | {"speculative": NGRAM}]]}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([str(VLLM_PY), str(script), json.dumps(cfg)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=1200)
+    proc = run_engine_script([str(VLLM_PY), str(script), json.dumps(cfg)], 1200, env=env, cwd=ROOT)
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
