@@ -91,9 +91,15 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
                 progress.update(task, advance=planned, ok=counts["ok"], bad=counts["not ok"])
 
             schedule(jobs, on_done, measured)
+    stop = None
     try:  # a few large files instead of two per cell (orchestrator/store/compaction.py); crash-safe
         compaction.compact(store)
-    except Exception as e:  # the per-cell files are intact and readable; `bench compact` tries again
-        console.print(f"[yellow]compaction of {store.root} failed ({type(e).__name__}: {e}); the results are "
-                      f"complete as per-cell files, `bench compact {store.root}` tries again[/yellow]")
+    except Exception as e:  # the journal is intact and readable; `bench compact` tries again
+        if isinstance(e, OSError) or getattr(e, "bench_exit_code", None):   # a full disk, damaged data: the run's error
+            stop = e
+        else:
+            console.print(f"[yellow]compaction of {store.root} failed ({type(e).__name__}: {e}); the results are "
+                          f"complete in its journal, `bench compact {store.root}` tries again[/yellow]")
     manifest.write(store, m, text, cells, started=started, ended=datetime.now(timezone.utc).isoformat())
+    if stop is not None:
+        raise stop

@@ -32,20 +32,60 @@ REFRESH_S = 30.0   # how often to look for nodes that joined the cluster
 STEAL_POLL_S = 1.0  # how often to look at the running parts' progress while a node could steal
 
 
+class ClusterStartError(RuntimeError):
+    """The local Ray cluster did not start, twice."""
+
+    bench_exit_code = 3   # `bench`: the machine stopped it
+
+
 def init_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
+    if address:   # a cluster: as it was configured (its nodes' addresses, its ports)
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
-    else:
-        # address="local": always a fresh local instance; without it ray.init joins any cluster another
-        # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus.
-        # The cluster is this driver's: a watchdog kills what is left of it when the driver ends (reaper.py)
-        reaper.start()
-        ctx = ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
-                       log_to_driver=False)
-        reaper.watch(ctx.address_info["session_dir"])
+        return
+    # address="local": always a fresh local instance; without it ray.init joins any cluster another
+    # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus.
+    # The cluster is this driver's: a watchdog kills what is left of it when the driver ends (reaper.py)
+    reaper.start()
+    try:
+        ctx = _init_local()
+    except Exception as first:   # Ray's startup wait (30 s, fixed in Ray) missed under load: once more
+        reaper.end()   # what the failed start left running
+        ray.shutdown()
+        try:
+            ctx = _init_local()
+        except Exception as e:
+            raise ClusterStartError(
+                f"the local Ray cluster did not start, twice ({_first_line(first)}; then {_first_line(e)}). On a "
+                f"loaded machine Ray's processes can miss its startup wait: run again when the load is lower, or "
+                f"start a cluster yourself (`ray start --head --node-ip-address 127.0.0.1`) and give its address "
+                f"with --address or RAY_ADDRESS") from e
+    reaper.watch(ctx.address_info["session_dir"])
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def _init_local():
+    """A local cluster bound to the loopback interface alone: the GCS, the raylet, the workers and the agents
+    listen on 127.0.0.1, so nobody who reaches this machine reaches a cluster that runs code. Ray 2.60 turns
+    a node IP of 127.0.0.1 into the host's address (`resolve_ip_for_localhost`) unless it is told that this
+    machine runs no multi-node cluster (what RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 says; Ray reads it when it
+    is imported, so the constant is set too); given 127.0.0.1, its gRPC servers and agents bind only there.
+    tests/e2e/test_run_exit.py reads the listening sockets of a run's processes."""
+    from ray._private import ray_constants
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"   # what Ray's child processes read
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    return ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
+                    log_to_driver=False, _node_ip_address=LOOPBACK)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
 def cluster_device() -> str:

@@ -1,5 +1,6 @@
 """How a `bench run` ends: it stops the local cluster it started itself and exits at once (cli._exit_now),
-with its results complete; a cluster it did not start (RAY_ADDRESS, --address) outlives it."""
+with its results complete; a cluster it did not start (RAY_ADDRESS, --address) outlives it. While it runs,
+the cluster it started listens on loopback alone."""
 
 import json
 import re
@@ -11,6 +12,9 @@ import psutil
 
 from orchestrator.execution.reaper import cluster_processes
 from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -50,13 +54,24 @@ def test_a_local_run_ends_its_cluster_and_leaves_nothing_behind_with_its_results
     tree = psutil.Process(driver.pid)
     seen: dict[int, psutil.Process] = {}
     names: set[str] = set()
+    listening: dict[tuple, str] = {}   # (address, port) -> the process listening there
+    sockets_read = 0.0
     while driver.poll() is None:   # every process of the run's tree (Ray's, the engine's), as it runs
         try:
-            for p in tree.children(recursive=True):
+            procs = [tree, *tree.children(recursive=True)]
+            for p in procs[1:]:
                 seen.setdefault(p.pid, p)
                 names.add(p.name())
         except psutil.Error:
-            pass
+            procs = []
+        if time.monotonic() - sockets_read > 0.5:   # and what each listens on
+            sockets_read = time.monotonic()
+            for p in procs:
+                try:
+                    listening.update({(c.laddr.ip, c.laddr.port): p.name() for c in p.net_connections("inet")
+                                      if c.status == psutil.CONN_LISTEN})
+                except psutil.Error:
+                    pass
         time.sleep(0.1)
     stdout, stderr = driver.communicate()
     # at once, without waiting: the run killed its cluster before it exited, not its watchdog after
@@ -65,6 +80,10 @@ def test_a_local_run_ends_its_cluster_and_leaves_nothing_behind_with_its_results
     assert driver.returncode == 0, stderr[-3000:]
     assert "raylet" in names and "gcs_server" in names, f"the run started its own cluster: {names}"
     assert not left, f"outlived the run: {left}"
+    # a cluster of its own is on loopback alone: the GCS, the raylet, its workers and agents, the engine
+    assert {"gcs_server", "raylet"} <= set(listening.values()), f"its Ray processes' sockets were read: {listening}"
+    exposed = {k: v for k, v in listening.items() if k[0] not in LOOPBACK}
+    assert not exposed, f"listening beyond loopback: {exposed}"
     assert not [p for p in cluster_processes(session) if not _watchdog(p)]
     assert re.search(r"hf .*tiny .* ok ", stdout), f"the summary reached stdout before the exit: {stdout}"
     _assert_complete(run_dir, 2)
