@@ -60,20 +60,20 @@ class ModelEntry(_Strict):
 class Axes(_Strict):
     framework: list[str] = Field(min_length=1)
     model: list[str] = Field(min_length=1)
-    quantization: list[str] = ["fp32"]
-    batch_size: list[Annotated[int, Field(ge=1)]] = [1]
-    flags: list[str] = [DEFAULT_FLAGS]
-    input_len: list[Annotated[int, Field(ge=1)]] = [32]
-    output_len: list[Annotated[int, Field(ge=1)]] = [16]
-    mode: list[Literal["offline", "serve", "stream"]] = Field(["offline"], description="offline: the engine's Python "
+    quantization: list[str] = Field(["fp32"], min_length=1)
+    batch_size: list[Annotated[int, Field(ge=1)]] = Field([1], min_length=1)
+    flags: list[str] = Field([DEFAULT_FLAGS], min_length=1)
+    input_len: list[Annotated[int, Field(ge=1)]] = Field([32], min_length=1)
+    output_len: list[Annotated[int, Field(ge=1)]] = Field([16], min_length=1)
+    mode: list[Literal["offline", "serve", "stream"]] = Field(["offline"], min_length=1, description="offline: the engine's Python "
                                                               "API, static batches; stream: its Python API, every "
                                                               "request submitted at once, at most batch_size running "
                                                               "(the engine's continuous batching); serve: its own "
                                                               "OpenAI-compatible server under load")
-    request_rate: list[Annotated[float, Field(gt=0)]] = Field([math.inf], description="Serve cells: requests/s "
+    request_rate: list[Annotated[float, Field(gt=0)]] = Field([math.inf], min_length=1, description="Serve cells: requests/s "
                                                               "arriving (see serve.arrival), at most batch_size in "
                                                               "flight; .inf: a closed loop of batch_size requests")
-    workload: list[str] | None = Field(None, description="Names of `workloads` entries, each cell running one "
+    workload: list[str] | None = Field(None, min_length=1, description="Names of `workloads` entries, each cell running one "
                                        "(default: every entry, in order); none with a single `workload` section")
 
 

@@ -97,8 +97,17 @@ def pydantic_problems(err: ValidationError, prefix: str = "", model: type[BaseMo
     return problems
 
 
-def _known(values) -> str:
-    return ", ".join(str(v) for v in values)
+def _known(values, chars: int = 1000) -> str:
+    """Names the registry or a matrix defines, for an error message: each cut to 60 characters, about `chars` in
+    all (a matrix's own names can be anything)."""
+    values = [str(v) if len(str(v)) <= 60 else str(v)[:57] + "..." for v in values]
+    shown_, used = [], 0
+    for v in values:
+        if used + len(v) > chars:
+            return ", ".join(shown_) + f" and {len(values) - len(shown_)} more"
+        shown_.append(v)
+        used += len(v) + 2
+    return ", ".join(shown_)
 
 
 def _check_sampling_override(m: Matrix, fw: str, set_name: str) -> list[str]:
@@ -125,19 +134,19 @@ def _check_semantics(m: Matrix) -> list[str]:
     frameworks = list(ADAPTERS)
     for i, fw in enumerate(m.axes.framework):
         if fw not in ADAPTERS:
-            problems.append(f"axes.framework[{i}]: unknown framework '{fw}' (known: {_known(frameworks)})")
+            problems.append(f"axes.framework[{i}]: unknown framework {shown(fw)} (known: {_known(frameworks)})")
     for i, model in enumerate(m.axes.model):
         if model not in m.models:
-            problems.append(f"axes.model[{i}]: unknown model '{model}' (defined in models: {_known(m.models) or 'none'})")
+            problems.append(f"axes.model[{i}]: unknown model {shown(model)} (defined in models: {_known(m.models) or 'none'})")
         elif m.model_entry(model).endpoint and "serve" not in m.axes.mode:
             problems.append(f"models.{model}.endpoint: a model with an endpoint makes serve cells only, and "
                             f"axes.mode has no serve (it has: {_known(m.axes.mode)})")
     for i, q in enumerate(m.axes.quantization):
         if normalize_quantization(q) not in QUANTIZATIONS:
-            problems.append(f"axes.quantization[{i}]: unknown quantization '{q}' (known: {_known(QUANTIZATIONS)})")
+            problems.append(f"axes.quantization[{i}]: unknown quantization {shown(q)} (known: {_known(QUANTIZATIONS)})")
     for fw, sets in m.flags.items():
         if fw not in ADAPTERS:
-            problems.append(f"flags.{fw}: unknown framework '{fw}' (known: {_known(frameworks)})")
+            problems.append(f"flags.{fw}: unknown framework {shown(fw)} (known: {_known(frameworks)})")
             continue
         for set_name in sets:
             try:
@@ -150,10 +159,10 @@ def _check_semantics(m: Matrix) -> list[str]:
     defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
     for i, name in enumerate(m.axes.flags):
         if name not in defined:
-            problems.append(f"axes.flags[{i}]: unknown flag set '{name}' (defined: {_known(sorted(defined))})")
+            problems.append(f"axes.flags[{i}]: unknown flag set {shown(name)} (defined: {_known(sorted(defined))})")
     for fw in m.run.python:
         if fw not in ADAPTERS:
-            problems.append(f"run.python.{fw}: unknown framework '{fw}' (known: {_known(frameworks)})")
+            problems.append(f"run.python.{fw}: unknown framework {shown(fw)} (known: {_known(frameworks)})")
     for section in ("include", "exclude"):
         for i, rule in enumerate(getattr(m, section)):
             problems += _check_rule(m, rule, f"{section}[{i}]", need_all=(section == "include"))
@@ -179,7 +188,7 @@ def _workload_problems(m: Matrix) -> list[str]:
                         "(a single workload section needs no axis)")
     for i, name in enumerate(m.axes.workload or ()):
         if m.workloads is not None and name not in m.workloads:
-            problems.append(f"axes.workload[{i}]: unknown workload '{name}' (defined in workloads: "
+            problems.append(f"axes.workload[{i}]: unknown workload {shown(name)} (defined in workloads: "
                             f"{_known(names) or 'none'})")
     run = m.named_workloads()
     for path, w in run:
@@ -316,12 +325,14 @@ def _check_rule(m: Matrix, rule: dict, path: str, need_all: bool, allow_lists: b
 
 
 def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
+    if isinstance(v, (list, dict)):   # (a rule's list is taken apart before this, where lists are allowed)
+        return f"expected one value of the axis, got {shown(v)}"
     if axis == "framework" and v not in ADAPTERS:
-        return f"unknown framework '{v}' (known: {_known(ADAPTERS)})"
+        return f"unknown framework {shown(v)} (known: {_known(ADAPTERS)})"
     if axis == "model" and v not in m.models:
-        return f"unknown model '{v}' (defined in models: {_known(m.models)})"
+        return f"unknown model {shown(v)} (defined in models: {_known(m.models)})"
     if axis == "quantization" and (not isinstance(v, str) or normalize_quantization(v) not in QUANTIZATIONS):
-        return f"unknown quantization '{v}' (known: {_known(QUANTIZATIONS)})"
+        return f"unknown quantization {shown(v)} (known: {_known(QUANTIZATIONS)})"
     if axis in ("batch_size", "input_len", "output_len") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
         return f"expected a positive integer, got {shown(v)}"
     if axis == "mode" and v not in MODES:
@@ -333,7 +344,7 @@ def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
     if axis == "flags":
         defined = {DEFAULT_FLAGS} | {name for sets in m.flags.values() for name in sets}
         if v not in defined:
-            return f"unknown flag set '{v}' (defined: {_known(sorted(defined))})"
+            return f"unknown flag set {shown(v)} (defined: {_known(sorted(defined))})"
     return None
 
 
@@ -391,15 +402,20 @@ def load_matrix(path: str | Path) -> tuple[Matrix, str]:
     """Read and validate a matrix file; returns the model and the text as given (for the manifest)."""
     path = Path(path)
     text = path.read_text()
+    return parse_matrix_text(text, str(path)), text
+
+
+def parse_matrix_text(text: str, source: str = "matrix") -> Matrix:
+    """A matrix's YAML text, validated (what `bench validate` reads from its file)."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise MatrixError([f"(yaml): {shown(str(err))}"], str(path)) from None
+        raise MatrixError([f"(yaml): {shown(str(err))}"], source) from None
     where = _too_large(data)
     if where:   # checked before anything walks it whole (validation, an error message)
         raise MatrixError([f"{where}: expands to more than {MAX_VALUES:,} values through YAML aliases (&, *); "
-                           "write the values out, or use fewer aliases of aliases"], str(path))
-    return parse_matrix(data, str(path)), text
+                           "write the values out, or use fewer aliases of aliases"], source)
+    return parse_matrix(data, source)
 
 
 def json_schema() -> dict:

@@ -1,0 +1,155 @@
+"""`bench validate` fuzzed: every shipped matrix (matrices/*.yaml) mutated a few hundred ways, each run through
+what the command runs (the YAML text parsed and validated, the cells expanded and grouped, the table
+rendered, the deferred checks), in process. Every case ends in a matrix or a MatrixError, never another
+exception (a traceback), within 2 s, and its messages stay bounded.
+
+Mutations are seeded (the same cases every run): on the parsed matrix, a node deleted, replaced (other
+types, extremes, long and hostile strings, another part of the matrix), renamed, wrapped in or taken out of
+a list, repeated, or an unknown key added; on the text, characters cut, inserted (YAML syntax, aliases,
+tags) or lines swapped.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import random
+import time
+import traceback
+
+import pytest
+import yaml
+from rich.console import Console
+
+from orchestrator.matrix.cells import expand, group
+from orchestrator.matrix.models import MatrixError
+from orchestrator.matrix.validate import deferred_checks, parse_matrix_text
+from orchestrator.report.console import matrix_table
+from tests.helpers import ROOT
+
+MATRICES = sorted((ROOT / "matrices").glob("*.yaml"))
+CASES_PER_MATRIX = 375   # 3,000 cases in all
+CASE_LIMIT_S = 2.0
+PROBLEM_MAX_CHARS = 2000   # one problem line: its YAML path, what is wrong, what would be valid
+
+VALUES = [None, True, False, 0, -1, 1, 2**31, 10**30, -10**30, 1.5, -0.0, float("nan"), float("inf"), "", "x",
+          "a" * 5000, "../../etc/passwd", "/abs/path", "a/b", "..", "\x00\x01", "🙂" * 50, "${HOME}", "*", "&a",
+          [], [None], [1, 2, 3], ["hf", "hf"], {}, {"a": 1}, {"": None}, [[[]]], {"x": {"y": {"z": [1]}}},
+          "hf", "vllm", "llamacpp", "tiny", "builtin:tiny", "fp32", "q4_0", "default", "serve", "stream", "auto"]
+TOKENS = [":", ": ", "- ", "-", "&a ", "*a", "*zz", "[", "]", "{", "}", "\t", "\n  ", "\n- ", "'", '"', "#", "!!int ",
+          "!!python/object/apply:os.system ['true'] ", "<<: *a\n", "? ", "|\n", ">-\n", "%YAML 1.1\n", "---\n", "...\n",
+          "~", "0x", "1e9999", ",", "\\", "\r"]
+
+
+def nodes(data, path=()):
+    """(path, node) of every node of the parsed matrix, the root included."""
+    yield path, data
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else []
+    for k, v in items:
+        yield from nodes(v, (*path, k))
+
+
+def at(data, path):
+    for k in path:
+        data = data[k]
+    return data
+
+
+def mutate_data(rng: random.Random, data):
+    data = copy.deepcopy(data)
+    for _ in range(rng.randint(1, 3)):
+        every = list(nodes(data))
+        path, node = rng.choice(every)
+        op = rng.choice(["delete", "replace", "replace", "rename", "wrap", "unwrap", "repeat", "unknown", "graft"])
+        if not path:   # the root: replaced whole, or a key added
+            if op == "replace":
+                return rng.choice(VALUES)
+            op = "unknown"
+        parent, key = (at(data, path[:-1]), path[-1]) if path else (None, None)
+        if op == "delete":
+            del parent[key]
+        elif op == "replace":
+            parent[key] = copy.deepcopy(rng.choice(VALUES))
+        elif op == "graft":
+            parent[key] = copy.deepcopy(rng.choice(every)[1])
+        elif op == "rename" and isinstance(parent, dict) and isinstance(key, str) and key:
+            i = rng.randrange(len(key))
+            parent[key[:i] + rng.choice(["", "x", "_", key[i] * 2]) + key[i + 1:]] = parent.pop(key)
+        elif op == "wrap":
+            parent[key] = [node]
+        elif op == "unwrap" and isinstance(node, list):
+            parent[key] = node[0] if node else None
+        elif op == "repeat" and isinstance(node, list):
+            parent[key] = node * rng.randint(2, 20)
+        elif op == "unknown":
+            target = node if isinstance(node, dict) else data if isinstance(data, dict) else None
+            if target is not None:
+                target[rng.choice(["extra", "namez", "axis", "run", "meassure", "0", ""])] = rng.choice(VALUES)
+    return data
+
+
+def mutate_text(rng: random.Random, text: str) -> str:
+    for _ in range(rng.randint(1, 3)):
+        op = rng.choice(["cut", "insert", "insert", "swap", "truncate"])
+        i = rng.randrange(len(text) + 1)
+        if op == "cut":
+            text = text[:i] + text[i + rng.randint(1, 40):]
+        elif op == "insert":
+            text = text[:i] + rng.choice(TOKENS) + text[i:]
+        elif op == "swap":
+            lines = text.split("\n")
+            a, b = rng.randrange(len(lines)), rng.randrange(len(lines))
+            lines[a], lines[b] = lines[b], lines[a]
+            text = "\n".join(lines)
+        else:
+            text = text[:i]
+    return text
+
+
+def cases(path):
+    text = path.read_text()
+    data = yaml.safe_load(text)
+    rng = random.Random(f"{path.name}-fuzz")
+    for i in range(CASES_PER_MATRIX):
+        if rng.random() < 0.25:
+            yield i, mutate_text(rng, text)
+        else:
+            try:
+                yield i, yaml.safe_dump(mutate_data(rng, data), allow_unicode=True, sort_keys=False)
+            except yaml.YAMLError:   # a value safe_dump cannot write: the case is its text mutation instead
+                yield i, mutate_text(rng, text)
+
+
+def validate(text: str, source: str) -> None:
+    """What `bench validate` does with a file's text (orchestrator/cli.py validate)."""
+    m = parse_matrix_text(text, source)
+    cells = expand(m)
+    groups = group(cells)
+    console = Console(file=io.StringIO(), width=180)
+    console.print(matrix_table(f"{m.name}: {len(cells)} cells in {len(groups)} engine groups", cells))
+    for line in deferred_checks(m):
+        console.print(f"not checked here: {line}", highlight=False)
+
+
+@pytest.mark.parametrize("path", MATRICES, ids=[p.stem for p in MATRICES])
+def test_mutated_shipped_matrices_validate_or_fail_cleanly_and_quickly(path):
+    assert MATRICES, "the shipped matrices are found"
+    validate(path.read_text(), str(path))   # the shipped matrix itself is valid
+    tracebacks, slow, long_messages, refused = [], [], [], 0
+    started = time.monotonic()
+    for i, text in cases(path):
+        t = time.monotonic()
+        try:
+            validate(text, f"{path.name}#{i}")
+        except MatrixError as e:
+            refused += 1
+            long_messages += [(i, p[:200]) for p in e.problems if len(p) > PROBLEM_MAX_CHARS]
+        except Exception:
+            tracebacks.append((i, traceback.format_exc()[-1500:], text[:300]))
+        if time.monotonic() - t > CASE_LIMIT_S:
+            slow.append((i, round(time.monotonic() - t, 2), text[:300]))
+    assert not tracebacks, f"{len(tracebacks)} cases raised something other than MatrixError; first: {tracebacks[0]}"
+    assert not slow, f"{len(slow)} cases over {CASE_LIMIT_S}s; first: {slow[0]}"
+    assert not long_messages, f"problem lines over {PROBLEM_MAX_CHARS} characters: {long_messages[:3]}"
+    assert refused > CASES_PER_MATRIX // 3, "most mutations break the matrix: the cases reach validation"
+    assert time.monotonic() - started < 120, "bounded total time"
