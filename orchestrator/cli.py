@@ -23,6 +23,7 @@ from orchestrator.report.console import (
     history_table,
     matrix_table,
     out,
+    plain_failure,
     plan_table,
     print_table,
     probe_table,
@@ -69,36 +70,15 @@ def _exit_now(code) -> None:
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
-EXIT_ENVIRONMENT, EXIT_DAMAGED = 3, 4   # the machine stopped it (disk full, no cluster); stored data does not verify
-
-
 def _exit_code(e: BaseException, default: int = 2) -> int:
     """An error's own exit code (`bench_exit_code`: DamagedJournal 4, a cluster that did not start 3), else `default`."""
     code = getattr(e, "bench_exit_code", None)
     return code if isinstance(code, int) else default
 
 
-def _failure(e: BaseException) -> tuple[str, int] | None:
-    """The one `error:` line and exit code of a failure that is no bug in bench: a full disk, stored data
-    that does not verify, a cluster that did not start (anywhere in the exception's chain). None: a bug,
-    whose traceback is the report."""
-    import errno
-
-    seen, depth = e, 0
-    while seen is not None and depth < 10:
-        if isinstance(seen, OSError) and (seen.errno in (errno.ENOSPC, errno.EDQUOT)
-                                          or "No space left on device" in str(seen)):
-            where = f" writing {seen.filename}" if getattr(seen, "filename", None) else ""
-            return (f"disk full{where} ({seen.strerror or seen}): free space (or give --run-dir on another disk) and run "
-                    f"the same command again; a run resumes with every cell stored so far", EXIT_ENVIRONMENT)
-        if isinstance(getattr(seen, "bench_exit_code", None), int):
-            return str(seen), seen.bench_exit_code
-        seen, depth = seen.__cause__ or seen.__context__, depth + 1
-    return None
-
-
 class _Commands(TyperGroup):
-    """Every command: a failure that is no bug (_failure) is one `error:` line and its exit code, not a traceback."""
+    """Every command: a failure that is no bug (report/console.plain_failure) is one `error:` line and its exit code,
+    not a traceback."""
 
     def invoke(self, ctx):
         import click
@@ -108,7 +88,7 @@ class _Commands(TyperGroup):
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, typer.Exit, typer.Abort):
             raise
         except Exception as e:
-            known = _failure(e)
+            known = plain_failure(e)
             if known is None:
                 raise
             _fail(escape(known[0]), known[1])

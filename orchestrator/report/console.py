@@ -27,6 +27,25 @@ RICH_ROWS = 2000  # above this a table prints as plain aligned text: rich lays o
 _STYLED = re.compile(r"\[[a-z][a-z ]*\]([^\[]*)\[/[a-z ]*\]")   # one styled span, the common case
 
 
+def plain_failure(e: BaseException) -> tuple[str, int] | None:
+    """The one `error:` line and exit code of a failure that is no bug in bench (anywhere in the exception's
+    chain): a full disk (3), an error that carries its own `bench_exit_code` (stored data that does not
+    verify: 4; a local cluster that did not start: 3). None: a bug, whose traceback is the report."""
+    import errno
+
+    seen, depth = e, 0
+    while seen is not None and depth < 10:
+        if isinstance(seen, OSError) and (seen.errno in (errno.ENOSPC, errno.EDQUOT)
+                                          or "No space left on device" in str(seen)):
+            where = f" writing {seen.filename}" if getattr(seen, "filename", None) else ""
+            return (f"disk full{where} ({seen.strerror or seen}): free space (or give --run-dir on another disk) and run "
+                    f"the same command again; a run resumes with every cell stored so far", 3)
+        if isinstance(getattr(seen, "bench_exit_code", None), int):
+            return str(seen), seen.bench_exit_code
+        seen, depth = seen.__cause__ or seen.__context__, depth + 1
+    return None
+
+
 def print_table(table: Table) -> None:
     """A rich table to stdout; a large one as plain columns (same cells, markup dropped, no wrapping)."""
     if table.row_count <= RICH_ROWS:
