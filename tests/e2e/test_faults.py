@@ -27,6 +27,11 @@ original = hf.HfAdapter.generate
 def generate(self, prompts, output_len, ignore_eos):
     if len(prompts) == int(batch):
         if kind == "segv":
+            # an engine's own process, as vLLM's engine core is: it must end with the crashed engine child
+            import subprocess, sys
+            core = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(600)", "VLLM::EngineCore (stand-in)"])
+            with open(os.environ["BENCH_TEST_CORE_PIDS"], "a") as f:
+                f.write(f"{core.pid}\\n")
             ctypes.string_at(0)  # a real SIGSEGV: read address 0
         time.sleep(3600)
     return original(self, prompts, output_len, ignore_eos)
@@ -40,7 +45,8 @@ def faulty_python(tmp_path, fault: str) -> str:
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     wrapper = tmp_path / "python-with-fault"
     wrapper.write_text(f'#!/bin/sh\nexport PYTHONPATH="{site}:$PYTHONPATH"\n'
-                       f'export BENCH_TEST_FAULT="{fault}"\nexec "{sys.executable}" "$@"\n')
+                       f'export BENCH_TEST_FAULT="{fault}"\nexport BENCH_TEST_CORE_PIDS="{tmp_path}/core_pids"\n'
+                       f'exec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
 
@@ -52,12 +58,22 @@ def matrix_with_fault(tmp_path, fault: str, **run) -> dict:
     return data
 
 
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def test_segfault_becomes_a_crashed_row_and_the_other_cells_finish(ray_local, write_matrix, tmp_path):
     store = run_matrix(write_matrix(matrix_with_fault(tmp_path, "segv:2")), tmp_path / "run")
     cells = store.read_cells().set_index("batch_size")
     assert cells.loc[1, "status"] == "ok" and cells.loc[3, "status"] == "ok"
     assert cells.loc[2, "status"] == "crashed"
     assert "killed by SIGSEGV while running this cell" in cells.loc[2, "reason"]
+    cores = [psutil.Process(int(pid)) for pid in (tmp_path / "core_pids").read_text().split()]
+    assert cores, "the crashing engine started its own process"
+    assert not [p.pid for p in cores if _running(p)], "the engine's own process outlived its crashed engine child"
     assert cells.loc[3, "attempt"] == 2  # a fresh engine process ran the cell after the crash
 
 
