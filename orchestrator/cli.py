@@ -242,20 +242,50 @@ def ls_cmd(results: Path = typer.Argument(Path("results"), help="A results root 
     out.print(runs_table(list_runs(results), f"runs in {results}"))
 
 
+_WIDE = typer.Option(False, "--wide", help="Every column (the default fits 120 columns: one line per cell)")
+_FORMAT = typer.Option("table", "--format", help="table; csv (the cells, every column), json (every table, every "
+                       "column) or md (the table as Markdown), for scripts")
+
+
+def _check_format(fmt: str) -> None:
+    from orchestrator.report.compact import FORMATS
+
+    if fmt not in FORMATS:
+        _fail(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def _emit(fmt: str, frames: dict, tables: list, lines: list[str] = ()) -> None:
+    """The tables on the terminal (with `lines` after the first), or every frame / table in a format."""
+    if fmt == "table":
+        for i, table in enumerate(tables):
+            print_table(table)
+            if i == 0:
+                for line in lines:
+                    out.print(line, highlight=False, markup=False, soft_wrap=True)
+        return
+    from orchestrator.report.compact import render
+
+    sys.stdout.write(render(fmt, {k: v for k, v in frames.items() if v is not None and len(v)}, tables))
+
+
 @app.command("show")
-def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory")) -> None:
+def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory"),
+             wide: bool = _WIDE, fmt: str = _FORMAT) -> None:
     """The run's cells in a table."""
     from orchestrator.judge import searches
+    from orchestrator.report.compact import summary_compact
     from orchestrator.store.run_store import RunStore
 
+    _check_format(fmt)
     store = RunStore(run)
     everything = store.read_cells()
     cells = everything[~searches.is_probe(everything)]    # the probes get a table of their own
     name = store.read_manifest().name
     counts = ", ".join(f"{n} {s}" for s, n in cells.status.value_counts().items())
-    print_table(summary_table(cells, title=f"{store.root}" + (f" (matrix {name})" if name else "")
-                            + f": {len(cells)} cells" + (f", {counts}" if counts else "")))
-    _print_searches(everything)
+    title = f"{store.root}" + (f" (matrix {name})" if name else "") + f": {len(cells)} cells" + (f", {counts}" if counts else "")
+    _emit(fmt, {"cells": cells}, [(summary_table if wide else summary_compact)(cells, title=title)])
+    if fmt == "table":
+        _print_searches(everything)
 
 
 def _print_searches(cells) -> None:
@@ -411,14 +441,17 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
                                                    "the folder holding OLD)"),
             baseline: Optional[str] = typer.Option(None, help="Axis values of the baseline, e.g. framework=hf,quantization=fp32 (default: the matrix's)"),
             tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
-            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file")) -> None:
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file"),
+            wide: bool = _WIDE, fmt: str = _FORMAT) -> None:
     """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
     logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
     from orchestrator.judge.analysis import analyse
     from orchestrator.judge.baselines import parse_selector, parse_tolerances
     from orchestrator.judge.sampling_verdicts import analyse_sampling, compare_sampling_runs
     from orchestrator.judge.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
+    from orchestrator.report import compact
 
+    _check_format(fmt)
     try:
         tol = parse_tolerances(tolerances) if tolerances else None
         if against:
@@ -431,9 +464,8 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             sv = compare_sampling_runs(run_dir, against, df, tol)
             df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
             df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
-            print_table(against_table(df, str(run_dir), str(against)))
-            for line in [_noise_line(df), *changes_lines(df)]:
-                out.print(line, highlight=False, markup=False, soft_wrap=True)
+            main = (against_table if wide else compact.against_compact)(df, str(run_dir), str(against))
+            lines = [_noise_line(df), *changes_lines(df)]
         else:
             if match or noise_run or history:
                 _fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
@@ -443,12 +475,11 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             sv = analyse_sampling(run_dir, baseline=selector, tolerances=tol)
             df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
             df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
-            print_table(compare_table(df))
-        if not tv.empty:
-            print_table(task_table(tv))
-        if not sv.empty:
-            print_table(sampling_table(sv))
-        if not against:
+            main, lines = (compare_table if wide else compact.compare_compact)(df), []
+        tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
+                  *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
+        _emit(fmt, {"cells": df, "tasks": tv, "sampling": sv}, tables, lines)
+        if not against and fmt == "table":
             from orchestrator.store.run_store import RunStore
 
             _print_searches(RunStore(run_dir).read_cells())

@@ -3,6 +3,7 @@ show, run, ls, compare, plan); print_table prints a large one as plain columns."
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from typing import TYPE_CHECKING
@@ -17,8 +18,8 @@ from orchestrator.values import as_text
 if TYPE_CHECKING:
     import pandas as pd
 
-# rich falls back to 80 columns when not on a terminal (CI logs, pipes): tables need more
-_width = None if Console().is_terminal else 180
+# rich falls back to 80 columns when not on a terminal (CI logs, pipes): 180 there, unless COLUMNS says
+_width = None if Console().is_terminal or os.environ.get("COLUMNS", "").isdigit() else 180
 out = Console(width=_width)
 err = Console(stderr=True, width=_width)
 

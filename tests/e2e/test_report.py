@@ -160,7 +160,7 @@ def test_ls_show_export(report_run, tmp_path):
     assert res.exit_code == 0, res.output
     assert "run1" in res.output and "rep-matrix" in res.output and "3/4" in res.output
 
-    res = runner.invoke(app, ["show", str(report_run.root)])
+    res = runner.invoke(app, ["show", str(report_run.root), "--wide"])
     assert res.exit_code == 0, res.output
     assert len(re.findall(r"^│ hf +│ tiny +│", res.output, re.M)) == 4 and "unsupported" in res.output
 

@@ -191,7 +191,7 @@ def test_gate_sampling_rules_and_the_report_panel(sampling_run, tmp_path):
 
 def test_compare_prints_a_sampling_verdict_for_every_ok_cell(sampling_run):
     store, cells, _ = sampling_run
-    r = subprocess.run(bench_cmd("compare", str(store.root)), cwd=ROOT, capture_output=True, text=True, timeout=300,
+    r = subprocess.run(bench_cmd("compare", str(store.root), "--wide"), cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**__import__("os").environ, "COLUMNS": "250"})
     assert r.returncode == 0, r.stderr
     table = r.stdout[r.stdout.index("Sampling layer"):]

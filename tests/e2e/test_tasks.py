@@ -149,7 +149,7 @@ def test_an_lm_eval_generation_item_scored_by_hand(task_run):
 
 def test_compare_prints_the_task_layer(task_run):
     store, *_ = task_run
-    r = subprocess.run(bench_cmd("compare", str(store.root)), cwd=ROOT, capture_output=True, text=True, timeout=300,
+    r = subprocess.run(bench_cmd("compare", str(store.root), "--wide"), cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**__import__("os").environ, "COLUMNS": "250"})
     assert r.returncode == 0, r.stderr
     assert "Task layer" in r.stdout and "McNemar exact" in r.stdout and "paired bootstrap" in r.stdout

@@ -162,7 +162,7 @@ def test_two_workloads_in_one_run(workload_store, tiny_model, tmp_path):
             SyntheticWorkload(seed=3, input_lengths=DRAWN_IN, output_lengths=DRAWN_OUT), Tokenizer(str(tiny_model)),
             WARMUP * BATCH + REPEATS * PER_RUN, 96, 12, "stream").output_lens[WARMUP * BATCH:]), vs.reason
 
-    shown = CliRunner().invoke(app, ["show", str(workload_store.root)])
+    shown = CliRunner().invoke(app, ["show", str(workload_store.root), "--wide"])
     assert shown.exit_code == 0 and "workload" in shown.output and "drawn" in shown.output and "chat" in shown.output
 
     df = analyse(workload_store.root).set_index("cell_id")

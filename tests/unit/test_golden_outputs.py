@@ -19,8 +19,14 @@ EXPECTED = GOLDEN / "expected"
 # name -> the command's arguments, run in a folder holding copies of runs/new and runs/old
 COMMANDS = {
     "show": ["show", "new"],
+    "show_wide": ["show", "new", "--wide"],
+    "show_csv": ["show", "new", "--format", "csv"],
     "compare": ["compare", "new"],
+    "compare_wide": ["compare", "new", "--wide"],
+    "compare_md": ["compare", "new", "--format", "md"],
+    "compare_json": ["compare", "new", "--format", "json"],
     "compare_against": ["compare", "new", "--against", "old"],
+    "compare_against_wide": ["compare", "new", "--against", "old", "--wide"],
     "gate_against_junit": ["gate", "new", "--against", "old", "--policy", "policy.yaml", "--junit", "out/gate.xml"],
     "gate_usage_error": ["gate", "new", "--policy", "policy.yaml"],   # speed rules need --against: exit 2
     "gate_against_md": ["gate", "new", "--against", "old", "--policy", "policy.yaml", "--format", "md"],
