@@ -325,12 +325,27 @@ def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callb
 def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory"),
                fmt: str = typer.Option("csv", "--format", help="csv or jsonl"),
                output: Optional[Path] = typer.Option(None, "-o", "--output", help="Directory (default: RUN/export)"),
-               logprobs: bool = typer.Option(True, help="Also the logprobs table (one row per scored token)")) -> None:
-    """Write the cells (and logprobs) tables as CSV or JSONL."""
-    from orchestrator.store.export import export_run
+               logprobs: bool = typer.Option(False, help="Also the logprobs table (one row per scored token: large)"),
+               verdicts: bool = typer.Option(True, help="Also the verdicts bench compare computes: per cell (logits, "
+                                             "text, speed), per cell and task, per cell's samples")) -> None:
+    """Write every table of a run as CSV or JSONL: cells, tasks, samples (logprobs on request), and the
+    verdicts computed from them (verdicts, task_verdicts, sampling_verdicts)."""
+    from orchestrator.store.export import check_format, export_dir, export_run, write_frame
 
     try:
+        check_format(fmt)
         written = export_run(run, fmt, output, logprobs)
+        if verdicts:
+            from orchestrator.judge.analysis import analyse
+            from orchestrator.judge.sampling_verdicts import analyse_sampling
+            from orchestrator.judge.task_verdicts import analyse_tasks
+
+            out_dir = export_dir(run, output)
+            for name, df in (("verdicts", analyse(run)), ("task_verdicts", analyse_tasks(run)),
+                             ("sampling_verdicts", analyse_sampling(run))):
+                if len(df):
+                    path = out_dir / f"{name}.{fmt}"
+                    written[path] = write_frame(df, path, fmt)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     for path, n in written.items():

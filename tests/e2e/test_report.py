@@ -166,7 +166,7 @@ def test_ls_show_export(report_run, tmp_path):
 
     cells = report_run.read_cells()
     lp_rows = len(pd.read_parquet(report_run.root / "logprobs"))
-    res = runner.invoke(app, ["export", str(report_run.root), "--format", "csv", "-o", str(tmp_path / "csv")])
+    res = runner.invoke(app, ["export", str(report_run.root), "--format", "csv", "-o", str(tmp_path / "csv"), "--logprobs"])
     assert res.exit_code == 0, res.output
     with open(tmp_path / "csv" / "cells.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -177,7 +177,7 @@ def test_ls_show_export(report_run, tmp_path):
     assert "hf does not run quantization q4_0" in next(r["reason"] for r in rows if r["status"] == "unsupported")
     assert len(pd.read_csv(tmp_path / "csv" / "logprobs.csv")) == lp_rows
 
-    res = runner.invoke(app, ["export", str(report_run.root), "--format", "jsonl", "-o", str(tmp_path / "jsonl")])
+    res = runner.invoke(app, ["export", str(report_run.root), "--format", "jsonl", "-o", str(tmp_path / "jsonl"), "--logprobs"])
     assert res.exit_code == 0, res.output
     objs = [json.loads(line) for line in (tmp_path / "jsonl" / "cells.jsonl").read_text().splitlines()]
     assert len(objs) == 4 and all(o["framework"] == "hf" for o in objs)

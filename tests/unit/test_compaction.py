@@ -217,7 +217,7 @@ def test_readers_of_a_compacted_run_with_new_cells(tmp_path):
     assert res.exit_code == 0 and "7/7" in res.output, res.output
     res = runner.invoke(app, ["show", str(store.root)])
     assert res.exit_code == 0 and "7 cells, 7 ok" in " ".join(res.output.split()), res.output
-    res = runner.invoke(app, ["export", str(store.root), "--format", "jsonl", "-o", str(tmp_path / "x")])
+    res = runner.invoke(app, ["export", str(store.root), "--format", "jsonl", "-o", str(tmp_path / "x"), "--logprobs"])
     assert res.exit_code == 0, res.output
     cells = [json.loads(x) for x in (tmp_path / "x" / "cells.jsonl").read_text().splitlines()]
     assert sorted(c["cell_id"] for c in cells) == [f"c{i}" for i in range(7)]

@@ -30,7 +30,7 @@ COMMANDS = {
     "gate_against_junit": ["gate", "new", "--against", "old", "--policy", "policy.yaml", "--junit", "out/gate.xml"],
     "gate_usage_error": ["gate", "new", "--policy", "policy.yaml"],   # speed rules need --against: exit 2
     "gate_against_md": ["gate", "new", "--against", "old", "--policy", "policy.yaml", "--format", "md"],
-    "export_csv": ["export", "new", "--format", "csv", "-o", "out/csv"],
+    "export_csv": ["export", "new", "--format", "csv", "-o", "out/csv", "--logprobs"],
     "export_jsonl": ["export", "new", "--format", "jsonl", "-o", "out/jsonl", "--no-logprobs"],
     "report": ["report", "new", "-o", "out/report/report.html"],
     "report_against": ["report", "new", "--against", "old", "-o", "out/against/report.html"],
