@@ -308,7 +308,7 @@ def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callb
              gpu_hour_cost: Optional[float] = typer.Option(None, help="USD per GPU-hour (per node-hour on a CPU run)"),
              max_replicas: Optional[int] = typer.Option(None, help="At most this many replicas: a larger batch is "
                                                          "extrapolated where needed")) -> None:
-    """Per engine config: the batch size meeting the SLOs, replicas and GPUs for QPS, cost per million tokens."""
+    """Per engine config: the cheapest batch size meeting the SLOs, replicas and GPUs for QPS, cost per million tokens."""
     from orchestrator.judge.plan import plan
     from orchestrator.store.run_store import RunStore
 

@@ -5,8 +5,11 @@
 
 Per measured engine config (engine_key: framework/model/quantization/flags), from its ok cells:
 
-  batch      the largest measured batch size whose TTFT p99 and TPOT p99 meet both SLOs (no SLO
-             given: the largest measured batch). A config none of whose batches meets them is
+  batch      of the measured batch sizes whose TTFT p99 and TPOT p99 meet both SLOs (no SLO given:
+             every measured batch), the cheapest: the fewest replicas for Q, then the most requests/s
+             per replica (headroom), then the smaller batch. Not the largest: a larger batch can serve
+             fewer requests/s (an engine that runs its batches one request after another, or whose
+             latency grows faster than its batch). A config none of whose batches meets them is
              reported with the SLO(s) it misses and by how much, at its closest miss (the batch
              with the smallest relative overshoot).
   rate       requests/s per replica at that batch. Cells at the requested lengths: the measured
@@ -214,7 +217,9 @@ def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: 
                    ttft_p99_ms=e["ttft_p99"], tpot_p99_ms=e["tpot_p99"], notes="; ".join(notes))
         return row
 
-    chosen, est = passing[-1]  # the largest batch meeting both SLOs (sorted by batch)
+    # the cheapest batch meeting both SLOs: fewest replicas, then most requests/s, then the smaller batch
+    chosen, est = min(passing, key=lambda ce: (math.ceil(qps / ce[1]["req_s"] - 1e-9), -ce[1]["req_s"],
+                                               int(ce[0]["batch_size"])))
     batch, rate = int(chosen["batch_size"]), float(est["req_s"])
     row.update(meets_slo=True, batch_size=batch, ttft_p99_ms=est["ttft_p99"], tpot_p99_ms=est["tpot_p99"],
                rate_basis=est["basis"])
@@ -222,14 +227,18 @@ def _plan_config(all_cells: list[dict], qps: float, input_len: int, output_len: 
     max_b = int(at[-1]["batch_size"])
     if batch < max_b:
         c_next, e_next = next((c, e) for c, e in ests if int(c["batch_size"]) > batch)
-        notes.append(f"batch {int(c_next['batch_size'])}: " + _miss_text(_misses(e_next, slo_ttft, slo_tpot)))
+        missed = _misses(e_next, slo_ttft, slo_tpot)
+        notes.append(f"batch {int(c_next['batch_size'])}: " + (_miss_text(missed) if missed else
+                     f"meets the SLOs at {e_next['req_s']:.3g} req/s: {math.ceil(qps / e_next['req_s'] - 1e-9)} "
+                     f"replica(s), not {replicas}"))
 
     if max_replicas is not None and replicas > max_replicas:
         need = qps / max_replicas
         if batch < max_b:
             row.update(meets_slo=False, slo_miss=(
-                f"{max_replicas} replica(s) need {need:.3g} req/s each; batch {batch} gives {rate:.3g} "
-                f"and the larger measured batch {int(c_next['batch_size'])} misses an SLO"))
+                f"{max_replicas} replica(s) need {need:.3g} req/s each; batch {batch} gives {rate:.3g}, the most "
+                f"of the batches meeting the SLOs, and the larger measured batch {int(c_next['batch_size'])} "
+                + ("misses an SLO" if missed else "gives less")))
             row["notes"] = "; ".join(notes)
             return row
         pts = sorted({int(c["batch_size"]): e["req_s"] for c, e in ests}.items())

@@ -107,6 +107,23 @@ def test_no_slo_takes_the_largest_batch_and_no_cost_without_a_price(run_dir):
     assert math.isnan(rows["vllm"]["cost_per_m_tokens"])
 
 
+def test_the_cheapest_batch_meeting_the_slos_not_the_largest(tmp_path):
+    # what issue 32 saw: hf running its batch one request after another, batch 4 serves fewer requests/s
+    # than batch 1; both meet the SLO. Batch 4 would take 20 replicas, batch 1 takes 5.
+    store = RunStore(tmp_path / "run")
+    _cell(store, 1, "hf", "fp32", 1, device="cpu", ttft99=30, tpot99=8, req_s=4.5)
+    _cell(store, 2, "hf", "fp32", 4, device="cpu", ttft99=90, tpot99=9, req_s=1.05)
+    row = plan(store.root, 20.0, I, O, slo_ttft_p99_ms=500, gpu_hour_cost=COST).iloc[0]
+    assert row.meets_slo and row.batch_size == 1 and row.replicas == math.ceil(20 / 4.5) == 5
+    assert row.cost_per_m_tokens == pytest.approx(5 * COST / (3600 * 20 * O) * 1e6)
+    assert "batch 4: meets the SLOs at 1.05 req/s: 20 replica(s), not 5" in row.notes
+    # where the larger batch is also the cheaper one, it is taken (the fixture of the tests above: vllm 32)
+    store2 = RunStore(tmp_path / "run2")
+    _cell(store2, 1, "hf", "fp32", 1, device="cpu", ttft99=30, tpot99=8, req_s=1.05)
+    _cell(store2, 2, "hf", "fp32", 4, device="cpu", ttft99=90, tpot99=9, req_s=4.5)
+    assert plan(store2.root, 20.0, I, O, slo_ttft_p99_ms=500).iloc[0].batch_size == 4
+
+
 def test_max_replicas_extrapolates_the_batch(run_dir):
     rows = _by_fw(plan(run_dir, Q, I, O, slo_ttft_p99_ms=200, slo_tpot_p99_ms=50, max_replicas=1))
     # C needs 10 req/s on one node; secant of batches 1 -> 2 is 2 req/s per batch slot:
