@@ -41,7 +41,16 @@ STATUS_COLOR = {"ok": "#1a7f37", "unsupported": "#b58900", "failed": "#d73027", 
 
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-            "#bcbd22", "#17becf")
+            "#bcbd22", "#17becf", "#393b79", "#ad494a", "#8ca252", "#bd9e39", "#843c39", "#7b4173",
+            "#3182bd", "#e6550d", "#31a354", "#756bb1")
+
+
+def config_colors(names) -> dict[str, str]:
+    """One colour per configuration, fixed for a whole page: every panel's trace of a configuration
+    is drawn in it (explicitly: plotly's default colourway counts traces per figure, so a panel that
+    lacks one configuration would shift every colour after it). Sorted, so a page drawn again from the
+    same runs colours them the same."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(sorted(set(names)))}
 
 
 def quality_figure(df: pd.DataFrame, tolerances: Tolerances, against: Any = None, tasks: Any = None) -> tuple[Any, list[str]]:
@@ -309,15 +318,16 @@ def speed_figure(df: pd.DataFrame) -> Any:
                 f"output tokens/s (at their best batch size); the others are in the tables.")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.07, subplot_titles=(
         "output tokens/s", "TTFT ms (p50, bar to p99)", "TPOT ms (p50, bar to p99)"))
-    for n, (series, g) in enumerate(ok.groupby("series", sort=True)):
+    colors = config_colors(ok.series)
+    for series, g in ok.groupby("series", sort=True):
         g = g.sort_values("batch_size")
-        color = PALETTE[n % len(PALETTE)]
+        color = colors[series]
         for col, (y, p99) in enumerate((("output_tok_s", None), ("ttft_ms_p50", "ttft_ms_p99"),
                                         ("tpot_ms_p50", "tpot_ms_p99")), start=1):
             err = None
             if p99:
                 err = dict(type="data", symmetric=False, array=(g[p99] - g[y]).clip(lower=0).fillna(0),
-                           arrayminus=[0] * len(g), thickness=1.2, width=4)
+                           arrayminus=[0] * len(g), thickness=1.2, width=4, color=color)
             hover = [f"<b>{html.escape(series)}</b> batch {b}<br>{y}: {num(v, '.4g')}"
                      + (f"<br>{p99}: {num(q, '.4g')}" if p99 else "")
                      + (" (batches ran sequentially)" if m == "sequential" else "")
