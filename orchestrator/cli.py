@@ -254,18 +254,24 @@ def _check_format(fmt: str) -> None:
         _fail(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
-def _emit(fmt: str, frames: dict, tables: list, lines: list[str] = ()) -> None:
-    """The tables on the terminal (with `lines` after the first), or every frame / table in a format."""
+def _emit(fmt: str, frames: dict, tables: list, lines: list[str] = (), notes: list[str] = ()) -> None:
+    """The tables on the terminal (with `lines` after the first, unwrapped, and `notes`, wrapped to the
+    terminal), or every frame / table in a format (md: the notes as a list after the tables)."""
     if fmt == "table":
         for i, table in enumerate(tables):
             print_table(table)
             if i == 0:
                 for line in lines:
                     out.print(line, highlight=False, markup=False, soft_wrap=True)
+                for line in notes:
+                    out.print(line, highlight=False, markup=False)
         return
     from orchestrator.report.compact import render
 
     sys.stdout.write(render(fmt, {k: v for k, v in frames.items() if v is not None and len(v)}, tables))
+    if fmt == "md" and notes:
+        sys.stdout.write("\n" + "\n".join(f"- {x.strip()}" if i else f"**{x.rstrip(':')}**\n" for i, x in enumerate(notes))
+                         + "\n")
 
 
 @app.command("show")
@@ -464,6 +470,8 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
     from orchestrator.judge.baselines import parse_selector, parse_tolerances
     from orchestrator.judge.sampling_verdicts import analyse_sampling, compare_sampling_runs
     from orchestrator.judge.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
+    import pandas as pd
+
     from orchestrator.report import compact
 
     _check_format(fmt)
@@ -493,7 +501,15 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             main, lines = (compare_table if wide else compact.compare_compact)(df), []
         tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
                   *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
-        _emit(fmt, {"cells": df, "tasks": tv, "sampling": sv}, tables, lines)
+        from orchestrator.report.reconcile import reconcile, reconcile_lines
+        from orchestrator.store.run_store import RunStore
+
+        alpha = (tol or RunStore(run_dir).read_manifest().tolerances).task_alpha
+        notes = reconcile_lines(df, tv, sv, alpha)
+        disagree = reconcile(df, tv, sv, alpha)
+        _emit(fmt, {"cells": df, "tasks": tv, "sampling": sv,
+                    "layers_disagree": pd.DataFrame({"cell_id": list(disagree), "line": list(disagree.values())})},
+              tables, lines, notes)
         if not against and fmt == "table":
             from orchestrator.store.run_store import RunStore
 

@@ -280,6 +280,12 @@ def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_er
             lines.append(f"<li>{name}: <b>{esc(r['label'])}</b> — {esc(speed_text(r))}, {esc(r['verdict'])}</li>")
     if lines:
         parts.append("<ul>" + "".join(lines) + "</ul>")
+    from orchestrator.report.reconcile import disagreements
+
+    disagree = disagreements(df, tasks, sampling, tolerances.task_alpha)
+    if disagree:
+        parts.append("<h3 id='layers-disagree'>Where the layers disagree</h3><ul>"
+                     + "".join(f"<li><b>{esc(name)}</b>: {esc(line)}</li>" for name, line in disagree) + "</ul>")
     if len(bad) > report_data.MAX_LISTED:
         parts.append(f"<p class='bad'><b>{len(bad):,} of {len(df):,} cells did not run ok</b>, grouped by status and "
                      f"the first line of the reason:</p>" + bad_groups(bad))

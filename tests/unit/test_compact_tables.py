@@ -64,7 +64,8 @@ def test_formats_give_the_rows_of_the_table_with_every_column(run):
 
     columns = list(analyse(run).columns)
     got = json.loads(CliRunner().invoke(app, ["compare", run, "--format", "json"], catch_exceptions=False).stdout)
-    assert set(got) == {"cells", "tasks", "sampling"} and len(got["cells"]) == 5 and len(got["tasks"]) == 8
+    assert set(got) == {"cells", "tasks", "sampling", "layers_disagree"} and len(got["cells"]) == 5 and len(got["tasks"]) == 8
+    assert len(got["layers_disagree"]) == 2 and got["layers_disagree"][0]["line"].startswith("logits moved")
     assert set(columns) <= set(got["cells"][0])
     q8 = next(c for c in got["cells"] if c["quantization"] == "q8_0")
     assert q8["verdict"] == "lossy" and q8["kl_mean"] == pytest.approx(0.015, abs=5e-4)
