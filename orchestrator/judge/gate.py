@@ -15,6 +15,7 @@ orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same con
             max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
             task: {name: tiny-ending, min_ratio: 0.99, no_regression: true}   # the task layer
             sampling: {same_distribution: true}   # the sampling layer (or identical: true)
+            max_error_rate: 0.01          # served and stream cells: failed requests / requests sent
     With --noise-run OLD_REPEAT (OLD's matrix run again), or earlier runs of OLD's configurations under
     --history (default: the folder holding OLD), the intervals also hold the run-to-run drift the
     repeats inside one run cannot see; without either a speed bound is not checked and says so
@@ -33,6 +34,10 @@ orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same con
     same_distribution when the distribution tests find a difference, or the served distributions differ
     from another sampler (unless accept_sampler_difference); a cell without samples, with a verdict of n/a,
     or 'not distinguishable' (unless accept_underpowered), fails as "cannot judge".
+    max_error_rate reads a served (or stream) cell's failed requests over the requests it sent, with the
+    95% Clopper-Pearson interval of that proportion (scipy's binomtest): it fails when the interval lies
+    wholly above the bound (0 allows none: one failed request fails it), like the speed bounds; a cell
+    that counted no requests (not ok) fails as "cannot judge", an offline cell passes (no requests to fail).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from orchestrator.judge.logits import VERDICTS
 from orchestrator.matrix.cells import load_label
 from orchestrator.matrix.models import AXES, MatrixError
 from orchestrator.matrix.validate import pydantic_problems
+from orchestrator.store.schema import json_object
 from orchestrator.values import finite, shown
 
 # bound -> (the cross-run column it reads, what it says)
@@ -122,12 +128,16 @@ class Rule(BaseModel):
                                     "--history); by default such a bound is not checked, and says so")
     task: TaskRule | None = None
     sampling: SamplingRule | None = None
+    max_error_rate: float | None = Field(None, ge=0, lt=1, description="Served and stream cells: most failed "
+                                         "requests / requests sent; fails when the proportion's 95% interval is "
+                                         "wholly above (0: no failed request at all)")
 
     @model_validator(mode="after")
     def _something(self) -> "Rule":
-        if self.must_be is None and not self.speed_bounds() and self.task is None and self.sampling is None:
+        if self.must_be is None and not self.speed_bounds() and self.task is None and self.sampling is None \
+                and self.max_error_rate is None:
             raise ValueError("a rule needs must_be, a bound (max_slowdown, max_ttft_p99_increase, "
-                             "max_memory_increase), a task rule or a sampling rule")
+                             "max_memory_increase, max_error_rate), a task rule or a sampling rule")
         return self
 
     def speed_bounds(self) -> dict[str, float]:
@@ -218,6 +228,29 @@ def _speed_check(r: dict, bound: str, limit: float, require_run_noise: bool) -> 
                                if hi <= 1 + limit else f"not wholly above x{1 + limit:.3f} (within the noise)")
 
 
+def error_interval(errors: int, sent: int, level: float = 0.95) -> tuple[float, float]:
+    """The Clopper-Pearson (exact) interval of a proportion errors / sent, from scipy."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(errors, sent).proportion_ci(level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def _error_check(r: dict, limit: float) -> tuple[bool, str]:
+    if (r.get("mode") or "offline") == "offline":
+        return True, "offline cell: no requests to fail"
+    errors, sent = r.get("errors"), r.get("requests_sent")
+    if r.get("status") != "ok" or not finite(errors) or not finite(sent) or sent <= 0:
+        return False, f"cannot judge the error rate: no requests counted (status {r.get('status')})"
+    errors, sent = int(errors), int(sent)
+    lo, hi = error_interval(errors, sent)
+    kinds = json_object(r.get("errors_by_kind"))
+    shown = (f"errors {errors}/{sent} = {errors / sent:.2%} [95% CI {lo:.2%}, {hi:.2%}]"
+             + (f" ({', '.join(f'{k} {n}' for k, n in kinds.items())})" if kinds else ""))
+    ok = lo <= limit if limit > 0 else errors == 0
+    return ok, f"{shown}: " + (("within noise of " if hi > limit else "below ") if ok else "wholly above ") + f"{limit:.2%}"
+
+
 def _task_check(tv: pd.DataFrame | None, cell_id: str, rule: TaskRule) -> tuple[bool, str]:
     hit = None if tv is None or tv.empty else tv[(tv.cell_id == cell_id) & (tv.task == rule.name)]
     if hit is None or hit.empty:
@@ -288,7 +321,8 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
                                                      else "") + (" no_regression" if rule.task.no_regression else "")
         names = ([f"must_be {rule.must_be}"] if rule.must_be else []) + [f"{k} {v:g}" for k, v in
                                                                         rule.speed_bounds().items()] + \
-            ([task_name] if task_name else []) + ([rule.sampling.label()] if rule.sampling else [])
+            ([task_name] if task_name else []) + ([rule.sampling.label()] if rule.sampling else []) + \
+            ([f"max_error_rate {rule.max_error_rate:g}"] if rule.max_error_rate is not None else [])
         present = {row for row, h in zip(have, hit) if h}
         for combo in itertools.product(*wants.values()):  # every value a rule lists must have been run
             if combo not in present:
@@ -313,6 +347,9 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
                 ok, msg = (False, r["verdict_reason"]) if r.get("only_in") else _sampling_check(sampling, r["cell_id"],
                                                                                          rule.sampling)
                 checks.append(Check(i, rule.sampling.label(), cell, r["cell_id"], ok, msg))
+            if rule.max_error_rate is not None:
+                ok, msg = (False, r["verdict_reason"]) if r.get("only_in") else _error_check(r, rule.max_error_rate)
+                checks.append(Check(i, f"max_error_rate {rule.max_error_rate:g}", cell, r["cell_id"], ok, msg))
     return checks
 
 

@@ -336,3 +336,52 @@ def test_policy_validation(tmp_path):
         load_policy(path)
     path.write_text("rules:\n  - match: {framework: vllm, batch_size: [1, 8]}\n    must_be: near-lossless\n")
     assert load_policy(path).rules[0].match == {"framework": "vllm", "batch_size": [1, 8]}
+
+
+def test_gate_max_error_rate_with_its_interval(tmp_path):
+    """Served cells with failed requests: the error proportion with its 95% Clopper-Pearson interval;
+    the rule fails when the interval lies wholly above the bound, and a passing speed rule does not hide it."""
+    import json
+
+    from scipy.stats import binomtest
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    from orchestrator.judge.gate import error_interval
+
+    store = run_dir(tmp_path)
+    serve = dict(mode="serve", request_rate=float("inf"), load="closed")
+    write(store, "bad", reps=same(), requests=90, requests_sent=100, errors=10,
+          errors_by_kind=json.dumps({"http 503": 8, "timeout": 2}), **serve)
+    write(store, "few", framework="vllm", quantization="fp16", reps=same(), requests=98, requests_sent=100, errors=2,
+          errors_by_kind=json.dumps({"timeout": 2}), **serve)
+    write(store, "none", framework="vllm", quantization="bf16", reps=same(), requests=50, requests_sent=50, errors=0,
+          errors_by_kind="{}", **serve)
+    write(store, "down", framework="vllm", quantization="fp8", status="failed", reason="server did not start", **serve)
+    lo, hi = error_interval(10, 100)
+    ci = binomtest(10, 100).proportion_ci(0.95, method="exact")
+    assert (lo, hi) == (ci.low, ci.high) and 0.04 < lo < 0.05 and 0.17 < hi < 0.18   # 10/100: [4.9%, 17.6%]
+    df = analyse(store.root)
+    policy = Policy.model_validate({"rules": [{"match": {"framework": "vllm"}, "max_error_rate": 0.01}]})
+    passed, lines = gate(df, policy)
+    assert not passed
+    errs = [x for x in lines if "max_error_rate" in x]
+    assert errs == [
+        "rule 0 (max_error_rate 0.01): bad vllm/tiny/fp32/default/serve c=1: errors 10/100 = 10.00% "
+        f"[95% CI {lo:.2%}, {hi:.2%}] (http 503 8, timeout 2): wholly above 1.00%",
+        "rule 0 (max_error_rate 0.01): down vllm/tiny/fp8/default/serve c=1: cannot judge the error rate: no "
+        "requests counted (status failed)"]
+    # 2 of 100 against 1%: the interval [0.24%, 7.0%] holds 1%, noise alone does not fail; 0 of 50 passes
+    # 0 allows none: 2 failed of 100 fail it
+    zero = Policy.model_validate({"rules": [{"match": {"framework": "vllm", "quantization": "fp16"},
+                                             "max_error_rate": 0}]})
+    assert gate(df, zero)[1] == ["rule 0 (max_error_rate 0): few vllm/tiny/fp16/default/serve c=1: errors 2/100 = "
+                                 "2.00% [95% CI 0.24%, 7.04%] (timeout 2): wholly above 0.00%"]
+    # an offline cell passes (no requests to fail); the CLI takes the rule without --against
+    path = tmp_path / "policy.yaml"
+    path.write_text("rules:\n  - match: {framework: hf}\n    max_error_rate: 0.01\n")
+    res = CliRunner().invoke(app, ["gate", str(store.root), "--policy", str(path)])
+    assert res.exit_code == 0 and "gate: pass" in res.stdout, res.output
+    path.write_text("rules:\n  - match: {framework: vllm, quantization: fp32}\n    max_error_rate: 1.5\n")
+    res = CliRunner().invoke(app, ["gate", str(store.root), "--policy", str(path)])
+    assert res.exit_code == 2 and "rules[0].max_error_rate: Input should be less than 1" in res.stderr
