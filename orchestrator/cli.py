@@ -22,14 +22,14 @@ from orchestrator.report.console import (
     err,
     history_table,
     matrix_table,
+    noise_line,
     out,
     plain_failure,
     plan_table,
+    print_searches,
     print_table,
-    probe_table,
     runs_table,
     sampling_table,
-    search_table,
     summary_table,
     task_table,
 )
@@ -254,32 +254,12 @@ def _check_format(fmt: str) -> None:
         _fail(f"--format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
 
 
-def _emit(fmt: str, frames: dict, tables: list, lines: list[str] = (), notes: list[str] = ()) -> None:
-    """The tables on the terminal (with `lines` after the first, unwrapped, and `notes`, wrapped to the
-    terminal), or every frame / table in a format (md: the notes as a list after the tables)."""
-    if fmt == "table":
-        for i, table in enumerate(tables):
-            print_table(table)
-            if i == 0:
-                for line in lines:
-                    out.print(line, highlight=False, markup=False, soft_wrap=True)
-                for line in notes:
-                    out.print(line, highlight=False, markup=False)
-        return
-    from orchestrator.report.compact import render
-
-    sys.stdout.write(render(fmt, {k: v for k, v in frames.items() if v is not None and len(v)}, tables))
-    if fmt == "md" and notes:
-        sys.stdout.write("\n" + "\n".join(f"- {x.strip()}" if i else f"**{x.rstrip(':')}**\n" for i, x in enumerate(notes))
-                         + "\n")
-
-
 @app.command("show")
 def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=_a_run, help="A run directory"),
              wide: bool = _WIDE, fmt: str = _FORMAT) -> None:
     """The run's cells in a table."""
     from orchestrator.judge import searches
-    from orchestrator.report.compact import summary_compact
+    from orchestrator.report.compact import emit, summary_compact
     from orchestrator.store.run_store import RunStore
 
     _check_format(fmt)
@@ -289,19 +269,9 @@ def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callb
     name = store.read_manifest().name
     counts = ", ".join(f"{n} {s}" for s, n in cells.status.value_counts().items())
     title = f"{store.root}" + (f" (matrix {name})" if name else "") + f": {len(cells)} cells" + (f", {counts}" if counts else "")
-    _emit(fmt, {"cells": cells}, [(summary_table if wide else summary_compact)(cells, title=title)])
+    emit(fmt, {"cells": cells}, [(summary_table if wide else summary_compact)(cells, title=title)])
     if fmt == "table":
-        _print_searches(everything)
-
-
-def _print_searches(cells) -> None:
-    from orchestrator.judge import searches
-
-    found = searches.summaries(cells)
-    if len(found):
-        probes = searches.probes(cells)
-        print_table(search_table(found, probes))
-        print_table(probe_table(probes))
+        print_searches(everything)
 
 
 @app.command("plan")
@@ -466,13 +436,15 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             wide: bool = _WIDE, fmt: str = _FORMAT) -> None:
     """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
     logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
+    import pandas as pd
+
     from orchestrator.judge.analysis import analyse
     from orchestrator.judge.baselines import parse_selector, parse_tolerances
     from orchestrator.judge.sampling_verdicts import analyse_sampling, compare_sampling_runs
     from orchestrator.judge.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
-    import pandas as pd
-
     from orchestrator.report import compact
+    from orchestrator.report.reconcile import reconcile, reconcile_lines
+    from orchestrator.store.run_store import RunStore
 
     _check_format(fmt)
     try:
@@ -488,7 +460,7 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
             df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
             main = (against_table if wide else compact.against_compact)(df, str(run_dir), str(against))
-            lines = [_noise_line(df), *changes_lines(df)]
+            lines = [noise_line(df), *changes_lines(df)]
         else:
             if match or noise_run or history:
                 _fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
@@ -501,34 +473,17 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             main, lines = (compare_table if wide else compact.compare_compact)(df), []
         tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
                   *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
-        from orchestrator.report.reconcile import reconcile, reconcile_lines
-        from orchestrator.store.run_store import RunStore
-
         alpha = (tol or RunStore(run_dir).read_manifest().tolerances).task_alpha
         notes = reconcile_lines(df, tv, sv, alpha)
         disagree = reconcile(df, tv, sv, alpha)
-        _emit(fmt, {"cells": df, "tasks": tv, "sampling": sv,
-                    "layers_disagree": pd.DataFrame({"cell_id": list(disagree), "line": list(disagree.values())})},
-              tables, lines, notes)
+        compact.emit(fmt, {"cells": df, "tasks": tv, "sampling": sv, "layers_disagree": pd.DataFrame(
+            {"cell_id": list(disagree), "line": list(disagree.values())})}, tables, lines, notes)
         if not against and fmt == "table":
-            from orchestrator.store.run_store import RunStore
-
-            _print_searches(RunStore(run_dir).read_cells())
+            print_searches(RunStore(run_dir).read_cells())
     except ValueError as e:
         _fail(str(e))
     if output:
         df.to_parquet(output)
-
-
-def _noise_line(df) -> str:
-    source = df["run_noise"].dropna()
-    if not len(source):
-        return ("speed: cannot judge across runs (no run-to-run noise estimate): the repeats within each run do not "
-                "see how two runs differ; --noise-run OLD_REPEAT, or earlier runs of these cells under --history, "
-                "measure it")
-    sd = df["tok_s_run_sd"].dropna()
-    drift = f"{100 * (float(sd.iloc[0]) if len(sd) else 0.0):.1f}%"
-    return f"speed intervals: repeats and the run-to-run drift measured from {source.iloc[0]} (tok/s log sd {drift})"
 
 
 def _axes(text: str | None) -> list[str] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import sys
 from typing import TYPE_CHECKING
 
 from rich import box
@@ -259,3 +260,23 @@ def against_compact(df: pd.DataFrame, new: str, old: str) -> Table:
                   ratio(r, "tok_s", True), ratio(r, "ttft_p99", False), ratio(r, "tpot_p50", False),
                   escape(decided_by(r)))
     return _fit(t)
+
+
+def emit(fmt: str, frames: dict, tables: list, lines: list[str] = (), notes: list[str] = ()) -> None:
+    """The tables on the terminal (with `lines` after the first, unwrapped, and `notes`, wrapped to the
+    terminal), or every frame / table in a format (md: the notes as a list after the tables)."""
+    from orchestrator.report.console import out, print_table
+
+    if fmt == "table":
+        for i, table in enumerate(tables):
+            print_table(table)
+            if i == 0:
+                for line in lines:
+                    out.print(line, highlight=False, markup=False, soft_wrap=True)
+                for line in notes:
+                    out.print(line, highlight=False, markup=False)
+        return
+    sys.stdout.write(render(fmt, {k: v for k, v in frames.items() if v is not None and len(v)}, tables))
+    if fmt == "md" and notes:
+        sys.stdout.write("\n" + "\n".join(f"- {x.strip()}" if i else f"**{x.rstrip(':')}**\n" for i, x in enumerate(notes))
+                         + "\n")

@@ -438,3 +438,25 @@ def probe_table(probes: pd.DataFrame) -> Table:
                   searches.p99_text(r, "e2e_ms", "e2e_p99_ms"), _fmt(r.get("goodput"), ".3f"), meets,
                   as_text(r.get("search_missed")))
     return t
+
+
+def noise_line(df) -> str:
+    source = df["run_noise"].dropna()
+    if not len(source):
+        return ("speed: cannot judge across runs (no run-to-run noise estimate): the repeats within each run do not "
+                "see how two runs differ; --noise-run OLD_REPEAT, or earlier runs of these cells under --history, "
+                "measure it")
+    sd = df["tok_s_run_sd"].dropna()
+    drift = f"{100 * (float(sd.iloc[0]) if len(sd) else 0.0):.1f}%"
+    return f"speed intervals: repeats and the run-to-run drift measured from {source.iloc[0]} (tok/s log sd {drift})"
+
+
+def print_searches(cells) -> None:
+    """A run's searches (SLO and rate searches) and their probes, where it has any."""
+    from orchestrator.judge import searches
+
+    found = searches.summaries(cells)
+    if len(found):
+        probes = searches.probes(cells)
+        print_table(search_table(found, probes))
+        print_table(probe_table(probes))
