@@ -11,7 +11,7 @@ comma  := ,
 NVML   := $(if $(shell command -v nvidia-smi 2>/dev/null),nvidia-ml-py,)
 EXTRAS := hf,llamacpp,serve,lm_eval,datasets,test$(if $(NVML),$(comma)gpu)
 
-.PHONY: setup smoke test test-fast env-vllm browser gpu-wheels lmdeploy-src clean
+.PHONY: setup smoke test test-fast env-vllm browser gpu-wheels lmdeploy-src llama-cpp-src clean
 
 $(BIN)/bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,18 +22,18 @@ $(BIN)/bench: pyproject.toml
 
 setup: $(BIN)/bench
 
-smoke: setup env-vllm
+smoke: setup env-vllm llama-cpp-src
 	$(BIN)/bench run matrices/smoke.yaml --run-dir results/smoke
 
 # The tests run every engine that runs here (vLLM-CPU included) and render the report in Chromium.
 # LMDeploy needs CUDA, but its config classes import from its unpacked wheel: the mapping tests
 # build them (LOSSLESS_BENCH_LMDEPLOY_SRC makes them required rather than skipped).
-test: setup env-vllm browser lmdeploy-src
+test: setup env-vllm browser lmdeploy-src llama-cpp-src
 	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q
 
 # The fast loop: tests/unit only (pytest -m "not slow"; tests/conftest.py marks the rest slow by folder).
 # No engine environment, browser or Ray cluster is needed; the tiny model is built on first use.
-test-fast: setup lmdeploy-src
+test-fast: setup lmdeploy-src llama-cpp-src
 	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q -m "not slow"
 
 browser:
@@ -73,6 +73,28 @@ $(LMDEPLOY_SRC)/lmdeploy/messages.py: | setup
 	mv $(LMDEPLOY_SRC).part $(LMDEPLOY_SRC)
 
 lmdeploy-src: $(LMDEPLOY_SRC)/lmdeploy/messages.py
+
+# llama.cpp's own HF -> GGUF converter (convert_hf_to_gguf.py, its conversion/ modules and gguf-py), from the
+# source distribution of the llama-cpp-python that pyproject.toml pins (the converter of the llama.cpp revision
+# that runs the GGUF): adapters/engines/gguf_convert.py runs it from $(LLAMACPP_SRC)/<version>/. Only those
+# files are unpacked (into a .part folder, then moved into place); nothing is built or installed.
+LLAMACPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
+LLAMACPP_SRC     := .cache/llama-cpp-src
+
+$(LLAMACPP_SRC)/$(LLAMACPP_VERSION)/convert_hf_to_gguf.py: | setup
+	$(BIN)/pip download -q --no-deps --no-binary :all: 'llama-cpp-python==$(LLAMACPP_VERSION)' -d .cache/sdists
+	rm -rf $(LLAMACPP_SRC)/$(LLAMACPP_VERSION).part
+	$(BIN)/python -c "import sys, tarfile; \
+	t = tarfile.open('.cache/sdists/llama_cpp_python-$(LLAMACPP_VERSION).tar.gz'); \
+	pre = 'llama_cpp_python-$(LLAMACPP_VERSION)/vendor/llama.cpp/'; \
+	keep = ('convert_hf_to_gguf.py', 'LICENSE', 'conversion/', 'gguf-py/'); \
+	ms = [m for m in t.getmembers() if m.name.startswith(pre) and m.name[len(pre):].startswith(keep)]; \
+	[setattr(m, 'name', m.name[len(pre):]) for m in ms]; \
+	t.extractall(sys.argv[1], ms, filter='data')" $(LLAMACPP_SRC)/$(LLAMACPP_VERSION).part
+	rm -rf $(LLAMACPP_SRC)/$(LLAMACPP_VERSION)
+	mv $(LLAMACPP_SRC)/$(LLAMACPP_VERSION).part $(LLAMACPP_SRC)/$(LLAMACPP_VERSION)
+
+llama-cpp-src: $(LLAMACPP_SRC)/$(LLAMACPP_VERSION)/convert_hf_to_gguf.py
 
 clean:
 	rm -rf $(VENV) results/smoke

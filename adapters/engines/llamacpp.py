@@ -1,7 +1,7 @@
 """llama.cpp through llama-cpp-python 0.3.36: GGUF conversion, a quantization ladder, and honest batching.
 
-Model files: an HF checkpoint is converted to GGUF by `adapters.engines.gguf_convert` (f32/f16/bf16, cached by
-content hash) and quantized from the F32 GGUF by llama.cpp's own `llama_model_quantize` (q8_0 ... q4_0).
+Model files: an HF checkpoint is converted to GGUF by llama.cpp's own converter (`adapters.engines.gguf_convert`:
+f32/f16/bf16, cached by content hash) and quantized from the F32 GGUF by llama.cpp's own `llama_model_quantize` (q8_0 ... q4_0).
 A `.gguf` model file runs as it is: quantization `gguf`, or the level matching its file type.
 
 Batching: the default path drives llama.cpp's low-level C API. A batch of B prompts is B sequences
@@ -174,6 +174,8 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
             self._ensure_context(1, 256, logs)
 
         versions = {"llama_cpp_python": llama_cpp.__version__}
+        if facts.get("converter_version"):   # llama.cpp's own converter, from this version's source distribution
+            versions["gguf_converter"] = facts["converter_version"]
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions["gguf"] = importlib.metadata.version("gguf")
         engine_args: dict[str, Any] = {
@@ -215,8 +217,8 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
     # health is polled on /openapi.json. Its echo=True prompt logprobs assume a BOS token: for a
     # model without one (add_bos false, as the built-in model) entry i holds the distribution of
     # token i+1 labelled as token i, so prompt logprobs are not taken from it.
-    # Chat: without a chat_format, Llama.__init__ takes the GGUF's tokenizer.chat_template (gguf_convert writes
-    # the checkpoint's) unless it is byte-equal to one of its built-in formats, and falls back to "llama-2"
+    # Chat: without a chat_format, Llama.__init__ takes the GGUF's tokenizer.chat_template (llama.cpp's converter
+    # writes the checkpoint's) unless it is byte-equal to one of its built-in formats, and falls back to "llama-2"
     # when the GGUF has none; the rendered text is tokenized with special tokens parsed, no BOS added. Its
     # chat stream reports no usage, so the served cell asks each chat's prompt count once, non-streamed.
     server_api = ServerApi(prompt_ids=False, ids_in_logprobs=False, prompt_logprobs=None, ignore_eos=False,
@@ -264,7 +266,9 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         root = str(Path(__file__).resolve().parents[2])   # the repository: where `adapters` imports from
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         return ServerLaunch(argv=argv, model_name=spec.model.name, env=env, engine_args=engine_args, notes=notes,
-                            versions={"llama_cpp_python": llama_cpp.__version__}, to_id=VocabMap(path).id)
+                            versions={"llama_cpp_python": llama_cpp.__version__,
+                                      **({"gguf_converter": facts["converter_version"]} if facts.get("converter_version") else {})},
+                            to_id=VocabMap(path).id)
 
     def close(self) -> None:
         L = self._L

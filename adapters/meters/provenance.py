@@ -20,7 +20,8 @@ _MODEL_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".mo
 _CHUNK = 8 << 20
 
 
-def _model_files(path: Path) -> list[Path]:
+def model_files(path: Path) -> list[Path]:
+    """The files that decide a model's outputs (weights, configs, tokenizer), sorted; a file is itself."""
     if path.is_file():
         return [path]
     return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in _MODEL_SUFFIXES
@@ -49,7 +50,7 @@ def model_fingerprint(source: str, cache_dir: str | None = None) -> tuple[str | 
     path = Path(source)
     if not path.exists():
         return None, "not a local path (a hub id): no files here to hash; its revision is in the cell's config"
-    files = _model_files(path)
+    files = model_files(path)
     if not files:
         return None, f"no model files under {path.name}"
     cache_path = Path(cache_dir) / "fingerprints.json" if cache_dir else None

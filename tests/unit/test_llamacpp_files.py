@@ -1,7 +1,10 @@
 """The llama.cpp adapter's model files and errors, with no engine loaded: the HF->GGUF conversion is
-cached by content, an unknown architecture is `unsupported` (in the converter and through the adapter,
-before llama.cpp loads anything), and without llama-cpp-python the check names the install command.
-(The adapter with its engine: engines/test_llamacpp.py.)"""
+llama.cpp's own converter of the installed version, an architecture it lacks is
+`unsupported` (in the converter and through the adapter, before llama.cpp loads anything), a pre-tokenizer
+is chosen by tokenizer.json's structure only where llama.cpp implements it exactly, and without
+llama-cpp-python the check names the install command.
+(The adapter with its engine: engines/test_llamacpp.py; the conversion itself, its cache and other
+architectures: engines/test_gguf_converter.py.)"""
 
 from __future__ import annotations
 
@@ -15,41 +18,54 @@ from adapters.contract.specs import LoadSpec, ModelSpec
 from tests.helpers import needs_llama
 
 
+@needs_llama
 def test_unknown_architecture_is_unsupported(tmp_path):
     from adapters.engines.gguf_convert import converted_gguf
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
-    with pytest.raises(Unsupported, match=r"does not support architecture GPT2LMHeadModel \(supported: .*LlamaForCausalLM"):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
+    with pytest.raises(Unsupported, match=r"converter \(llama-cpp-python 0\.3\.\d+\) does not support architecture "
+                                          r"NoSuchModelForCausalLM \(\d{3} text architectures known"):
         converted_gguf(tmp_path, "f32", tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()   # refused before anything was hashed or written
+
+
+@needs_llama
+def test_the_converter_is_llama_cpps_own_for_the_installed_version():
+    import llama_cpp
+
+    from adapters.engines.gguf_convert import converter_architectures, converter_dir, converter_identity
+
+    src = converter_dir()
+    assert src.name == llama_cpp.__version__ and (src / "conversion" / "base.py").is_file()
+    archs = converter_architectures(src)
+    assert len(archs) > 100 and {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+                                 "Olmo2ForCausalLM", "GPTNeoXForCausalLM", "StableLmForCausalLM"} <= archs
+    ident = converter_identity(src)
+    assert ident["converter_version"].startswith(llama_cpp.__version__ + "+") and ident["converter_gguf_py"] != "unknown"
+
+
+def test_pre_tokenizer_chosen_by_structure_only_where_llama_cpp_has_it_exactly(tmp_path):
+    from adapters.engines.gguf_convert import pre_tokenizer_by_structure
+
+    def pre(p):
+        (tmp_path / "tokenizer.json").write_text(json.dumps({"pre_tokenizer": p}))
+        return pre_tokenizer_by_structure(tmp_path)
+
+    assert pre({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}) == "gpt-2"
+    assert pre({"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}) is None    # a leading space
+    assert pre({"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}) is None  # no GPT-2 split
+    assert pre({"type": "Metaspace", "replacement": "\u2581"}) is None
+    assert pre(None) is None
 
 
 @needs_llama
 def test_unknown_architecture_through_the_adapter(tmp_path):
     from adapters.engines.llamacpp import LlamacppAdapter
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"]}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tmp_path)), quantization="fp32", device="cpu", cache_dir=str(tmp_path / "c"))
-    with pytest.raises(Unsupported, match="FalconForCausalLM"):
+    with pytest.raises(Unsupported, match="NoSuchModelForCausalLM"):
         LlamacppAdapter().load(spec)
-
-
-@needs_llama
-def test_conversion_is_cached_by_content(tiny_model, tmp_path):
-    import shutil
-
-    from adapters.engines.gguf_convert import converted_gguf
-
-    first, hit1 = converted_gguf(tiny_model, "f16", tmp_path)
-    again, hit2 = converted_gguf(tiny_model, "f16", tmp_path)
-    assert (hit1, hit2) == (False, True) and first == again
-    assert not list(first.parent.glob("*.part"))  # atomic writes leave no temporaries
-    copy = tmp_path / "copy"
-    shutil.copytree(tiny_model, copy)
-    cfg = json.loads((copy / "config.json").read_text())
-    cfg["rms_norm_eps"] = 1e-6
-    (copy / "config.json").write_text(json.dumps(cfg))
-    changed, hit3 = converted_gguf(copy, "f16", tmp_path)
-    assert not hit3 and changed != first
 
 
 def test_check_names_the_install_command_without_llama_cpp(monkeypatch, tmp_path):

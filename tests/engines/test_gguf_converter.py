@@ -1,0 +1,152 @@
+"""llama.cpp's own HF -> GGUF converter (adapters/engines/gguf_convert.py) on architectures besides Llama:
+tiny random checkpoints (tests/tiny_archs.py, the built-in tokenizer) scored by the transformers and llama.cpp
+adapters in this process, full log-softmax rows compared. llama.cpp runs with an f32 KV cache and flash
+attention off (its defaults move logprobs by ~3e-3 on their own: engines/test_llamacpp.py).
+
+Measured here (2 prompts x 47 positions x 512 tokens, max |logprob diff| llama.cpp vs transformers):
+mistral 5.7e-6, qwen2 3.3e-6, qwen3 4.8e-6, phi3 7.2e-6, olmo2 4.3e-6, stablelm 4.8e-6, granite 1.9e-6.
+Gemma 3 is apart: 1.2e-3, because ggml's CPU GELU rounds its input to f16 and reads an f16 table
+(GGML_GELU_FP16 in ggml-cpu/vec.h, a compile-time choice). With that rounding emulated in transformers the
+difference falls to 2-4e-4 (the rest: activations whose f16 rounding flips on 1e-6 differences upstream);
+the test asserts both, so a conversion fault in Gemma 3's many special parts would still show.
+
+Also here: the conversion cache (by content) and what a converted row says about its tokenizer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.contract.specs import LoadSpec, ModelSpec
+from tests.helpers import needs_llama
+from tests.tiny_archs import ARCHS, resolve_arch
+
+needs_hf = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
+    reason="the transformers reference needs torch and transformers (pip install -e '.[hf]')")
+
+EXACT = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
+N_PROMPTS, PROMPT_LEN = 2, 48
+TOL = 1e-4
+
+
+def prompts(model_dir: Path) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    from orchestrator.inputs.tiny_model import eval_text
+
+    ids = Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(eval_text()).ids
+    return [ids[i * PROMPT_LEN:(i + 1) * PROMPT_LEN] for i in range(N_PROMPTS)]
+
+
+def full_rows(scored, vocab: int) -> list[np.ndarray]:
+    rows = []
+    for s in scored:
+        full = np.full((len(s.token_ids), vocab), -np.inf)
+        np.put_along_axis(full, s.topk_ids.astype(np.int64), s.topk_logprobs, axis=1)
+        rows.append(full)
+    return rows
+
+
+def hf_rows(model_dir: Path, vocab: int, act=None) -> list[np.ndarray]:
+    from adapters.engines.hf import HfAdapter
+
+    adapter = HfAdapter()
+    adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="m", source=str(model_dir)), quantization="fp32",
+                          device="cpu"))
+    try:
+        if act is not None:   # swap the MLP activation modules (Gemma 3: ggml's f16 GELU, below)
+            import torch
+
+            for module in adapter.model.modules():
+                if isinstance(getattr(module, "act_fn", None), torch.nn.Module):
+                    module.act_fn = act
+        return full_rows(adapter.score(prompts(model_dir), top_k=vocab), vocab)
+    finally:
+        adapter.close()
+
+
+def llama_rows(model_dir: Path, cache: Path) -> tuple[list[np.ndarray], dict, list[str], dict]:
+    from adapters.engines.llamacpp import LlamacppAdapter
+
+    adapter = LlamacppAdapter()
+    spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(model_dir)), quantization="fp32",
+                    options=EXACT, device="cpu", cache_dir=str(cache))
+    assert adapter.check(spec) is None
+    info = adapter.load(spec)
+    try:
+        vocab = int(adapter._n_vocab)
+        return full_rows(adapter.score(prompts(model_dir), top_k=vocab), vocab), info.engine_args, info.notes, info.versions
+    finally:
+        adapter.close()
+
+
+def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b))
+
+
+@needs_llama
+@needs_hf
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a != "gemma3"])
+def test_llama_cpp_matches_transformers(arch, cache_dir, tiny_model):
+    model_dir = resolve_arch(arch, cache_dir, tiny_model)
+    llama, engine_args, notes, versions = llama_rows(model_dir, cache_dir)
+    hf = hf_rows(model_dir, llama[0].shape[1])
+    spread = float(np.mean([r.max(1).mean() - r.min(1).mean() for r in hf]))
+    diff = max_diff(llama, hf)
+    print(f"\n{arch:9} {engine_args['source_architecture']:22} llama.cpp vs transformers max |dlogprob| {diff:.2e} "
+          f"(rows span {spread:.1f} nats)")
+    assert spread > 2.0, "near-uniform logits would agree whatever the engines computed"
+    assert diff < TOL
+    # the converter is the engine's own version's, recorded with the engine's versions
+    assert versions["gguf_converter"] == engine_args["converter_version"]
+    assert versions["gguf_converter"].startswith(versions["llama_cpp_python"] + "+")
+    # the built-in BPE is unknown to the converter's hash table: the row says which pre-tokenizer and why
+    assert (engine_args["tokenizer_pre"], engine_args["tokenizer_pre_source"]) == ("gpt-2", "structure")
+    assert any(n.startswith("tokenizer: llama.cpp's converter does not recognise") for n in notes)
+
+
+@needs_llama
+@needs_hf
+def test_gemma3_matches_within_ggml_gelu_precision(cache_dir, tiny_model):
+    import torch
+
+    class GgmlGelu(torch.nn.Module):
+        """ggml's CPU GELU: tanh GELU of the input rounded to f16, the result rounded to f16, exact past +-10."""
+
+        def forward(self, x):
+            y = torch.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
+            return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
+
+    model_dir = resolve_arch("gemma3", cache_dir, tiny_model)
+    llama, engine_args, _, _ = llama_rows(model_dir, cache_dir)
+    vocab = llama[0].shape[1]
+    plain, emulated = max_diff(llama, hf_rows(model_dir, vocab)), max_diff(llama, hf_rows(model_dir, vocab, GgmlGelu()))
+    print(f"\ngemma3 llama.cpp vs transformers {plain:.2e}; vs transformers with ggml's f16 GELU {emulated:.2e}")
+    assert engine_args["source_architecture"] == "Gemma3ForCausalLM"
+    assert emulated < plain / 2 and emulated < 1e-3 and plain < 5e-3
+
+
+@needs_llama
+def test_conversion_is_cached_by_content(tiny_model, tmp_path):
+    from adapters.engines.gguf_convert import converted_gguf
+
+    first, hit1 = converted_gguf(tiny_model, "f16", tmp_path)
+    again, hit2 = converted_gguf(tiny_model, "f16", tmp_path)
+    assert (hit1, hit2) == (False, True) and first == again
+    assert not list(first.parent.glob("*.part*"))  # atomic writes leave no temporaries
+    side = json.loads(first.with_suffix(".json").read_text())
+    assert side["source_architecture"] == "LlamaForCausalLM" and side["out_type"] == "f16"
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model, copy)
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["rms_norm_eps"] = 1e-6
+    (copy / "config.json").write_text(json.dumps(cfg))
+    changed, hit3 = converted_gguf(copy, "f16", tmp_path)
+    assert not hit3 and changed != first

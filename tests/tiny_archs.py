@@ -1,0 +1,127 @@
+"""Tiny random checkpoints of architectures other than Llama, for the conversion and engine-agreement tests
+(tests/engines/test_gguf_converter.py, tests/e2e/test_vllm_archs.py).
+
+Each is built from its transformers config class (no network), 2 layers (Gemma 3: 6), hidden 128, head_dim 64 (vLLM's CPU
+attention needs 64), with the built-in tiny model's trained byte-level BPE tokenizer (vocab 512), so prompts are
+real text. Random init alone gives nearly uniform logits (every engine agrees on those whatever it computes), so
+every weight is redrawn at a larger scale and every norm weight and bias moved off its init: a wrong
+permutation, a missed norm, softcap or window then moves logprobs by far more than the tolerances.
+
+What each one exercises in a converter and an engine:
+- mistral:  GQA, an explicit head_dim, untied output
+- qwen2:    q/k/v biases, tied embeddings
+- qwen3:    per-head q/k RMS norms
+- gemma3:   zero-centred norms (1 + w), post-attention/post-ffn norms, q/k norms, final logit soft-capping,
+            five local layers with a sliding window (16 tokens, shorter than the prompts) then a global one
+            (Gemma 3's pattern, 6 layers), local and global RoPE bases, scaled embeddings, GELU-tanh
+- phi3:     fused qkv and gate_up projections
+- olmo2:    q/k norms over the whole projection, norms after attention and ffn (no pre-norms)
+- stablelm: LayerNorm with biases, partial rotary (25%)
+- granite:  embedding, attention, residual and logit multipliers
+Not here: GPT-NeoX, because llama.cpp's converter (0.3.36) reads `rotary_pct` from transformers' AutoConfig, which
+transformers 5 no longer carries (KeyError even with the key in config.json); SmolLM3 (its NoPE layers) converted
+but disagreed by 1.5 nats, not looked into.
+Built once per cache folder by content of this file's recipe (ARCH_VERSION), like the built-in models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+ARCH_VERSION = "1"
+SEED = 0
+HIDDEN, LAYERS, HEADS, HEAD_DIM, FFN, WINDOW = 128, 2, 2, 64, 256, 16
+
+
+def _configs(bos: int, eos: int, pad: int, vocab: int) -> dict:
+    import transformers as t
+
+    ids = dict(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, vocab_size=vocab, max_position_embeddings=256)
+    base = dict(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN, **ids)
+    return {
+        "mistral": lambda: t.MistralConfig(**base, num_key_value_heads=1, head_dim=HEAD_DIM, sliding_window=None,
+                                           tie_word_embeddings=False),
+        "qwen2": lambda: t.Qwen2Config(**base, num_key_value_heads=1, tie_word_embeddings=True),
+        "qwen3": lambda: t.Qwen3Config(**base, num_key_value_heads=1, head_dim=HEAD_DIM, tie_word_embeddings=False),
+        "gemma3": lambda: t.Gemma3TextConfig(**{**base, "num_hidden_layers": 6}, num_key_value_heads=1, head_dim=HEAD_DIM,
+                                             sliding_window=WINDOW, final_logit_softcapping=3.0,
+                                             query_pre_attn_scalar=HEAD_DIM),
+        "phi3": lambda: t.Phi3Config(**base, num_key_value_heads=1, tie_word_embeddings=False),
+        "olmo2": lambda: t.Olmo2Config(**base, num_key_value_heads=HEADS, tie_word_embeddings=False),
+        "stablelm": lambda: t.StableLmConfig(**base, num_key_value_heads=HEADS, partial_rotary_factor=0.25,
+                                             tie_word_embeddings=False),
+        "granite": lambda: t.GraniteConfig(**base, num_key_value_heads=1, embedding_multiplier=4.0,
+                                           attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0,
+                                           tie_word_embeddings=False),
+
+    }
+
+
+# tokenizer_config.json's class where the family needs another: llama.cpp's Phi-3 converter takes a BPE
+# vocabulary only from a GPT2Tokenizer (as Phi-4 ships), else it asks for tokenizer.model
+TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
+# llama.cpp sets Phi-3 token attributes when general.name (the converter takes it from the folder's name)
+# contains "phi3" or "phi-3", by looking up "<unk>" and "<|endoftext|>", which Phi-3's vocabulary has and the
+# built-in one lacks (the load then fails: unordered_map::at): this folder is named otherwise
+FOLDER = {"phi3": "phi-three"}
+
+ARCHS = ("mistral", "qwen2", "qwen3", "gemma3", "phi3", "olmo2", "stablelm", "granite")
+
+
+def _spread(model) -> None:
+    """Weights at a scale where logits vary by several nats; norms and biases off their init."""
+    import torch
+
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
+            if p.ndim >= 2:
+                p.copy_(noise * (0.5 if "embed" in name else 1.0) / p.shape[-1] ** 0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.add_(0.2 * noise)     # 1 + noise (0 + noise for Gemma's zero-centred norms)
+            else:
+                p.copy_(0.1 * noise)    # biases
+
+
+def build(arch: str, out_dir: Path, tokenizer_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok_config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    n_vocab = len(vocab["model"]["vocab"])
+    specials = {a["content"]: a["id"] for a in vocab.get("added_tokens", [])}
+    config = _configs(specials[tok_config["bos_token"]], specials[tok_config["eos_token"]],
+                      specials[tok_config["pad_token"]], n_vocab)[arch]()
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _spread(model)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    model.save_pretrained(out_dir)
+    shutil.copy(tokenizer_dir / "tokenizer.json", out_dir / "tokenizer.json")
+    tok_config["tokenizer_class"] = TOKENIZER_CLASS.get(arch, tok_config["tokenizer_class"])
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+
+
+def resolve_arch(arch: str, cache_root: Path, tokenizer_dir: Path) -> Path:
+    """The cached checkpoint of `arch`, built on first use (atomically: a temporary folder, then a rename)."""
+    final = Path(cache_root) / "models" / f"arch-{FOLDER.get(arch, arch)}-v{ARCH_VERSION}-{Path(tokenizer_dir).name}"
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        build(arch, tmp, Path(tokenizer_dir))
+        os.replace(tmp, final)
+    except OSError:
+        if not (final / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
