@@ -235,7 +235,7 @@ def test_ignore_eos_false_stops_at_eos(tiny_model, cache_dir, tmp_path):
     """ignore_eos=False ends each request AT its first EOS (the EOS counted, nothing after it), before
     output_len; ignore_eos=True runs past it. The built-in tiny model never ranks its own EOS first
     (its greedy continuations never end), so a copy of it declares as EOS (config eos_token_id, which the
-    GGUF conversion writes) a token that both greedy continuations reach after a few steps, at
+    GGUF conversion writes when tokenizer_config.json names no eos_token) a token that both greedy continuations reach after a few steps, at
     different steps: one request stops while the other goes on in the same batch."""
     import shutil
 
@@ -255,6 +255,9 @@ def test_ignore_eos_false_stops_at_eos(tiny_model, cache_dir, tmp_path):
     config = json.loads((model / "config.json").read_text())
     assert config["eos_token_id"] not in conts[0] + conts[1]   # its own EOS: never generated
     (model / "config.json").write_text(json.dumps(config | {"eos_token_id": eos}))
+    # llama.cpp's converter takes EOS from tokenizer_config.json's eos_token first (an added token), then config.json
+    tok_config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in tok_config.items() if k != "eos_token"}))
 
     adapter, _ = load(model, "fp32", cache_dir, **EXACT)
     try:
