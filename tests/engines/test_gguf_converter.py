@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from adapters.contract.specs import LoadSpec, ModelSpec
-from tests.helpers import needs_llama
+from tests.helpers import ROOT, needs_llama
 from tests.tiny_archs import ARCHS, resolve_arch
 
 needs_hf = pytest.mark.skipif(
@@ -33,7 +35,37 @@ needs_hf = pytest.mark.skipif(
 
 EXACT = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
 N_PROMPTS, PROMPT_LEN = 2, 48
-TOL = 1e-4
+TOL, VLLM_TOL = 1e-4, 1e-5
+VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
+needs_vllm = pytest.mark.skipif(not VLLM_PY.exists(), reason=f"vLLM environment not installed ({VLLM_PY} missing): "
+                                "run `make env-vllm`")
+VLLM_CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25, "max_logprobs": -1}
+# vLLM cannot be imported beside this environment's torch: every architecture's engine starts, one after another,
+# in one script in .venvs/vllm (adapters.engines.vllm's adapter, as adapters.worker loads it), printing full rows
+VLLM_SCRIPT = r'''
+import json, sys, time
+
+from adapters.base import ADAPTERS
+from adapters.contract.specs import LoadSpec, ModelSpec
+import adapters.engines.vllm  # noqa: F401  (registers the adapter)
+
+cfg = json.loads(sys.argv[1])
+for arch, model in cfg["models"].items():
+    t0 = time.time()
+    a = ADAPTERS["vllm"]()
+    try:
+        a.load(LoadSpec(framework="vllm", model=ModelSpec(name=arch, source=model), quantization="fp32",
+                        options=cfg["options"]))
+        rows = [{"ids": s.topk_ids.tolist(), "lp": s.topk_logprobs.tolist()}
+                for s in a.score(cfg["prompts"][arch], top_k=cfg["vocab"])]
+        r = {"arch": arch, "rows": rows}
+    except Exception as err:   # one architecture vLLM cannot run must not hide the others
+        r = {"arch": arch, "error": f"{type(err).__name__}: {err}"[-2000:]}
+    finally:
+        a.close()
+    r["seconds"] = round(time.time() - t0, 1)
+    print("RESULT " + json.dumps(r), flush=True)
+'''
 
 
 def prompts(model_dir: Path) -> list[list[int]]:
@@ -150,3 +182,41 @@ def test_conversion_is_cached_by_content(tiny_model, tmp_path):
     (copy / "config.json").write_text(json.dumps(cfg))
     changed, hit3 = converted_gguf(copy, "f16", tmp_path)
     assert not hit3 and changed != first
+
+
+@pytest.fixture(scope="module")
+def vllm_rows(cache_dir, tiny_model, tmp_path_factory) -> dict:
+    models = {arch: resolve_arch(arch, cache_dir, tiny_model) for arch in ARCHS}
+    script = tmp_path_factory.mktemp("vllm_archs") / "vllm_archs.py"
+    script.write_text(VLLM_SCRIPT)
+    cfg = {"models": {a: str(m) for a, m in models.items()}, "options": VLLM_CPU, "vocab": 512,
+           "prompts": {a: prompts(m) for a, m in models.items()}}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([str(VLLM_PY), str(script), json.dumps(cfg)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=1500)
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT "):])
+            out[r["arch"]] = r
+    assert proc.returncode == 0 and set(out) == set(ARCHS), (proc.returncode, proc.stdout[-3000:], proc.stderr[-6000:])
+    print("\nvLLM engine per architecture: " + ", ".join(f"{a} {r['seconds']} s" for a, r in out.items()))
+    return out
+
+
+@needs_vllm
+@needs_hf
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vllm_matches_transformers(arch, vllm_rows, cache_dir, tiny_model):
+    r = vllm_rows[arch]
+    assert "error" not in r, r.get("error")
+    vocab = 512
+    model_dir = resolve_arch(arch, cache_dir, tiny_model)
+    vllm = []
+    for row in r["rows"]:
+        full = np.full((len(row["ids"]), vocab), -np.inf)
+        np.put_along_axis(full, np.asarray(row["ids"], dtype=np.int64), np.asarray(row["lp"]), axis=1)
+        vllm.append(full)
+    diff = max_diff(vllm, hf_rows(model_dir, vocab))
+    print(f"\n{arch:9} vLLM vs transformers max |dlogprob| {diff:.2e}")
+    assert diff < VLLM_TOL
