@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from adapters.contract.events import LoadFacts
 from adapters.contract.records import TokenScores
-from adapters.contract.specs import LoadSpec, SamplerSettings
+from adapters.contract.specs import LoadSpec, ModelFacts, SamplerSettings
 from adapters.contract.timing import TimedRun
 
 if TYPE_CHECKING:
@@ -59,6 +59,13 @@ class Adapter:
 
     def check(self, spec: LoadSpec) -> str | None:
         """Return why this group cannot run here (an `unsupported` reason), before anything loads."""
+        return None
+
+    @classmethod
+    def model_problem(cls, model: ModelFacts, quantization: str, options: Mapping, device: str) -> str | None:
+        """Why this engine cannot run this model at all, from what the driver's preflight resolved (config,
+        architecture, head size), without importing the engine: an `unsupported` reason written for the
+        group's cells before any engine starts. None where nothing rules it out (load may still)."""
         return None
 
     def load(self, spec: LoadSpec) -> LoadFacts:

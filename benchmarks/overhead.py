@@ -266,11 +266,11 @@ def _matrix(engine: str, args) -> dict:
 def _bare_job(engine: str, matrix_path: Path, cache: Path, repeats: int | None = None) -> dict:
     """The engine's model file and each batch size's prompts, built as bench builds them."""
     from orchestrator.execution.prompts import Tokenizer, timing_prompts
-    from orchestrator.execution.spec import _resolve_source
+    from orchestrator.execution.spec import resolve_source
     from orchestrator.matrix.validate import load_matrix
 
     m, _ = load_matrix(matrix_path)
-    source = _resolve_source(m.model_entry("tiny").source, str(cache))
+    source = resolve_source(m.model_entry("tiny").source, str(cache))
     tok = Tokenizer(source)
     w, r = m.measure.warmup, repeats or m.measure.repeats
     input_len, output_len = m.axes.input_len[0], m.axes.output_len[0]

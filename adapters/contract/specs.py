@@ -21,6 +21,17 @@ class ModelSpec(ContractModel):
     revision: str | None = None
 
 
+class ModelFacts(ContractModel):
+    """A model as the driver's preflight resolved it, once per model, before any engine starts: what each
+    adapter's `model_problem` checks a (framework, model, quantization, flags) pair against."""
+
+    source: str                    # resolved: builtin: built, a hub id as given
+    kind: Literal["dir", "gguf", "hub", "endpoint", "elsewhere"]   # elsewhere: a path not on this machine
+    config: dict[str, Any] | None = None    # config.json, where one is here (a hub model's from the hub or its cache)
+    architecture: str | None = None         # config's architectures[0] (text_config's for multimodal configs)
+    head_dim: int | None = None             # attention head size (config head_dim, else hidden / heads)
+
+
 class LoadSpec(ContractModel):
     """What one engine group hands its adapter: everything that needs a fresh engine."""
 

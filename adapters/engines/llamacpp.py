@@ -36,7 +36,7 @@ from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, norm
 from adapters.contract.events import LoadFacts
 from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_dense
-from adapters.contract.specs import LoadSpec, SamplerSettings
+from adapters.contract.specs import LoadSpec, ModelFacts, SamplerSettings
 from adapters.contract.timing import TimedRun, per_token_run
 from adapters.engines.gguf_convert import captured_llama_logs
 from adapters.engines.llamacpp_batched import BatchedDecoding
@@ -108,6 +108,28 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         self._spec = [0, 0]         # prompt-lookup mode: draft tokens proposed, accepted (since load)
 
     # ------------------------------------------------------------------------------------------
+    @classmethod
+    def model_problem(cls, model: ModelFacts, quantization: str, options, device: str) -> str | None:
+        """Before any engine starts: a hub id (there is no local checkpoint to convert), `gguf` on a checkpoint,
+        an architecture llama.cpp's converter lacks, the converter not unpacked."""
+        from adapters.engines import gguf_convert
+
+        if model.kind == "hub":
+            return (f"llamacpp runs local GGUF files or converts local HF checkpoints; {model.source} is a hub id "
+                    "(download it, e.g. `hf download`, and give the folder as the model's source)")
+        if model.kind != "dir" or model.config is None:
+            return None
+        if normalize_quantization(quantization) == "gguf":
+            return ("quantization 'gguf' means a given .gguf file used as it is; "
+                    f"{model.source} is an HF checkpoint (use fp32/fp16/bf16 or a quantized level)")
+        try:
+            gguf_convert.architecture_of(model.config, gguf_convert.converter_dir())
+        except ImportError:      # no llama-cpp-python beside the driver: the group's own environment checks
+            return None
+        except (Unsupported, FileNotFoundError) as err:
+            return str(err)
+        return None
+
     def check(self, spec: LoadSpec) -> str | None:
         try:
             import llama_cpp

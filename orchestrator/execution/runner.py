@@ -1,4 +1,4 @@
-"""`bench run`, top to bottom: matrix -> cells -> schedule -> run -> store."""
+"""`bench run`, top to bottom: matrix -> cells -> preflight -> schedule -> run -> store."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from orchestrator.execution.estimate import History
+from orchestrator.execution.preflight import preflight, resolve_models
 from orchestrator.execution.spec import GroupJob
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.matrix.cells import Cell, expand, group
@@ -57,7 +58,7 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
     if skipped:
         console.print(f"resuming {store.root}: {skipped} of {len(cells)} cells already stored")
 
-    from orchestrator.execution.scheduler import cluster_device, init_ray, schedule  # Ray only when there is work
+    from orchestrator.execution.scheduler import cluster_device, init_ray, schedule, status_rows  # Ray only with work
 
     started = datetime.now(timezone.utc).isoformat()
     manifest.write(store, m, text, cells, started=started)
@@ -67,11 +68,19 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
             measured = History.read(history)
             console.print(f"estimates from {measured.runs} run{'' if measured.runs == 1 else 's'} under {history}: {len(measured.cell_s)} cells and "
                           f"{len(measured.load_s)} engine loads measured")
-        init_ray(address)
-        device = cluster_device() if m.run.device == "auto" else m.run.device
+        groups = group(todo)
+        models = resolve_models(m, [g.model for g in groups], str(cache_root()))   # each model once, before Ray
+        if any(why is None for _, why in models.values()):
+            init_ray(address)
+            device = cluster_device() if m.run.device == "auto" else m.run.device
+        else:   # no model can be had: nothing to start Ray for
+            device = "cpu" if m.run.device == "auto" else m.run.device
         jobs = [GroupJob(run_id=store.run_id, group=g, matrix=m, device=device,
                          python=framework_python(m, g.framework), cache_dir=str(cache_root()))
-                for g in group(todo)]
+                for g in groups]
+        checked = preflight(jobs, models)         # the pairs no engine can run: rows now, before any engine
+        for line in checked.messages():
+            console.print(f"[yellow]preflight: {line}[/yellow]")
         counts = {"ok": 0, "not ok": 0}
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("ok {task.fields[ok]}  not ok {task.fields[bad]}"), TimeElapsedColumn(),
@@ -90,7 +99,10 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
                         counts["ok" if row["status"] == "ok" else "not ok"] += 1
                 progress.update(task, advance=planned, ok=counts["ok"], bad=counts["not ok"])
 
-            schedule(jobs, on_done, measured)
+            for job, status, reason in checked.excluded:
+                on_done(job, status_rows(job, status, reason))
+            if checked.runnable:
+                schedule(checked.runnable, on_done, measured)
     stop = None
     try:  # a few large files instead of two per cell (orchestrator/store/compaction.py); crash-safe
         compaction.compact(store)

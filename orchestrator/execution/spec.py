@@ -56,7 +56,7 @@ def load_kind(m: Matrix, cell: Cell) -> str:
     return "closed" if math.isinf(cell.request_rate) else m.serve.arrival
 
 
-def _resolve_source(source: str, cache_dir: str) -> str:
+def resolve_source(source: str, cache_dir: str) -> str:
     if source.startswith("builtin:"):
         from orchestrator.inputs.tiny_model import resolve_model_source
 
@@ -66,13 +66,13 @@ def _resolve_source(source: str, cache_dir: str) -> str:
 
 def tokenizer_source(job: GroupJob) -> str:
     entry = job.matrix.model_entry(job.group.model)
-    return _resolve_source(entry.tokenizer or entry.source, job.cache_dir)
+    return resolve_source(entry.tokenizer or entry.source, job.cache_dir)
 
 
 def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_sets.Loaded) -> GroupSpec:
     m, g = job.matrix, job.group
     entry = m.model_entry(g.model)
-    source = _resolve_source(entry.source, job.cache_dir)
+    source = resolve_source(entry.source, job.cache_dir)
     serve = g.mode == "serve"
     api = adapters.ADAPTERS[g.framework].server_api if serve else None
     as_text = serve and not api.prompt_ids   # a server that takes text only gets the prompts' text

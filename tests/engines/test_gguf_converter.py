@@ -49,22 +49,27 @@ from adapters.base import ADAPTERS
 from adapters.contract.specs import LoadSpec, ModelSpec
 import adapters.engines.vllm  # noqa: F401  (registers the adapter)
 
-cfg = json.loads(sys.argv[1])
-for arch, model in cfg["models"].items():
-    t0 = time.time()
-    a = ADAPTERS["vllm"]()
-    try:
-        a.load(LoadSpec(framework="vllm", model=ModelSpec(name=arch, source=model), quantization="fp32",
-                        options=cfg["options"]))
-        rows = [{"ids": s.topk_ids.tolist(), "lp": s.topk_logprobs.tolist()}
-                for s in a.score(cfg["prompts"][arch], top_k=cfg["vocab"])]
-        r = {"arch": arch, "rows": rows}
-    except Exception as err:   # one architecture vLLM cannot run must not hide the others
-        r = {"arch": arch, "error": f"{type(err).__name__}: {err}"[-2000:]}
-    finally:
-        a.close()
-    r["seconds"] = round(time.time() - t0, 1)
-    print("RESULT " + json.dumps(r), flush=True)
+def main():
+    cfg = json.loads(sys.argv[1])
+    for arch, model in cfg["models"].items():
+        t0 = time.time()
+        a = ADAPTERS["vllm"]()
+        try:
+            a.load(LoadSpec(framework="vllm", model=ModelSpec(name=arch, source=model), quantization="fp32",
+                            options=cfg["options"]))
+            rows = [{"ids": s.topk_ids.tolist(), "lp": s.topk_logprobs.tolist()}
+                    for s in a.score(cfg["prompts"][arch], top_k=cfg["vocab"])]
+            r = {"arch": arch, "rows": rows}
+        except Exception as err:   # one architecture vLLM cannot run must not hide the others
+            r = {"arch": arch, "error": f"{type(err).__name__}: {err}"[-2000:]}
+        finally:
+            a.close()
+        r["seconds"] = round(time.time() - t0, 1)
+        print("RESULT " + json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":   # vLLM starts its engine core with spawn
+    main()
 '''
 
 

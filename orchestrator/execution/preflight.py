@@ -1,0 +1,141 @@
+"""The preflight: after the matrix is valid and before Ray or any engine starts, each model of the cells to run is
+resolved once, and each engine group (framework, model, quantization, flags) is checked against what its engine
+can run. What cannot run is known here, once, not per cell on a node after an engine group starts:
+
+- a model that cannot be had here: a hub id neither in the local Hugging Face cache nor reachable (one quick
+  request to the hub, no retries; HF_HUB_OFFLINE=1 means not asked), or not found there. Its cells are `failed`
+  with that one message, and the run says it once, up front;
+- a pair its engine cannot run, from the model's config alone: each adapter's `Adapter.model_problem`
+  (llama.cpp: an architecture its converter lacks, a hub id it cannot convert; vLLM on a CPU: a head size its
+  CPU attention has no kernel for). Those cells are `unsupported` rows with the reason.
+
+A model is resolved where the driver runs: a local path the driver does not have is left to the nodes (on a
+cluster the path may be theirs), and so are checks that need the engine itself (they stay in each group's
+`check`/`load`). Endpoint models (someone else's server) are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import adapters
+from adapters.contract.specs import ModelFacts
+from orchestrator.execution.model_size import cached_config
+from orchestrator.execution.spec import GroupJob, resolve_source
+
+
+@dataclass
+class Preflight:
+    runnable: list[GroupJob] = field(default_factory=list)
+    excluded: list[tuple[GroupJob, str, str]] = field(default_factory=list)   # (job, status, reason)
+    model_problems: dict[str, str] = field(default_factory=dict)              # matrix model name -> why
+
+    def messages(self) -> list[str]:
+        """What the run prints before it starts: each model problem once, then the unsupported pairs."""
+        out = []
+        for name, why in self.model_problems.items():
+            n = sum(len(j.group.cells) for j, _, r in self.excluded if j.group.model == name)
+            out.append(f"model {name}: {why}; its {n} cell{'s' if n != 1 else ''} fail without starting an engine")
+        pairs = {}
+        for job, status, reason in self.excluded:
+            if status == "unsupported":
+                key = (job.group.framework, job.group.model, reason)
+                pairs[key] = pairs.get(key, 0) + len(job.group.cells)
+        for (fw, model, reason), n in pairs.items():
+            out.append(f"{fw} x {model}: unsupported ({n} cell{'s' if n != 1 else ''}): {reason}")
+        return out
+
+
+def is_hub_id(source: str) -> bool:
+    return "/" in source and not source.startswith((".", "/", "~")) and not Path(source).exists()
+
+
+def head_dim(config: dict) -> int | None:
+    cfg = config.get("text_config") or config
+    if cfg.get("head_dim"):
+        return int(cfg["head_dim"])
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    return int(hidden) // int(heads) if hidden and heads else None
+
+
+def architecture(config: dict) -> str | None:
+    archs = (config.get("text_config") or {}).get("architectures") or config.get("architectures") or []
+    return str(archs[0]) if archs else None
+
+
+def facts_of(source: str, kind: str, config: dict | None) -> ModelFacts:
+    return ModelFacts(source=source, kind=kind, config=config, architecture=architecture(config) if config else None,
+                      head_dim=head_dim(config) if config else None)
+
+
+def hub_config(repo_id: str, revision: str | None) -> tuple[dict | None, str | None]:
+    """(config.json, None) of a hub model from the local cache or one request to the hub; (None, why) when the
+    model cannot be had here. A hub that answers without a config (gated, no config.json) is not a problem."""
+    cached = cached_config(repo_id, revision)
+    if cached is not None:
+        return json.loads(cached.read_text()), None
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True", "yes"):
+        return None, f"hub id {repo_id} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+    from huggingface_hub import HfApi, errors, hf_hub_download
+
+    try:
+        HfApi().model_info(repo_id, revision=revision, timeout=10)
+    except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError) as err:
+        return None, f"hub id {repo_id}{'@' + revision if revision else ''} was not found on the hub ({type(err).__name__})"
+    except errors.HfHubHTTPError:   # gated, rate-limited: the hub answered; the nodes may hold a token
+        return None, None
+    except Exception as err:        # no connection: once, not per cell
+        return None, (f"hub id {repo_id} cannot be reached: it is not in the local Hugging Face cache and the hub "
+                      f"did not answer ({type(err).__name__}: {str(err)[:200]})")
+    try:
+        return json.loads(Path(hf_hub_download(repo_id, "config.json", revision=revision)).read_text()), None
+    except Exception:   # no config.json, gated: nothing to check it by
+        return None, None
+
+
+def resolve_model(entry, cache_dir: str) -> tuple[ModelFacts | None, str | None]:
+    """(what is known of the model here, None) or (None, why it cannot be had)."""
+    if entry.endpoint:
+        return ModelFacts(source=entry.source, kind="endpoint"), None
+    source = resolve_source(entry.source, cache_dir)
+    path = Path(source).expanduser()
+    if path.is_file():
+        return facts_of(source, "gguf", None), None
+    if path.is_dir():
+        config = path / "config.json"
+        return facts_of(source, "dir", json.loads(config.read_text()) if config.is_file() else None), None
+    if is_hub_id(source):
+        config, why = hub_config(source, entry.revision)
+        return (None, why) if why else (facts_of(source, "hub", config), None)
+    return facts_of(source, "elsewhere", None), None
+
+
+Resolved = dict[str, tuple[ModelFacts | None, str | None]]
+
+
+def resolve_models(matrix, names, cache_dir: str) -> Resolved:
+    """Each named model of the matrix resolved once: matrix model name -> (facts, None) or (None, why not)."""
+    return {name: resolve_model(matrix.model_entry(name), cache_dir) for name in dict.fromkeys(names)}
+
+
+def preflight(jobs: list[GroupJob], models: Resolved | None = None) -> Preflight:
+    """Split the engine groups into those to schedule and those whose rows are written now."""
+    out = Preflight()
+    if models is None:
+        models = resolve_models(jobs[0].matrix, [j.group.model for j in jobs], jobs[0].cache_dir) if jobs else {}
+    for job in jobs:
+        g = job.group
+        facts, why = models[g.model]
+        if why:
+            out.model_problems[g.model] = why
+            out.excluded.append((job, "failed", f"preflight: {why}"))
+            continue
+        reason = adapters.ADAPTERS[g.framework].model_problem(facts, g.quantization, g.options, job.device)
+        if reason:
+            out.excluded.append((job, "unsupported", reason))
+        else:
+            out.runnable.append(job)
+    return out
