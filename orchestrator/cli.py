@@ -547,7 +547,7 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, callb
         print(gate_markdown(checks, title), end="")
     else:
         for c in failed:
-            out.print(check_line(c), highlight=False, markup=False)
+            out.print(check_line(c), highlight=False, markup=False, soft_wrap=True)   # one line a check
         out.print("gate: pass" if not failed else f"gate: FAIL ({len(failed)} check(s))")
     raise typer.Exit(0 if not failed else 1)
 

@@ -18,8 +18,11 @@ from orchestrator.values import as_text
 if TYPE_CHECKING:
     import pandas as pd
 
-# rich falls back to 80 columns when not on a terminal (CI logs, pipes): 180 there, unless COLUMNS says
-_width = None if Console().is_terminal or os.environ.get("COLUMNS", "").isdigit() else 180
+# rich falls back to 80 columns when not on a terminal (CI logs, pipes): 180 there, or COLUMNS where it asks for
+# more. Never fewer: a parent that loaded GNU readline (pytest does) exports COLUMNS=80 to every child, which
+# would fold the lines scripts read
+_columns = os.environ.get("COLUMNS", "")
+_width = None if Console().is_terminal else max(180, int(_columns) if _columns.isdigit() else 0)
 out = Console(width=_width)
 err = Console(stderr=True, width=_width)
 
