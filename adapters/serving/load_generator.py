@@ -4,7 +4,8 @@ A prompt is text or token ids (/v1/completions), or a chat's messages (/v1/chat/
 chat template; a chat chunk's text is `delta.content`).
 
 `run_load` drives a base URL with at most `concurrency` requests in flight, arriving all at once
-(`rate` inf: a closed loop, the next request when one ends) or at a constant or Poisson `rate`;
+(`rate` inf: a closed loop, the next request when one ends) or on an arrival schedule (constant,
+Poisson or gamma gaps at `rate`, a ramp, a trace's times: adapters/serving/arrivals.py);
 bounded by a request count and a time limit. Every SSE chunk that carries tokens is one entry of
 the request's `RequestTiming` (the time the client received it, and how many tokens it carried), so
 latency figures come from `adapters.contract.timing.summarize`, as offline ones do. Errors, request
@@ -28,14 +29,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import re
 import time
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Sequence
 
+from pydantic import TypeAdapter
+
+from adapters.contract.arrivals import RATED, Arrival
 from adapters.contract.openai_api import Prompt, ServerApi, completion_body, completion_path
 from adapters.contract.timing import RequestTiming, TimedRun
+from adapters.serving import arrivals
 
 # what a chunk with continuous usage stats is read for (keys only: a quote inside a JSON string is escaped)
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -66,19 +70,33 @@ def _event(data: bytes) -> tuple[tuple | list, dict]:
 @dataclass
 class LoadProfile:
     """One load point: at most `concurrency` requests in flight; arrivals all at once (rate inf, a
-    closed loop), evenly spaced (constant) or with exponential gaps (poisson) at `rate` per second."""
+    closed loop), or on the schedule of `arrival` (adapters/contract/arrivals.py: evenly spaced, Poisson
+    or gamma gaps at `rate` per second, a ramp, a trace's own times)."""
 
     concurrency: int = 1
     rate: float = math.inf
-    arrival: Literal["constant", "poisson"] = "poisson"
+    arrival: Arrival | str = "poisson"   # a shape, or its plain name (constant, poisson)
     requests: int = 16                 # at most this many requests
     time_limit_s: float = 60.0         # no request sent or still running after this
 
+    def __post_init__(self):
+        self.arrival = _ARRIVAL.validate_python(self.arrival)
+
+    @property
+    def closed(self) -> bool:
+        """A closed loop: a rated shape at rate inf (the next request when one ends)."""
+        return self.arrival.kind in RATED and math.isinf(self.rate)
+
     @property
     def name(self) -> str:
-        if math.isinf(self.rate):
+        if self.closed:
             return f"concurrency={self.concurrency}"
-        return f"{self.arrival}-rate={self.rate:g}/s max-concurrency={self.concurrency}"
+        if self.arrival.kind not in RATED:
+            return f"{self.arrival.kind} max-concurrency={self.concurrency}"
+        return f"{self.arrival.kind}-rate={self.rate:g}/s max-concurrency={self.concurrency}"
+
+
+_ARRIVAL = TypeAdapter(Arrival)
 
 
 async def _stream_one(session, url: str, body: dict, res: RequestTiming) -> None:
@@ -149,15 +167,7 @@ async def _stream_one(session, url: str, body: dict, res: RequestTiming) -> None
 
 def arrival_offsets(profile: LoadProfile, n: int, seed: int = 0) -> list[float]:
     """Seconds after the start at which each request arrives."""
-    if math.isinf(profile.rate):
-        return [0.0] * n
-    if profile.arrival == "constant":
-        return [i / profile.rate for i in range(n)]
-    rng, t, out = random.Random(seed), 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(profile.rate)
-    return out
+    return arrivals.offsets(profile.arrival, profile.rate, n, seed)
 
 
 async def run_load_async(url: str, api: ServerApi, prompts: Sequence[Prompt], profile: LoadProfile, *,
@@ -179,7 +189,7 @@ async def run_load_async(url: str, api: ServerApi, prompts: Sequence[Prompt], pr
     sent: dict[int, RequestTiming] = {}
     ended = {i: asyncio.Event() for i in range(profile.requests)} if follows else {}
     slots = asyncio.Semaphore(profile.concurrency)
-    closed = math.isinf(profile.rate)
+    closed = profile.closed
     connector = aiohttp.TCPConnector(limit=profile.concurrency + 4)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=request_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as client:
@@ -224,8 +234,8 @@ async def run_load_async(url: str, api: ServerApi, prompts: Sequence[Prompt], pr
 
         # first turns (every request, without multi-turn) arrive on the profile's schedule, in order
         firsts = [i for i in range(profile.requests) if not (follows and follows[i % len(prompts)] > 0)]
-        arrivals = dict(zip(firsts, (start + o for o in arrival_offsets(profile, len(firsts), seed))))
-        await asyncio.gather(*(one(i, arrivals.get(i)) for i in range(profile.requests)))
+        arrive_at = dict(zip(firsts, (start + o for o in arrival_offsets(profile, len(firsts), seed))))
+        await asyncio.gather(*(one(i, arrive_at.get(i)) for i in range(profile.requests)))
         end = time.perf_counter()
     return TimedRun(start=start, end=end, requests=[sent[i] for i in sorted(sent)],
                     not_sent=profile.requests - len(sent))
