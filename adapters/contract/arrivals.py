@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from adapters.contract.specs import ContractModel
+from adapters.contract.model import ContractModel
 
 
 class ConstantArrival(ContractModel):

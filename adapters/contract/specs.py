@@ -7,11 +7,10 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class ContractModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from adapters.contract.arrivals import MatrixArrival, TraceArrival
+from adapters.contract.model import ContractModel
 
 
 class ModelSpec(ContractModel):
@@ -90,6 +89,7 @@ class CellSpec(ContractModel):
     follows: list[int] | None = None           # serve, multi-turn: k > 0 sends request i after request i - k ends
     think_time_s: float = 0.0                  # ... plus this wait
     stream_requests: int = 0                   # stream cells: requests per timed run, submitted at once
+    arrival: TraceArrival | None = None        # serve, a trace workload: its own times (over serve.arrival)
     notes: list[str] = Field(default_factory=list)   # what the workload drew (lengths, groups), for the row
 
 
@@ -124,7 +124,7 @@ class ServeSpec(ContractModel):
 
     requests: int
     time_limit_s: float
-    arrival: Literal["constant", "poisson"]
+    arrival: MatrixArrival
     request_timeout_s: float
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from adapters.base import Adapter, Unsupported
+from adapters.contract.arrivals import TraceArrival
 from adapters.contract.events import End, Loaded, LoadFacts
 from adapters.contract.openai_api import ServerApi
 from adapters.contract.records import CellRecord
@@ -203,6 +204,13 @@ def _warm_up(target: Target, cell: CellSpec, prompts, lengths) -> int:
     return n_warm
 
 
+def _arrival(cell: CellSpec, s: ServeSpec, lo: int, n: int):
+    """A run's arrival shape: the group's, or a trace workload's own times for the run's requests."""
+    if cell.arrival is None:
+        return s.arrival
+    return TraceArrival(gaps_s=cell.arrival.gaps_s[lo:lo + n])
+
+
 def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: int, rate: float,
                        concurrency: int, memory: MemoryTracker | None, notes: list[str],
                        energy: EnergyMeter | None = None) -> CellRecord:
@@ -216,8 +224,8 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
     def one_run(r: int):
         target.reset_cache()
         lo = first + r * per_run
-        profile = load_generator.LoadProfile(concurrency=concurrency, rate=rate, arrival=s.arrival, requests=per_run,
-                                             time_limit_s=s.time_limit_s)
+        profile = load_generator.LoadProfile(concurrency=concurrency, rate=rate, arrival=_arrival(cell, s, lo, per_run),
+                                             requests=per_run, time_limit_s=s.time_limit_s)
         def load():
             return load_generator.run_load(target.url, target.api, prompts[lo:lo + per_run], profile,
                                            prompt_tokens=lengths[lo:lo + per_run] if lengths else None,

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from adapters.contract.tokenizer import Tokenizer
-from orchestrator.inputs import datasets, hf_datasets, lengths
+from orchestrator.inputs import datasets, hf_datasets, lengths, traces
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.inputs.tiny_model import eval_text
-from orchestrator.matrix.models import HfWorkload, Measure, ShareGptWorkload, SyntheticWorkload, Workload
+from orchestrator.matrix.models import HfWorkload, Measure, ShareGptWorkload, SyntheticWorkload, TraceWorkload, Workload
 
 
 def scoring_prompts(measure: Measure, tok: Tokenizer) -> list[list[int]]:
@@ -41,6 +41,7 @@ class Requests:
     think_time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     messages: list[list[dict]] | None = None   # chat workloads: each prompt's messages (prompts: their template ids)
+    gaps_s: list[float] | None = None          # a trace: seconds before each request (its own schedule)
 
 
 def timing_prompts(workload: Workload, tok: Tokenizer, n: int, input_len: int) -> list[list[int]]:
@@ -55,6 +56,8 @@ def timing_requests(workload: Workload, tok: Tokenizer, n: int, input_len: int, 
     model's template."""
     if isinstance(workload, SyntheticWorkload):
         return _synthetic(workload, tok, n, input_len, output_len)
+    if isinstance(workload, TraceWorkload):
+        return _trace(workload, tok, n, input_len, output_len)
     if isinstance(workload, ShareGptWorkload) or (isinstance(workload, HfWorkload) and workload.messages_field):
         return _sharegpt(workload, tok, n, input_len, output_len, mode, chat)
     if isinstance(workload, HfWorkload):
@@ -97,6 +100,26 @@ def _synthetic(w: SyntheticWorkload, tok: Tokenizer, n: int, input_len: int, out
     if w.prefix_groups > 1:
         req.notes.append(f"{w.prefix_groups} prefix groups of {w.shared_prefix_len} tokens, "
                          f"requests per group: {np.bincount(groups, minlength=w.prefix_groups).tolist()}")
+    return req
+
+
+def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len: int) -> Requests:
+    """A trace's requests in its order (cycled where the run needs more), lengths capped at the axes, and
+    the gaps between them, scaled."""
+    records = traces.read_trace(w.path)
+    allowed = np.array([i for i in range(tok.vocab_size) if i not in tok.special_ids])
+    prompts, short = traces.prompts(records, n, allowed, w.block_size, w.seed, input_len)
+    outs = [min(records[i % len(records)].output_length, output_len) for i in range(n)]
+    req = Requests(prompts, outs, gaps_s=traces.gaps_s(records, n, w.time_scale))
+    shared = len({h for r in records for h in r.hash_ids}), sum(len(r.hash_ids) for r in records)
+    span = (records[-1].timestamp - records[0].timestamp) / 1e3 * w.time_scale
+    req.notes.append(
+        f"trace: {len(records)} requests over {span:.3g} s (time_scale {w.time_scale:g}"
+        + (f"; cycled to {n} requests" if n > len(records) else "") + f"); {shared[0]} distinct blocks of "
+        f"{w.block_size} tokens in {shared[1]} block uses; prompt lengths {lengths.describe([len(p) for p in prompts])}"
+        f" (capped at input_len {input_len}), output lengths {lengths.describe(outs)} (capped at output_len "
+        f"{output_len})" + (f"; {short} requests' blocks were shorter than their input_length (topped up with "
+                            "tokens of their own)" if short else ""))
     return req
 
 

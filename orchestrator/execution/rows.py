@@ -151,7 +151,7 @@ def probe_rows(job: GroupJob, cell: Cell, path: Path, loaded: Loaded | None, att
         rows.append(CellResult(cell_row(
             job, cell, "ok", attempt=attempt, loaded=loaded, record=rec, cell_id=probe_id(cell.cell_id, rec.search_probe),
             batch_size=p.concurrency, request_rate=math.inf if closed else p.rate,
-            load="closed" if closed else job.matrix.serve.arrival)))
+            load="closed" if closed else job.matrix.serve.arrival.kind)))
     return rows
 
 

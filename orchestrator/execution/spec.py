@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import adapters
+from adapters.contract.arrivals import TraceArrival
 from adapters.contract.specs import (
     CellSpec,
     GroupSpec,
@@ -25,7 +26,7 @@ from adapters.contract.specs import (
 from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
 from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
-from orchestrator.matrix.cells import Cell, EngineGroup
+from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule
 from orchestrator.matrix.models import Matrix, Sampling, Tolerances
 
 # the checkout the engine child imports `adapters` from (its PYTHONPATH), and what rows never show
@@ -48,12 +49,16 @@ class GroupJob:
 
 
 def load_kind(m: Matrix, cell: Cell) -> str:
-    """batch (an offline static batch), closed (a served closed loop), or the arrival of a served rate."""
+    """batch (an offline static batch), closed (a served closed loop), the arrival of a served rate
+    (constant, poisson, gamma), or a schedule of its own (ramp, trace)."""
     if cell.mode in ("offline", "stream"):
         return "batch" if cell.mode == "offline" else "stream"
     if cell.search:
         return f"search {m.serve.search.variable}"
-    return "closed" if math.isinf(cell.request_rate) else m.serve.arrival
+    own = own_schedule(m, cell.workload)
+    if own:
+        return own
+    return "closed" if math.isinf(cell.request_rate) else m.serve.arrival.kind
 
 
 def resolve_source(source: str, cache_dir: str) -> str:
@@ -100,6 +105,7 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate,
             output_lens=req.output_lens, follows=req.follows, think_time_s=req.think_time_s,
             stream_requests=per_run if g.mode == "stream" else 0,
+            arrival=TraceArrival(gaps_s=req.gaps_s) if serve and req.gaps_s is not None else None,
             notes=([f"workload: {c.workload}"] if c.workload else []) + req.notes))
     scoring = scoring_prompts(m.measure, tok)
     task_max = lm_eval_tasks.model_max_length(source, tokenizer_source(job)) if task_sets.has_lm_eval(tasks) else None

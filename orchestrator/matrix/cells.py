@@ -83,14 +83,18 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     return Cell(framework=fw, model=values["model"], quantization=quant, flags=values["flags"],
                 batch_size=values["batch_size"], input_len=values["input_len"],
                 output_len=values["output_len"], options=options, mode=values["mode"],
-                request_rate=float(values["request_rate"]) if serve and not search else None, search=search,
+                request_rate=float(values["request_rate"]) if serve and values["request_rate"] is not None else None,
+                search=search,
                 workload=values["workload"], cell_id=_hash(canonical), engine_key=_hash(engine))
 
 
 def serve_settings(m: Matrix) -> dict[str, Any]:
     """The serve section as it enters a serve cell's id: keys added later are left out where unset, so
     the ids of cells that do not use them stay as they were."""
-    return m.serve.model_dump(exclude={k for k in ("slo_e2e_ms", "search") if getattr(m.serve, k) is None})
+    out = m.serve.model_dump(exclude={k for k in ("slo_e2e_ms", "search") if getattr(m.serve, k) is None})
+    if m.serve.arrival.kind in ("constant", "poisson"):
+        out["arrival"] = m.serve.arrival.kind   # their plain names, as before the shapes were typed
+    return out
 
 
 def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
@@ -110,6 +114,8 @@ def _point(m: Matrix, values: dict[str, Any]) -> dict[str, Any]:
         values["request_rate"] = None  # the search chooses it
         if m.serve.search.variable == "concurrency":   # and the concurrency: one search per configuration
             values["batch_size"] = int(m.serve.search.high)
+    elif own_schedule(m, values["workload"]):
+        values["request_rate"] = None  # a ramp's rates, or a trace's times
     w = m.workload_of(values["workload"])
     if isinstance(w, SyntheticWorkload):   # drawn lengths: the row names their mean
         for axis, dist in (("input_len", w.input_lengths), ("output_len", w.output_lengths)):
@@ -159,15 +165,24 @@ def expand(m: Matrix) -> list[Cell]:
     return cells
 
 
+def own_schedule(m: Matrix, workload: str | None) -> str | None:
+    """The arrival kind of serve cells whose schedule is not set by request_rate: 'trace' (a trace workload's
+    times) or 'ramp' (serve.arrival's own rates); None where request_rate sets it."""
+    if m.workload_of(workload).kind == "trace":
+        return "trace"
+    return "ramp" if m.serve.arrival.kind == "ramp" else None
+
+
 def load_label(mode: str | None, batch_size: int, request_rate: float | None, arrival: str | None = None) -> str:
     """How a cell's load reads in tables: 'batch 4' offline, 'c=4' a served closed loop of 4, and
     'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight; 'stream c<=4' a stream with at most
-    4 running; 'search rate, c<=4' an SLO search (its row's rate: the maximum found)."""
+    4 running; 'search rate, c<=4' an SLO search (its row's rate: the maximum found); 'ramp, c<=4' and
+    'trace, c<=4' arrivals on a schedule of their own."""
     if mode == "stream":
         return f"stream c<={batch_size}"
     if mode != "serve":
         return f"batch {batch_size}"
-    if arrival in ("search rate", "search concurrency"):
+    if arrival in ("search rate", "search concurrency", "ramp", "trace"):
         return f"{arrival}, c<={batch_size}"
     if request_rate is None or request_rate != request_rate or request_rate == float("inf"):
         return f"c={batch_size}"

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from adapters.contract.arrivals import MatrixArrival, PoissonArrival
 from adapters.contract.specs import RepeatsAuto, SeedsAuto
 from orchestrator.inputs import task_sets
 from orchestrator.inputs.lengths import LengthDist
@@ -144,7 +145,23 @@ class HfWorkload(_Strict):
     seed: int = 0
 
 
-Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload, ShareGptWorkload, HfWorkload],
+class TraceWorkload(_Strict):
+    """A timestamped request log replayed (orchestrator/inputs/traces.py): Mooncake's JSONL, one request a line
+    with `timestamp` (ms), `input_length`, `output_length` and `hash_ids` (one id per block of block_size prompt
+    tokens; requests that share an id share that block). Serve cells send each request at its timestamp x
+    time_scale after the first (the trace's own schedule: no request_rate); every mode gets its prompts and
+    output lengths (capped at the input_len and output_len axes)."""
+
+    kind: Literal["trace"] = "trace"
+    path: str
+    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False, description="Multiplies the trace's times: 0.5 replays it twice as fast")
+    block_size: int = Field(512, ge=1, description="Prompt tokens per hash id (Mooncake's traces: 512)")
+    seed: int = Field(0, description="Draws each block's tokens (the same hash id: the same tokens)")
+    cluster_only: bool = Field(False, description="The path exists only where the run happens: bench validate "
+                               "does not open it")
+
+
+Workload = Annotated[Union[SyntheticWorkload, DatasetWorkload, ShareGptWorkload, HfWorkload, TraceWorkload],
                      Field(discriminator="kind")]
 
 
@@ -249,8 +266,12 @@ class Serve(_Strict):
     requests: int = Field(32, ge=1, description="Requests per timed run of a load point")
     time_limit_s: float = Field(120, gt=0, description="A timed run sends nothing after this, and requests still "
                                 "running then are cut (and counted as errors)")
-    arrival: Literal["constant", "poisson"] = Field("poisson", description="Arrivals at a finite request_rate: evenly "
-                                                    "spaced, or a Poisson process (exponential gaps, seeded)")
+    arrival: MatrixArrival = Field(default_factory=PoissonArrival, description="How requests arrive: constant "
+                                   "(evenly spaced) or poisson (exponential gaps, seeded) at request_rate; {kind: gamma, "
+                                   "burstiness: B} gamma gaps at request_rate (vllm bench serve --burstiness: 1 "
+                                   "Poisson, < 1 bursty); {kind: ramp, start_rate, end_rate, duration_s, burstiness} a "
+                                   "rate rising linearly over duration_s (its own rates: no request_rate axis). A trace "
+                                   "workload's cells arrive at the trace's times instead")
     request_timeout_s: float = Field(60, gt=0, description="Per request; a request over it is an error")
     slo_ttft_ms: float | None = Field(None, gt=0, description="Goodput counts requests within both SLOs")
     slo_tpot_ms: float | None = Field(None, gt=0)

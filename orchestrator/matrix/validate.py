@@ -12,8 +12,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from adapters import ADAPTERS
+from adapters.contract.arrivals import MatrixArrival
 from adapters.base import QUANTIZATIONS, normalize_quantization
-from orchestrator.inputs import chat, datasets, hf_datasets, task_sets
+from orchestrator.inputs import chat, datasets, hf_datasets, task_sets, traces
 from orchestrator.matrix.models import (
     AXES,
     DEFAULT_FLAGS,
@@ -24,13 +25,18 @@ from orchestrator.matrix.models import (
     MatrixError,
     Sampling,
     SyntheticWorkload,
+    TraceWorkload,
     Workload,
     axis_values,
 )
 from orchestrator.values import shown
 
-# every workload kind (the discriminator's values), from the Workload union: a kind added there is known here
-_WORKLOAD_KINDS = tuple(k for cls in get_args(get_args(Workload)[0]) for k in get_args(cls.model_fields["kind"].annotation))
+def _kinds(union) -> tuple[str, ...]:
+    """Every kind (the discriminator's values) of an annotated union: a kind added there is known here."""
+    return tuple(k for cls in get_args(get_args(union)[0]) for k in get_args(cls.model_fields["kind"].annotation))
+
+
+_WORKLOAD_KINDS, _ARRIVAL_KINDS = _kinds(Workload), _kinds(MatrixArrival)
 
 
 def _path(loc: tuple) -> str:
@@ -40,6 +46,8 @@ def _path(loc: tuple) -> str:
             out += f"[{part}]"
         elif part in _WORKLOAD_KINDS and (out.endswith("workload") or (i == 2 and loc[0] == "workloads")):
             continue  # the discriminator tag pydantic adds is not part of the YAML path
+        elif part in _ARRIVAL_KINDS and out == "serve.arrival":
+            continue  # nor is serve.arrival's
         elif out.startswith("tasks[") and (part in ("str", "generation", "choice", "lm_eval")
                                             or str(part).startswith("tagged-union[")):
             continue  # nor are a task entry's branches (a built-in name, or a mapping of a kind)
@@ -170,6 +178,7 @@ def _check_semantics(m: Matrix) -> list[str]:
     problems += task_sets.problems(m.tasks)
     if m.serve.search is not None:
         problems += _search_problems(m)
+    problems += _arrival_problems(m)
     problems += _workload_problems(m)
     return problems
 
@@ -219,6 +228,10 @@ def _one_workload_problems(m: Matrix, path: str, w) -> list[str]:
                             f"drawn prompt ({path}.input_lengths.min {w.input_lengths.min})")
     elif isinstance(w, HfWorkload):
         problems += hf_datasets.problems(w, path)
+    elif isinstance(w, TraceWorkload):
+        why = None if w.cluster_only else traces.check(w.path)
+        if why:
+            problems.append(f"{path}.path: {why}")
     elif not w.cluster_only:
         why = datasets.check(w.kind, w.path, getattr(w, "field", "text"), getattr(w, "output_field", None))
         if why:
@@ -266,6 +279,40 @@ def deferred_checks(m: Matrix) -> list[str]:
                 if src and not src.startswith("builtin:") and chat.has_local_template(src) is None:
                     out.append(f"{path}.chat: model '{name}' ({src}) is not local: its chat template is checked on "
                                "the node (none there: unsupported rows)")
+    return out
+
+
+def _arrival_problems(m: Matrix) -> list[str]:
+    """A ramp sets its own rates, a trace its own times: a request_rate axis or a rate search beside them would
+    sweep nothing."""
+    out = _trace_schedule_problems(m)
+    a = m.serve.arrival
+    if a.kind != "ramp":
+        return out
+    rates = [r for r in m.axes.request_rate if not math.isinf(r)]
+    if "request_rate" in m.axes.model_fields_set and rates:
+        out.append(f"axes.request_rate: serve.arrival is a ramp ({a.start_rate:g} to {a.end_rate:g} requests/s over "
+                   f"{a.duration_s:g} s), which sets its own rates; leave the axis out, or use an arrival at "
+                   "request_rate (constant, poisson, {kind: gamma, burstiness: ...})")
+    if m.serve.search is not None and m.serve.search.variable == "rate":
+        out.append("serve.search: a rate search sets the request rate, and serve.arrival is a ramp with rates of its "
+                   "own; use constant, poisson or {kind: gamma, burstiness: ...} with a search")
+    return out
+
+
+def _trace_schedule_problems(m: Matrix) -> list[str]:
+    run = m.named_workloads()
+    paths = [p for p, w in run if isinstance(w, TraceWorkload)]
+    if not paths:
+        return []
+    out = []
+    if m.serve.search is not None:
+        out.append(f"serve.search: {paths[0]} is a trace, whose serve cells arrive at its own times; a search needs "
+                   "workloads that request_rate paces (synthetic, jsonl, text, sharegpt, hf)")
+    rates = [r for r in m.axes.request_rate if not math.isinf(r)]
+    if len(paths) == len(run) and "request_rate" in m.axes.model_fields_set and rates:
+        out.append(f"axes.request_rate: {paths[0]} is a trace: its requests arrive at its own times "
+                   f"({paths[0]}.time_scale scales them); leave the axis out")
     return out
 
 

@@ -136,7 +136,8 @@ def test_unknown_framework_names_index_and_choices():
      "expected an http:// or https:// URL"),
     (with_(axes__model=["tiny", "other"], models__other={"source": "/m", "endpoint": "http://10.0.0.5:8000"}),
      "models.other.endpoint: a model with an endpoint makes serve cells only, and axes.mode has no serve"),
-    (with_(serve={"arrival": "bursty"}), "serve.arrival: Input should be 'constant' or 'poisson'"),
+    (with_(serve={"arrival": "bursty"}), "serve.arrival: Input tag 'bursty' found using 'kind' does not match any of "
+     "the expected tags: 'constant', 'poisson', 'gamma', 'ramp'"),
     (with_(serve={"requests": 0}), "serve.requests: Input should be greater than or equal to 1"),
     # a flag set's sampling override: measure.sampling fields, on a run that samples
     (with_(flags__hf__eager={"sampling": {"top_p": 0.9}}), "flags.hf.eager.sampling: overrides measure.sampling, "
