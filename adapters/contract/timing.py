@@ -114,6 +114,10 @@ class CellMetrics(ContractModel):
     ttft_ms_p99_runs: list[float] = Field(default_factory=list)
     tpot_ms_p50_runs: list[float] = Field(default_factory=list)
     tpot_ms_p99_runs: list[float] = Field(default_factory=list)
+    # served arrivals (not a closed loop): each sent request's planned arrival and the time the client sent it,
+    # ms after its run's start, in the order they were planned, run after run (the send minus the plan: queue_ms)
+    scheduled_ms: list[float] = Field(default_factory=list)
+    sent_ms: list[float] = Field(default_factory=list)
     chunk_tokens_mean: float | None           # tokens per output chunk: 1.0 means every ITL sample is one token
     itl_samples: int                          # ITL gaps: over the measured requests, chunks - 1 each
     engine_ttft_ms: list[float] | None
@@ -154,6 +158,7 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
     the run's wall time. Goodput: ok requests within both SLOs over every request the runs meant to
     send (an error, or a request never sent, meets none): within TTFT, TPOT and e2e where each is given."""
     ttft, tpot, itl, e2e, queue, engine, paired = [], [], [], [], [], [], []
+    scheduled_ms, sent_ms = [], []
     tok_s, total_s, req_s, good_s = [], [], [], []
     errors: dict[str, int] = {}
     missing: dict[str, str] = {}
@@ -201,6 +206,9 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
         for r in run.requests:
             if not r.ok:
                 errors[r.error_kind or "error"] = errors.get(r.error_kind or "error", 0) + 1
+            if r.scheduled is not None:
+                scheduled_ms.append((r.scheduled - run.start) * 1e3)
+                sent_ms.append((r.sent - run.start) * 1e3)
         out_tokens = sum(r.output_tokens for r in ok)
         in_tokens = None if any(r.prompt_tokens is None for r in ok) else sum(r.prompt_tokens for r in ok)
         tok_s.append(out_tokens / elapsed)
@@ -251,7 +259,7 @@ def summarize(runs: Sequence[TimedRun], slo_ttft_ms: float | None = None,
         itl_samples=len(itl) if "itl_ms" not in missing else 0,
         engine_ttft_ms=engine or None, engine_ttft_ms_p50=engine_p50, engine_ttft_agrees=agrees,
         **{k: (v if k.rsplit("_p", 1)[0] not in missing else []) for k, v in per_run.items()},
-        missing=missing)
+        scheduled_ms=scheduled_ms, sent_ms=sent_ms, missing=missing)
     values = {"ttft_ms": out.ttft_ms, "tpot_ms": out.tpot_ms, "e2e_ms": out.e2e_ms,
               "itl_ms": [float(x) for x in itl] if "itl_ms" not in missing else [], "queue_ms": queue}
     for name in LATENCIES:

@@ -77,6 +77,7 @@ CELL_COLUMNS = (
     "requests_sent", "errors", "errors_by_kind", "goodput", "goodput_req_s", "slo_ttft_ms", "slo_tpot_ms",
     "slo_e2e_ms", "queue_ms_p50", "queue_ms_p90", "queue_ms_p99", "ttft_ms", "tpot_ms", "e2e_ms",
     "output_tok_s_runs", "ttft_ms_p50_runs", "ttft_ms_p99_runs", "tpot_ms_p50_runs", "tpot_ms_p99_runs",
+    "scheduled_ms", "sent_ms",
     "engine_ttft_ms", "engine_ttft_ms_p50", "engine_ttft_agrees", "peak_mem_bytes", "load_peak_mem_bytes",
     "mem_source", "kv_budget_bytes", "versions", "model_fingerprint", "host", "engine_args", "notes", "missing",
     "attempt", "group_tries", "started_at", "duration_s", "search_id", "search_variable", "search_probe",

@@ -214,6 +214,29 @@ def test_a_load_point_over_the_canned_server(url):
     assert summary.tpot_ms_p50 > 0 and summary.output_tok_s > 0
 
 
+def test_scheduled_and_sent_times_are_recorded(url):
+    """A schedule of its own (a trace's gaps) and a rated one: each sent request's planned arrival and the time
+    the client sent it, in ms after its run's start; a closed loop has none."""
+    from adapters.contract.arrivals import TraceArrival
+
+    gaps = [0.0, 0.05, 0.0, 0.2, 0.1]
+    run = load_generator.run_load(url, API, ["vllm"] * 5, load_generator.LoadProfile(
+        concurrency=5, arrival=TraceArrival(gaps_s=gaps), requests=5), max_tokens=2)
+    summary = summarize([run, run])
+    planned = [0.0, 50.0, 50.0, 250.0, 350.0]
+    assert summary.scheduled_ms == pytest.approx(planned * 2, abs=1e-6)
+    # sent at the planned time (a loaded CI host: within 50 ms), never before it
+    late = [s - p for s, p in zip(summary.sent_ms, summary.scheduled_ms)]
+    assert all(0 <= d < 50 for d in late), late
+    gamma = load_generator.run_load(url, API, ["vllm"], load_generator.LoadProfile(
+        concurrency=2, rate=20, arrival={"kind": "gamma", "burstiness": 0.5}, requests=3), max_tokens=2, seed=4)
+    want = load_generator.arrival_offsets(load_generator.LoadProfile(rate=20, arrival={"kind": "gamma", "burstiness": 0.5}),
+                                          3, seed=4)
+    assert summarize([gamma]).scheduled_ms == pytest.approx([1e3 * w for w in want], abs=1e-6)
+    closed = summarize([load_generator.run_load(url, API, ["vllm"], load_generator.LoadProfile(requests=2), max_tokens=2)])
+    assert closed.scheduled_ms == [] and closed.sent_ms == []
+
+
 def test_event_fast_path_agrees_with_a_full_parse():
     for obj in (_vllm(0, 4), _vllm(3, 4, finish="stop"), USAGE_ONLY, _vllm(1, 4, text='"finish_reason":"x"')):
         for data in (json.dumps(obj, separators=(",", ":")).encode(), json.dumps(obj).encode()):
