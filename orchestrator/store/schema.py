@@ -38,7 +38,7 @@ DRIVER_COLUMNS: dict[str, pa.DataType] = {
     "output_len": pa.int32(),
     "mode": pa.string(),                # offline (the engine's Python API) | stream | serve (its OpenAI-compatible server)
     "request_rate": _f64,               # serve: requests/s arriving (inf: a closed loop); offline: null
-    "load": pa.string(),                # batch (offline static batch) | closed | constant | poisson
+    "load": pa.string(),                # batch (offline static batch) | stream | closed | constant | poisson | gamma | ramp | trace
     "endpoint": pa.string(),            # serve: the given server's base URL; null when the cell started its own
     "workload": pa.string(),            # the named workload (matrix workloads); null: the single workload section
     "device": pa.string(),
