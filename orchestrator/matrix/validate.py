@@ -66,10 +66,15 @@ def _models_in(tp: Any) -> list[type[BaseModel]]:
 def known_keys(model: type[BaseModel] | None, loc: tuple) -> list[str] | None:
     """The keys the mapping at `loc` (an error's location, without its last key) may hold, where one
     model is there to say; None where it cannot be told (a union of several, a free-form mapping)."""
-    cls, free_key = model, False
+    cls, free_key, branches = model, False, []
     for part in loc:
         if cls is None:
-            return None
+            # a union told apart by `kind`: pydantic's tag names the branch the YAML took
+            tagged = [m for m in branches if "kind" in m.model_fields and part in get_args(m.model_fields["kind"].annotation)]
+            if len(tagged) != 1:
+                return None
+            cls, branches = tagged[0], []
+            continue
         if free_key or isinstance(part, int) or part == cls.__name__:
             free_key = False
             continue   # a mapping's own key, a list index, or pydantic's tag of a union's branch
@@ -78,6 +83,7 @@ def known_keys(model: type[BaseModel] | None, loc: tuple) -> list[str] | None:
         annotation = cls.model_fields[part].annotation
         models = _models_in(annotation)
         cls, free_key = (models[0] if len(models) == 1 else None), get_origin(annotation) is dict
+        branches = models if cls is None else []
     return list(cls.model_fields) if cls is not None else None
 
 

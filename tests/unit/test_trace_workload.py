@@ -128,7 +128,9 @@ RAMP = {"kind": "ramp", "start_rate": 1, "end_rate": 8, "duration_s": 30}
     ({"serve": {"arrival": {"kind": "gamma"}}}, "serve.arrival.burstiness: Field required"),
     ({"serve": {"arrival": {"kind": "gamma", "burstiness": 0}}},
      "serve.arrival.burstiness: Input should be greater than 0"),
-    ({"serve": {"arrival": {"kind": "gamma", "burstiness": 1, "rate": 2}}}, "serve.arrival.rate: unknown key"),
+    ({"serve": {"arrival": {"kind": "gamma", "burstiness": 1, "rate": 2}}}, "serve.arrival.rate: unknown key (known: kind, burstiness)"),
+    ({"workload": {"kind": "trace", "path": TRACE, "scale": 2}},
+     "workload.scale: unknown key (known: kind, path, time_scale, block_size, seed, cluster_only)"),
     ({"serve": {"arrival": {"kind": "trace", "gaps_s": [0]}}},
      "serve.arrival: Input tag 'trace' found using 'kind' does not match any of the expected tags: 'constant', "
      "'poisson', 'gamma', 'ramp'"),
