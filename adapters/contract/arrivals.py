@@ -11,24 +11,32 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, field_serializer, model_validator
 
 from adapters.contract.model import ContractModel
 
 
-class ConstantArrival(ContractModel):
+class _Shape(ContractModel):
+    @field_serializer("*", when_used="json")
+    def _inf_as_text(self, v):
+        """burstiness .inf crosses to the worker as "inf" (pydantic's JSON writes null, even with
+        ser_json_inf_nan set here, inside a union)"""
+        return str(v) if isinstance(v, float) and math.isinf(v) else v
+
+
+class ConstantArrival(_Shape):
     """Evenly spaced at the cell's request_rate."""
 
     kind: Literal["constant"] = "constant"
 
 
-class PoissonArrival(ContractModel):
+class PoissonArrival(_Shape):
     """A Poisson process at the cell's request_rate (exponential gaps, seeded)."""
 
     kind: Literal["poisson"] = "poisson"
 
 
-class GammaArrival(ContractModel):
+class GammaArrival(_Shape):
     """Gamma-distributed gaps at the cell's request_rate, as `vllm bench serve --burstiness`: shape
     `burstiness`, mean 1 / rate (coefficient of variation 1 / sqrt(burstiness)); 1 is a Poisson process,
     below 1 burstier, above 1 more even, .inf evenly spaced."""
@@ -37,7 +45,7 @@ class GammaArrival(ContractModel):
     burstiness: float = Field(gt=0, description="The gamma shape: 1 Poisson, < 1 bursty, > 1 smoother, .inf even")
 
 
-class RampArrival(ContractModel):
+class RampArrival(_Shape):
     """A rate rising (or falling) linearly from start_rate to end_rate over duration_s, then staying at
     end_rate; the gaps drawn as `gamma`'s with `burstiness` (1: Poisson, .inf: evenly spaced) against the
     rate at each moment. Its rates are its own: the cell's request_rate is not used."""
@@ -56,7 +64,7 @@ class RampArrival(ContractModel):
         return self
 
 
-class TraceArrival(ContractModel):
+class TraceArrival(_Shape):
     """A trace's own schedule (workload kind trace): `gaps_s[i]` is the time between request i - 1 and
     request i of the prepared requests, already scaled; the first request of a run arrives at its start."""
 

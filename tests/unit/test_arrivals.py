@@ -105,3 +105,12 @@ def test_load_profile_takes_a_shape_or_a_name():
     ramp = load_generator.LoadProfile(arrival=RampArrival(start_rate=1, end_rate=2, duration_s=3))
     assert not ramp.closed and ramp.name == "ramp max-concurrency=1"     # rate inf, yet not a closed loop
     assert load_generator.LoadProfile().closed
+
+
+def test_an_infinite_burstiness_crosses_to_the_worker():
+    from adapters.contract.specs import ServeSpec
+
+    for arrival in (GammaArrival(burstiness=math.inf), RampArrival(start_rate=1, end_rate=2, duration_s=3,
+                                                                   burstiness=math.inf)):
+        spec = ServeSpec(requests=1, time_limit_s=1, arrival=arrival, request_timeout_s=1)
+        assert ServeSpec.model_validate_json(spec.model_dump_json()).arrival == arrival
