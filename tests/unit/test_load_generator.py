@@ -233,6 +233,11 @@ def test_scheduled_and_sent_times_are_recorded(url):
     want = load_generator.arrival_offsets(load_generator.LoadProfile(rate=20, arrival={"kind": "gamma", "burstiness": 0.5}),
                                           3, seed=4)
     assert summarize([gamma]).scheduled_ms == pytest.approx([1e3 * w for w in want], abs=1e-6)
+    ramp = {"kind": "ramp", "start_rate": 10, "end_rate": 30, "duration_s": 0.2}
+    run = load_generator.run_load(url, API, ["vllm"], load_generator.LoadProfile(concurrency=4, arrival=ramp, requests=4),
+                                  max_tokens=2, seed=1)
+    want = load_generator.arrival_offsets(load_generator.LoadProfile(arrival=ramp), 4, seed=1)
+    assert summarize([run]).scheduled_ms == pytest.approx([1e3 * w for w in want], abs=1e-6)
     closed = summarize([load_generator.run_load(url, API, ["vllm"], load_generator.LoadProfile(requests=2), max_tokens=2)])
     assert closed.scheduled_ms == [] and closed.sent_ms == []
 

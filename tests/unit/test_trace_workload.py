@@ -160,3 +160,33 @@ def test_a_malformed_trace_names_its_line(tmp_path):
                     '{"timestamp": 5, "input_length": 4, "output_length": 2}\n')
     got = problems(matrix(workload={"kind": "trace", "path": str(path)}))
     assert "line 2: timestamp 5 is before the previous request's 9 (a trace is in time order)" in got[0], got
+
+
+def test_the_worker_gets_the_shapes(cache_dir):
+    """build_spec: a trace's serve cells carry its gaps (every prepared request's), a gamma's its group's
+    shape; both survive the JSON the worker reads."""
+    from adapters.contract.specs import GroupSpec
+    from orchestrator.execution.spec import GroupJob, build_spec, tokenizer_source
+    from orchestrator.inputs import task_sets
+    from orchestrator.matrix.cells import group
+
+    for top in ({"workload": {"kind": "trace", "path": TRACE, "block_size": 16, "time_scale": 2.0}},
+                {"serve": {"arrival": {"kind": "gamma", "burstiness": float("inf")}},
+                 "axes": BASE["axes"] | {"request_rate": [4.0]}}):
+        m = parse_matrix(matrix(measure={"warmup": 1, "repeats": 2}, serve={"requests": 10} | top.pop("serve", {}),
+                                **top))
+        (g,) = group(expand(m))
+        job = GroupJob(run_id="r", group=g, matrix=m, device="cpu", python="python", cache_dir=str(cache_dir))
+        spec = build_spec(job, g.cells, Tokenizer(tokenizer_source(job)), task_sets.load_tasks(m.tasks))
+        spec = GroupSpec.model_validate_json(spec.model_dump_json())
+        (cell,) = spec.cells
+        n = 4 + 2 * 10       # warmup x batch_size, then repeats x serve.requests
+        assert len(cell.timing_prompts) == n
+        if m.workload.kind == "trace":
+            recs = traces.read_trace(TRACE)
+            assert cell.request_rate is None and cell.arrival.kind == "trace" and len(cell.arrival.gaps_s) == n
+            assert cell.arrival.gaps_s[1] == pytest.approx(2.0 * (recs[1].timestamp - recs[0].timestamp) / 1e3)
+            assert spec.serve.arrival.kind == "poisson"      # the group's, which a trace's cells do not use
+        else:
+            assert cell.request_rate == 4.0 and cell.arrival is None
+            assert spec.serve.arrival.kind == "gamma" and spec.serve.arrival.burstiness == float("inf")
