@@ -165,6 +165,16 @@ async def _stream_one(session, url: str, body: dict, res: RequestTiming) -> None
         res.error, res.error_kind = f"{type(err).__name__}: {err}", "connection"
 
 
+async def _within(coro, seconds: float):
+    """Await coro, cancelled after `seconds` (asyncio.TimeoutError). Inline where Python has asyncio.timeout
+    (3.11+): the request goes out in the loop step its arrival wakes, not a step later, as wait_for's task
+    does (every ready stream's chunks are read in between)."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(seconds):
+            return await coro
+    return await asyncio.wait_for(coro, seconds)
+
+
 def arrival_offsets(profile: LoadProfile, n: int, seed: int = 0) -> list[float]:
     """Seconds after the start at which each request arrives."""
     return arrivals.offsets(profile.arrival, profile.rate, n, seed)
@@ -224,8 +234,7 @@ async def run_load_async(url: str, api: ServerApi, prompts: Sequence[Prompt], pr
                                     prompt_tokens=prompt_tokens[p] if prompt_tokens is not None else None)
                 sent[i] = res
                 try:
-                    await asyncio.wait_for(_stream_one(client, url, body, res),
-                                           timeout=max(deadline - time.perf_counter(), 0.001))
+                    await _within(_stream_one(client, url, body, res), max(deadline - time.perf_counter(), 0.001))
                 except asyncio.TimeoutError:
                     if res.error is None:
                         res.error, res.error_kind = "still running at the profile's time limit", "time_limit"
