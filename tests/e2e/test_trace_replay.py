@@ -4,9 +4,10 @@ the trace's inter-arrival times within 5 ms at p99. Skipped where `.venvs/vllm` 
 
 The client shares this 2-core host with the server and, in CI, with other work: a send is late when the host
 does not run the client when it wakes. A probe process at the worker's niceness (Ray's 15) records how late
-the host wakes a sleeper during the run; where the client misses 5 ms at p99 and the host itself woke the probe
-at least that late during the run, the test is skipped with both figures (the host, not the client, may have
-made the miss), never passed. On a host that never delays a wake-up that much, a miss fails."""
+the host wakes a sleeper during the run, and the bound is 5 ms beyond what the host itself did: 5 ms plus twice
+the probe's p99 lateness (an inter-arrival time has two sends, each of which the host can make late). On a quiet
+host that is 5 ms and a fraction; on a busy one the figure says how much of the bound was the host's. The test
+never skips on a busy host: a client worse than its host by more than 5 ms fails."""
 
 from __future__ import annotations
 
@@ -78,8 +79,6 @@ def test_served_trace_replay_keeps_the_trace_inter_arrival_times(ray_local, writ
     print(f"inter-arrival error: p50 {np.median(err):.3f} ms, p99 {p99:.3f} ms, max {err.max():.3f} ms; "
           f"send lag p99 {np.percentile(sent - scheduled, 99):.3f} ms; the host woke the probe late by p99 "
           f"{np.percentile(host, 99):.3f} ms, max {host.max():.3f} ms ({len(host)} wake-ups)")
-    if p99 > BOUND_MS and host.max() >= p99:
-        pytest.skip(f"the host was too busy to judge the client: it woke a sleeping probe up to {host.max():.1f} ms late "
-                    f"during the run (p99 {np.percentile(host, 99):.1f} ms), and the client's inter-arrival error was "
-                    f"{p99:.1f} ms at p99")
-    assert p99 <= BOUND_MS, json.dumps(err.round(3).tolist())
+    bound = BOUND_MS + 2 * float(np.percentile(host, 99))
+    assert p99 <= bound, (f"inter-arrival p99 {p99:.2f} ms > {bound:.2f} ms (5 ms + twice the host's own p99 "
+                          f"lateness): " + json.dumps(err.round(3).tolist()))
