@@ -148,12 +148,13 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
         rerun_failed: bool = typer.Option(False, help="Run again the stored cells that are not ok"),
         history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
                                                help="A results root (or run): the scheduler estimates each group from "
-                                                    "the durations its runs measured")) -> None:
-    """Run a matrix; resumes into an existing run dir, skipping cells already stored."""
+                                                    "the durations its runs measured"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines (Ray's log: RUN_DIR/run.log)")) -> None:
+    """Run a matrix; resumes into an existing run dir, skipping cells already stored. Live progress on a terminal."""
     from orchestrator.execution.runner import run_matrix
 
     try:
-        store = run_matrix(matrix, run_dir, address, rerun_failed, console=err, history=history)
+        store = run_matrix(matrix, run_dir, address, rerun_failed, console=err, history=history, quiet=quiet)
     except MatrixError as e:
         _fail(str(e))
     print_table(summary_table(store.read_cells(), title=f"{store.root}"))

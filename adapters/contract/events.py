@@ -93,3 +93,16 @@ _EVENT = TypeAdapter(WorkerEvent)
 
 def parse_event(line: str | bytes) -> WorkerEvent:
     return _EVENT.validate_json(line)
+
+
+class PartReport(ContractModel):
+    """What a running engine group (or part of one) tells the driver while it runs, across Ray: its
+    supervisor (orchestrator/execution/supervisor.py) sends one to the driver's progress board
+    (orchestrator/execution/progress.py) as its engine starts loading, has loaded, starts a cell, and as
+    each cell gets its row (`status`: the row's, ok, failed, timeout, crashed, unsupported)."""
+
+    part: str                      # the part's id (GroupJob.part_id)
+    what: Literal["loading", "loaded", "start", "end"]
+    cell_id: str | None = None     # start, end: the cell
+    status: str | None = None      # end: the status of the cell's row
+    t: float = 0.0                 # wall clock (time.time) on the part's node

@@ -8,6 +8,9 @@ cell before starting it, and answers with the ones it got: a cell runs on one no
 never both, and only the part that ran it returns its row. A part that ends answers what is still
 asked of it with nothing (`close`), so the driver never waits on a part that is gone. The actor runs
 one call at a time, which is what makes an ask and a close exclusive.
+
+The progress board (`Board`) is the other actor here: what a person sees of the run, reported by every
+part (stealing or not) and drained by the driver (orchestrator/execution/progress.py).
 """
 
 from __future__ import annotations
@@ -73,12 +76,34 @@ class Ledger:
         return out
 
 
+@ray.remote(num_cpus=0, max_restarts=0)
+class Board:
+    """The driver's progress board: each running part's supervisor reports here (PartReport,
+    adapters/contract/events.py, fire and forget), and the driver drains it about once a second into
+    what the user sees (orchestrator/execution/progress.py)."""
+
+    def __init__(self):
+        self.reports: list = []
+
+    def report(self, r) -> None:
+        self.reports.append(r)
+
+    def drain(self) -> list:
+        out, self.reports = self.reports, []
+        return out
+
+
 def _on_this_node() -> dict:
     """Actor options pinning it to the driver's node: it must not die with a worker node."""
     try:
         return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
     except Exception:   # a driver that is no node of the cluster (a Ray client): wherever Ray puts it
         return {}
+
+
+def progress_board():
+    """A progress board on the driver's node (it must not die with a worker node)."""
+    return Board.options(**_on_this_node()).remote()
 
 
 class Stealing:

@@ -8,10 +8,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from orchestrator.execution.estimate import History
 from orchestrator.execution.preflight import preflight, resolve_models
+from orchestrator.execution.progress import RunProgress
 from orchestrator.execution.spec import GroupJob
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.matrix.cells import Cell, expand, group
@@ -40,22 +40,28 @@ def cells_to_run(cells: list[Cell], store: RunStore, rerun_failed: bool) -> list
 
 def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, address: str | None = None,
                rerun_failed: bool = False, console: Console | None = None,
-               history: str | Path | None = None) -> RunStore:
+               history: str | Path | None = None, quiet: bool = False) -> RunStore:
+    """Run a matrix into its run dir. What the user sees meanwhile (orchestrator/execution/progress.py) goes
+    to `console` (default: stderr): a live bar on a terminal, one line per finished cell elsewhere, nothing
+    with `quiet`. Ray's own log lines go to the run dir's run.log, not the terminal."""
     console = console or Console(stderr=True)
     m, text = load_matrix(matrix_path)            # every matrix mistake is raised here, before Ray
     cells = expand(m)
     store = RunStore(run_dir or Path("results") / m.name)
     with store.writing():                         # the driver is the only writer of its run dir
-        _run(m, text, cells, store, address, rerun_failed, console, history)
+        _run(m, text, cells, store, address, rerun_failed, console, history, quiet)
     return store
 
 
+RUN_LOG = "run.log"   # in the run dir: Ray's own log lines (its warnings included), kept off the terminal
+
+
 def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str | None, rerun_failed: bool,
-         console: Console, history: str | Path | None = None) -> None:
+         console: Console, history: str | Path | None = None, quiet: bool = False) -> None:
     compaction.remove_partial_writes(store)
     todo = cells_to_run(cells, store, rerun_failed)
     skipped = len(cells) - len(todo)
-    if skipped:
+    if skipped and not quiet:
         console.print(f"resuming {store.root}: {skipped} of {len(cells)} cells already stored")
 
     from orchestrator.execution.scheduler import cluster_device, init_ray, schedule, status_rows  # Ray only with work
@@ -66,12 +72,13 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
         measured = None
         if history:   # durations earlier runs measured: the scheduler's estimates (orchestrator/execution/estimate.py)
             measured = History.read(history)
-            console.print(f"estimates from {measured.runs} run{'' if measured.runs == 1 else 's'} under {history}: {len(measured.cell_s)} cells and "
-                          f"{len(measured.load_s)} engine loads measured")
+            if not quiet:
+                console.print(f"estimates from {measured.runs} run{'' if measured.runs == 1 else 's'} under {history}: {len(measured.cell_s)} cells and "
+                              f"{len(measured.load_s)} engine loads measured")
         groups = group(todo)
         models = resolve_models(m, [g.model for g in groups], str(cache_root()))   # each model once, before Ray
         if any(why is None for _, why in models.values()):
-            init_ray(address)
+            init_ray(address, log_file=store.root / RUN_LOG)
             device = cluster_device() if m.run.device == "auto" else m.run.device
         else:   # no model can be had: nothing to start Ray for
             device = "cpu" if m.run.device == "auto" else m.run.device
@@ -81,28 +88,19 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
         checked = preflight(jobs, models)         # the pairs no engine can run: rows now, before any engine
         for line in checked.messages():
             console.print(f"[yellow]preflight: {line}[/yellow]")
-        counts = {"ok": 0, "not ok": 0}
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("ok {task.fields[ok]}  not ok {task.fields[bad]}"), TimeElapsedColumn(),
-                   TimeRemainingColumn())
-        # refreshed once a second (rich's default is 10): the driver shares the CPUs with the engines it times
-        with Progress(*columns, console=console, transient=False, refresh_per_second=1) as progress:
-            task = progress.add_task(m.name, total=len(todo), ok=0, bad=0)
+        with RunProgress.for_console(console, m.name, todo, quiet) as progress:
 
             def on_done(job: GroupJob, rows) -> None:
-                planned = 0
                 for row, logprobs, tasks, samples in rows:
                     row.setdefault("started_at", started)
                     store.write_cell(row, logprobs, tasks, samples)
                     if row.get("search_probe") is None:   # a search's probes are rows, not planned cells
-                        planned += 1
-                        counts["ok" if row["status"] == "ok" else "not ok"] += 1
-                progress.update(task, advance=planned, ok=counts["ok"], bad=counts["not ok"])
+                        progress.stored(row["cell_id"], row["status"])
 
             for job, status, reason in checked.excluded:
                 on_done(job, status_rows(job, status, reason))
             if checked.runnable:
-                schedule(checked.runnable, on_done, measured)
+                schedule(checked.runnable, on_done, measured, progress)
     stop = None
     try:  # a few large files instead of two per cell (orchestrator/store/compaction.py); crash-safe
         compaction.compact(store)

@@ -21,7 +21,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from orchestrator.execution import model_size, reaper
 from orchestrator.execution.dispatch import Dispatcher, Work
 from orchestrator.execution.estimate import GroupFacts, History, estimate_groups
-from orchestrator.execution.ledger import Stealing
+from orchestrator.execution.ledger import Stealing, progress_board
+from orchestrator.execution.progress import RunProgress
 from orchestrator.execution.rows import CellResult, cell_row
 from orchestrator.execution.spec import GroupJob
 from orchestrator.execution.supervisor import run_group
@@ -30,6 +31,7 @@ from orchestrator.matrix import placement
 Rows = list[CellResult]
 REFRESH_S = 30.0   # how often to look for nodes that joined the cluster
 STEAL_POLL_S = 1.0  # how often to look at the running parts' progress while a node could steal
+SHOW_POLL_S = 1.0   # how often to drain the progress board into what the user sees
 
 
 class ClusterStartError(RuntimeError):
@@ -38,24 +40,54 @@ class ClusterStartError(RuntimeError):
     bench_exit_code = 3   # `bench`: the machine stopped it
 
 
-def init_ray(address: str | None = None) -> None:
+RAY_LOGGERS = ("ray",)   # Ray's Python loggers in the driver; every ray.* logger propagates into "ray"
+
+
+def ray_log_into(path) -> None:
+    """Ray's own log lines in this driver (the "ray" logger: its token-authentication warning, its start and
+    shutdown lines) into the file `path`, not the terminal: Ray gives that logger a stderr handler when
+    it is imported, and ray.init only sets its level and format. The engines' own output stays in each
+    worker (log_to_driver=False); a cell's reason keeps its tail."""
+    import logging
+
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    for name in RAY_LOGGERS:
+        log = logging.getLogger(name)
+        for h in list(log.handlers):   # Ray's stderr handler, and the file of an earlier run in this process
+            if isinstance(h, logging.StreamHandler):
+                log.removeHandler(h)
+                if isinstance(h, logging.FileHandler):
+                    h.close()
+        handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+
+
+def init_ray(address: str | None = None, log_file=None) -> None:
+    """Start or join the cluster. With `log_file`, Ray's own log lines go there (ray_log_into), at INFO."""
+    level = "WARNING"
+    if log_file is not None:
+        ray_log_into(log_file)
+        level = "INFO"
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:   # a cluster: as it was configured (its nodes' addresses, its ports)
-        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=address, logging_level=level, log_to_driver=False)
         return
     # address="local": always a fresh local instance; without it ray.init joins any cluster another
     # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus.
     # The cluster is this driver's: a watchdog kills what is left of it when the driver ends (reaper.py)
     reaper.start()
     try:
-        ctx = _init_local()
+        ctx = _init_local(level)
     except Exception as first:   # Ray's startup wait (30 s, fixed in Ray) missed under load: once more
         reaper.end()   # what the failed start left running
         ray.shutdown()
         try:
-            ctx = _init_local()
+            ctx = _init_local(level)
         except Exception as e:
             raise ClusterStartError(
                 f"the local Ray cluster did not start, twice ({_first_line(first)}; then {_first_line(e)}). On a "
@@ -68,7 +100,7 @@ def init_ray(address: str | None = None) -> None:
 LOOPBACK = "127.0.0.1"
 
 
-def _init_local():
+def _init_local(level: str = "WARNING"):
     """A local cluster bound to the loopback interface alone: the GCS, the raylet, the workers and the agents
     listen on 127.0.0.1, so nobody who reaches this machine reaches a cluster that runs code. Ray 2.60 turns
     a node IP of 127.0.0.1 into the host's address (`resolve_ip_for_localhost`) unless it is told that this
@@ -79,7 +111,7 @@ def _init_local():
 
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"   # what Ray's child processes read
     ray_constants.ENABLE_RAY_CLUSTER = False
-    return ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING",
+    return ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, logging_level=level,
                     log_to_driver=False, _node_ip_address=LOOPBACK)
 
 
@@ -144,8 +176,17 @@ def part_job(job: GroupJob, part: Work) -> GroupJob:
                                tries=0)
 
 
-def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], history: History | None = None) -> None:
-    """Run every job on the cluster; call on_done(job, rows) in the driver as each job or part finishes."""
+def node_names(nodes: list[dict]) -> dict[str, str]:
+    """Node id -> what a person calls it: its address (with the id's start where two share one)."""
+    alive = [n for n in nodes if n.get("Alive")]
+    addr = [n.get("NodeManagerAddress") or n["NodeID"][:8] for n in alive]
+    return {n["NodeID"]: a if addr.count(a) == 1 else f"{a} ({n['NodeID'][:8]})" for n, a in zip(alive, addr)}
+
+
+def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], history: History | None = None,
+             progress: RunProgress | None = None) -> None:
+    """Run every job on the cluster; call on_done(job, rows) in the driver as each job or part finishes.
+    With `progress`, the parts report to a progress board, drained into it about once a second."""
     nodes = alive_nodes()
     runnable = []
     for job in jobs:
@@ -164,11 +205,35 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
     parts: dict[Work, GroupJob] = {}
     pending: dict = {}
     stealing = Stealing(dispatcher, lambda part, i: part.key.group.cells[i].cell_id) if dispatcher.could_steal() else None
+    board = None
+    if progress is not None:
+        for w in works:
+            progress.planned(w.key.group.engine_key, w.load_s, {c.cell_id: s for c, s in zip(w.key.group.cells, w.cell_s)})
+        progress.nodes(node_names(ray.nodes()))
+        try:
+            board = progress_board()
+        except Exception:   # no board: the count still moves as each part's rows arrive
+            board = None
+
+    def show() -> None:
+        nonlocal board
+        if board is None:
+            return
+        try:
+            for r in ray.get(board.drain.remote(), timeout=10):
+                progress.reported(r)
+        except Exception:
+            board = None
+        progress.refresh()
 
     def submit(part: Work, node: str) -> None:
         job = parts.setdefault(part, part_job(part.key, part))
+        job.part_id = f"p{id(part)}"
         if stealing is not None:
             stealing.register(part, job)
+        if progress is not None:
+            job.board = board
+            progress.submitted(job.part_id, [part.key.group.cells[i] for i in part.cells], node)
         job.tries += 1
         need = part.need
         task = _gpu_group_task if need.gpus else _group_task
@@ -194,6 +259,8 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
     while True:
         if time.monotonic() - looked > REFRESH_S:   # nodes that joined take work (their type may be new)
             dispatcher.set_nodes(alive_nodes())
+            if progress is not None:
+                progress.nodes(node_names(ray.nodes()))
             report_lost()
             looked = time.monotonic()
         for part, node in dispatcher.step():
@@ -208,12 +275,18 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
             return
         looking = stealing is not None and (stealing.waiting or dispatcher.can_steal())
         wait = STEAL_POLL_S if looking else REFRESH_S
+        if progress is not None:
+            wait = min(wait, SHOW_POLL_S)
         if not pending:       # only answers to wait for
             time.sleep(wait)
+            show()
             continue
         done, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
+        show()
         for ref in done:
             job, part = pending.pop(ref)
+            if progress is not None:
+                progress.part_ended(job.part_id)
             try:
                 rows = [r.unpacked() for r in ray.get(ref)]
             except Exception as err:  # the task's worker or node died; run_group itself never raises

@@ -46,6 +46,7 @@ class GroupJob:
     tries: int = 0          # times the scheduler has sent this group to Ray
     ledger: Any = None      # work stealing (orchestrator/execution/ledger.py): the driver's ledger actor, and this part's id
     part_id: str = ""
+    board: Any = None       # the driver's progress board (orchestrator/execution/progress.py): PartReports go there
 
 
 def load_kind(m: Matrix, cell: Cell) -> str:

@@ -27,6 +27,7 @@ from adapters.contract.events import (
     GroupUnsupported,
     Loaded,
     LoadFailed,
+    PartReport,
     parse_event,
 )
 from adapters.contract.processes import die_with_parent
@@ -105,6 +106,17 @@ def run_group(job: GroupJob) -> list[CellResult]:
         shutil.rmtree(channel.claims_dir, ignore_errors=True)
 
 
+def _tell(job: GroupJob, what: str, cell_id: str | None = None, status: str | None = None) -> None:
+    """A PartReport to the driver's progress board, fire and forget (none without a board; a board gone
+    loses only the display, never a row)."""
+    if job.board is None:
+        return
+    try:
+        job.board.report.remote(PartReport(part=job.part_id, what=what, cell_id=cell_id, status=status, t=time.time()))
+    except Exception:   # the board died with the driver's display: the rows still go back through Ray
+        job.board = None
+
+
 def _run_group(job: GroupJob, channel) -> list[CellResult]:
     by_id = {c.cell_id: c for c in job.group.cells}
     results: dict[str, CellResult] = {}
@@ -122,6 +134,7 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
         row = cell_row(job, by_id[cell_id], status, reason, attempt=attempt, loaded=loaded if facts else None,
                        record=record)
         results[cell_id] = CellResult(row, lp, tasks, samples)
+        _tell(job, "end", cell_id, status)
 
     work, loaded = Path(tempfile.gettempdir()) / "bench-no-group", None   # before the first worker: no probes
     reason = unsupported_reason(job, python)
@@ -160,15 +173,18 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
                                 cwd=work, env=env, preexec_fn=_own_group_dying_with_parent)
         current: str | None = None
         loaded = None
+        _tell(job, "loading")
 
         def handle(ev) -> None:
             nonlocal current, loaded
             if isinstance(ev, Loaded):
                 loaded = ev
+                _tell(job, "loaded")
                 if channel:
                     channel.report("load", ev.load_s or 0.0)
             elif isinstance(ev, CellStart):
                 current = ev.cell_id
+                _tell(job, "start", ev.cell_id)
                 if channel:
                     channel.report("start", time.time())
             elif isinstance(ev, CellDone):

@@ -69,7 +69,7 @@ def no_cluster(monkeypatch):
     calls = {"init": 0, "end": 0, "watch": []}
     outcomes = []
 
-    def init():
+    def init(level="WARNING"):
         calls["init"] += 1
         outcome = outcomes.pop(0)
         if isinstance(outcome, Exception):
