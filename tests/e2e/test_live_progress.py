@@ -1,8 +1,13 @@
-"""`bench run` as a person sees it: the smoke matrix runs in a detached tmux session (a real terminal, so the
-live display, not the plain lines), and the test reads the screen (tmux capture-pane) while it runs: the
-running cell is named, the count of cells done moves between the cells of one engine group (not once per
-group), and no Ray WARNING line reaches the screen (Ray's log lines go to RUN_DIR/run.log). The run is
-stopped once that is seen: the rest of the smoke matrix adds nothing to what this test reads."""
+"""`bench run` as a person sees it: a matrix runs in a detached tmux session (a real terminal, so the live
+display, not the plain lines), and the test reads the screen (tmux capture-pane) while it runs: the running
+cell is named, the count of cells done moves between the cells of one engine group (not once per group),
+and no Ray WARNING line reaches the screen (Ray's log lines go to RUN_DIR/run.log). Each run is stopped
+once that is seen: the rest adds nothing to what these tests read.
+
+Two runs: the smoke matrix itself (matrices/smoke.yaml), where the count must move inside some group (its
+vLLM group's second cell can end within the display's one-second refresh), and a two-group cut of it
+(hf and llama.cpp, each two cells of a few seconds), where it must move inside the first group, before
+that group ends."""
 
 import os
 import re
@@ -14,6 +19,7 @@ import time
 import uuid
 
 import pytest
+import yaml
 
 from tests.helpers import ROOT
 
@@ -28,47 +34,71 @@ def tmux(socket: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["tmux", "-L", socket, *args], capture_output=True, text=True, timeout=30)
 
 
-@pytest.mark.timeout(WAIT_S + 120)
-def test_the_terminal_names_the_running_cell_and_counts_each_cell(tmp_path):
+def watch(matrix, run_dir, wait_s: float = WAIT_S) -> dict:
+    """Run `bench run matrix` in a fresh tmux server and read its screen twice a second until the count of
+    cells done moves between two cells of one engine group (or the run ends, or wait_s passes)."""
     socket = f"bench-test-{uuid.uuid4().hex[:8]}"     # a tmux server of its own: its environment is this one's
-    run_dir = tmp_path / "run"
     env = {"PYTHONPATH": str(ROOT), "LOSSLESS_BENCH_CACHE": os.environ.get("LOSSLESS_BENCH_CACHE", ""),
            "TERM": "xterm-256color"}
     exports = "-u COLUMNS -u LINES " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items() if v)
-    command = (f"cd {shlex.quote(str(ROOT))} && env {exports} {sys.executable} -m orchestrator.cli run matrices/smoke.yaml "
-               f"--run-dir {run_dir}; echo BENCH-EXIT $?; sleep 600")
+    command = (f"cd {shlex.quote(str(ROOT))} && env {exports} {sys.executable} -m orchestrator.cli run "
+               f"{shlex.quote(str(matrix))} --run-dir {shlex.quote(str(run_dir))}; echo BENCH-EXIT $?; sleep 600")
     assert tmux(socket, "new-session", "-d", "-s", "run", "-x", "160", "-y", "50", command).returncode == 0
-    screens, warnings = [], []
+    got = {"screens": [], "warnings": [], "engines": [], "moved": None}
     seen: dict[str, tuple[str, int]] = {}    # engine -> (the first of its cells seen running, the count then)
-    moved = None                             # (engine, count before, count after) once the count moved inside a group
-    first_engine = None
     try:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and moved is None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and got["moved"] is None:
             time.sleep(0.5)
             screen = tmux(socket, "capture-pane", "-p", "-t", "run").stdout
-            screens.append(screen)
-            warnings += [line for line in screen.splitlines() if "WARNING" in line]
+            got["screens"].append(screen)
+            got["warnings"] += [line for line in screen.splitlines() if "WARNING" in line]
             if "BENCH-EXIT" in screen:
                 break
             count, running = COUNT.search(screen), RUNNING.search(screen)
             if not (count and running):
                 continue
             done, engine, batch = int(count.group(1)), running.group(1), running.group(2)
-            first_engine = first_engine or engine
+            if not got["engines"] or got["engines"][-1] != engine:
+                got["engines"].append(engine)    # the groups in the order they were seen running
             if engine not in seen:
                 seen[engine] = (batch, done)
             elif seen[engine][0] != batch and done > seen[engine][1]:
-                moved = (engine, seen[engine][1], done)   # another cell of the same group runs, one more is done
+                # another cell of the same group runs, and more are done than when its first one ran
+                got["moved"] = (engine, seen[engine][1], done)
                 print(f"the count moved inside the {engine} group ({seen[engine][1]} -> {done}):\n{screen}")
     finally:
         tmux(socket, "send-keys", "-t", "run", "C-c", "")
         time.sleep(3)
-        final = tmux(socket, "capture-pane", "-p", "-t", "run").stdout
+        got["final"] = tmux(socket, "capture-pane", "-p", "-t", "run").stdout
         tmux(socket, "kill-server")
-    last = screens[-1] if screens else ""
-    assert first_engine, f"no screen named a running cell; the last one read:\n{last}"
-    assert moved, f"the count never moved between two cells of one engine group; the last screen:\n{last}"
-    assert not warnings, f"Ray's warnings reached the terminal: {warnings[:3]}"
-    assert "WARNING" not in final
+    return got
+
+
+def check(got: dict, run_dir) -> None:
+    last = got["screens"][-1] if got["screens"] else ""
+    assert got["engines"], f"no screen named a running cell; the last one read:\n{last}"
+    assert got["moved"], f"the count never moved between two cells of one engine group; the last screen:\n{last}"
+    assert not got["warnings"], f"Ray's warnings reached the terminal: {got['warnings'][:3]}"
+    assert "WARNING" not in got["final"]
     assert (run_dir / "run.log").exists(), "Ray's own log lines have a file in the run dir"
+
+
+@pytest.mark.timeout(WAIT_S + 120)
+def test_the_smoke_matrix_on_a_terminal_names_the_running_cell_and_counts_each_cell(tmp_path):
+    got = watch(ROOT / "matrices" / "smoke.yaml", tmp_path / "run")
+    check(got, tmp_path / "run")
+
+
+@pytest.mark.timeout(WAIT_S + 120)
+def test_the_count_moves_before_the_first_engine_group_ends(tmp_path):
+    m = yaml.safe_load((ROOT / "matrices" / "smoke.yaml").read_text())
+    m["axes"] |= {"framework": ["hf", "llamacpp"], "flags": ["default"], "batch_size": [1, 4]}
+    m.pop("include")
+    m["measure"] |= {"repeats": 12, "sampling": m["measure"]["sampling"] | {"seeds": 4}}   # cells of a few seconds
+    path = tmp_path / "two-groups.yaml"
+    path.write_text(yaml.safe_dump(m))
+    got = watch(path, tmp_path / "run", wait_s=600)
+    check(got, tmp_path / "run")
+    assert got["moved"][0] == got["engines"][0], (f"the count moved inside {got['moved'][0]}, not inside the first "
+                                                  f"group seen running ({got['engines']})")
