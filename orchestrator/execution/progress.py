@@ -204,10 +204,11 @@ class RunProgress:
         return max(work, 0.0) / max(len(running), 1)
 
     def doing(self, p: _Part) -> str:
+        """What a part does now: running a cell (for how long), loading its engine, or about to."""
         now = self.now()
         if p.cell and p.cell in self.by_id:
             since = now - p.node_lag - p.cell_since if p.cell_since is not None else None
-            return f"{cell_label(self.by_id[p.cell])}  ({clock(since)})"
+            return f"running {cell_label(self.by_id[p.cell])}  ({clock(since)})"
         what = engine_label(p.cells[0]) if p.cells else "?"
         if p.loading_since is not None and not p.loaded:
             return f"loading {what}  ({clock(now - p.node_lag - p.loading_since)})"
@@ -222,7 +223,7 @@ class RunProgress:
                 here = [self.doing(p) for _, p in running if p.node == node]
                 out.append(f"  {name}: " + ("; ".join(here) if here else "idle"))
             return out
-        return [f"  running {self.doing(p)}" for _, p in running]
+        return [f"  {self.doing(p)}" for _, p in running]
 
     # -- the live display -----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import uuid
 import pytest
 import yaml
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -102,3 +102,19 @@ def test_the_count_moves_before_the_first_engine_group_ends(tmp_path):
     check(got, tmp_path / "run")
     assert got["moved"][0] == got["engines"][0], (f"the count moved inside {got['moved'][0]}, not inside the first "
                                                   f"group seen running ({got['engines']})")
+
+
+def test_a_pipe_gets_one_plain_line_per_finished_cell_and_quiet_gets_none(write_matrix, tmp_path):
+    path = write_matrix(SMALL_MATRIX)
+    piped = subprocess.run(bench_cmd("run", str(path), "--run-dir", str(tmp_path / "a")), cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    lines = [line for line in piped.stderr.splitlines() if re.match(r"\[\d+/2\] ", line)]
+    assert sorted(line.split()[0] for line in lines) == ["[1/2]", "[2/2]"], piped.stderr
+    assert all(" ok " in line and "hf/tiny/fp32/default b=" in line and "ETA " in line for line in lines), lines
+    assert "WARNING" not in piped.stderr + piped.stdout and "\x1b[" not in piped.stderr
+    quiet = subprocess.run(bench_cmd("run", str(path), "--run-dir", str(tmp_path / "b"), "--quiet"), cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert quiet.stderr.strip() == "", quiet.stderr
+    assert "hf" in quiet.stdout, "the table at the end stays"

@@ -113,7 +113,7 @@ def test_loading_and_one_line_per_node_on_a_cluster():
     clock.t = 1003.0
     p.reported(report("p2", "start", 1003.0, "llamacpp-default-1"))
     assert p.lines() == ["  10.0.0.1: loading hf/tiny/fp32/default  (0:00:03)",
-                         "  10.0.0.2: llamacpp/tiny/fp32/default b=1  (0:00:00)",
+                         "  10.0.0.2: running llamacpp/tiny/fp32/default b=1  (0:00:00)",
                          "  10.0.0.3: idle"]
     # two parts at once: the work left over two
     assert p.eta() == (5 + 5 + 10 - 3 + 10 - 0) / 2
