@@ -147,8 +147,7 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
         address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)"),
         rerun_failed: bool = typer.Option(False, help="Run again the stored cells that are not ok"),
         history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
-                                               help="A results root (or run): the scheduler estimates each group from "
-                                                    "the durations its runs measured"),
+                                               help="A results root (or run): groups are estimated from its durations"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines (Ray's log: RUN_DIR/run.log)")) -> None:
     """Run a matrix; resumes into an existing run dir, skipping cells already stored. Live progress on a terminal."""
     from orchestrator.execution.runner import run_matrix
