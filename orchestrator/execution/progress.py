@@ -15,8 +15,9 @@ Three ways to show it (`RunProgress.mode`):
   quiet  `bench run --quiet`: nothing.
 
 The ETA: every unfinished cell's estimate and every engine group's load not yet begun, each scaled by
-what this run has measured so far (measured / estimated over the cells, and the loads, that ended;
-1 before any), less what the running cells and loads have already spent, over the parts running at once.
+what this run has measured so far (measured / estimated over the cells, and the loads, that ended: of
+the same framework where it has some, else of every framework, as estimate.py calibrates priors; 1
+before any), less what the running cells and loads have already spent, over the parts running at once.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class RunProgress:
     parts: dict[str, _Part] = field(default_factory=dict)
     status: dict[str, str] = field(default_factory=dict)        # cell_id -> status, once it ended
     began: set = field(default_factory=set)                     # engine groups with a part submitted
-    measured: list = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])   # est, seen load s; est, seen cell s
+    # per framework, and over all ("*"): estimated, measured load s; estimated, measured cell s (what ended)
+    measured: dict = field(default_factory=dict)
     started: float = 0.0
 
     def __post_init__(self):
@@ -131,19 +133,39 @@ class RunProgress:
             p.loading_since, p.loaded, p.cell, p.cell_since = r.t, False, None, None
         elif r.what == "loaded":
             if p.loading_since is not None and p.group in self.est_load:
-                self.measured[0] += self.est_load[p.group]
-                self.measured[1] += max(r.t - p.loading_since, 0.0)
+                self._measured(p.cells[0].framework if p.cells else "?", 0, self.est_load[p.group],
+                               max(r.t - p.loading_since, 0.0))
             p.loaded = True
         elif r.what == "start":
             p.loaded, p.cell, p.cell_since = True, r.cell_id, r.t
         elif r.what == "end" and r.cell_id:
             if p.cell == r.cell_id and p.cell_since is not None and r.cell_id in self.est_cell:
-                self.measured[2] += self.est_cell[r.cell_id]
-                self.measured[3] += max(r.t - p.cell_since, 0.0)
+                self._measured(self.by_id[r.cell_id].framework if r.cell_id in self.by_id else "?", 2,
+                               self.est_cell[r.cell_id], max(r.t - p.cell_since, 0.0))
             if p.cell == r.cell_id:
                 p.cell, p.cell_since = None, None
             self._ended(r.cell_id, r.status or "?")
         self.refresh()
+
+    def _measured(self, framework: str, at: int, estimated: float, seen: float) -> None:
+        for key in (framework, "*"):
+            m = self.measured.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+            m[at] += estimated
+            m[at + 1] += seen
+
+    def scale(self, framework: str) -> tuple[float, float]:
+        """(load, cell) factors on a framework's estimates: measured / estimated, its own where it has
+        measured some, else the run's; a load with nothing measured takes the cells' factor."""
+        def k(at: int) -> float | None:
+            for key in (framework, "*"):
+                m = self.measured.get(key)
+                if m and m[at] > 0:
+                    return m[at + 1] / m[at]
+            return None
+        cell = k(2)
+        cell = 1.0 if cell is None else cell
+        load = k(0)
+        return (cell if load is None else load), cell
 
     def stored(self, cell_id: str, status: str) -> None:
         """A row the driver stored: the cell ended, whatever its part reported (or did not)."""
@@ -185,16 +207,19 @@ class RunProgress:
             return 0.0
         if not self.est_cell:
             return None
-        est_l, seen_l, est_c, seen_c = self.measured
-        k_cell = seen_c / est_c if est_c > 0 else 1.0
-        k_load = seen_l / est_l if est_l > 0 else k_cell
         now = self.now()
-        work = sum(self.est_cell.get(c, 0.0) for c in left) * k_cell
-        groups_left = {self.by_id[c].engine_key for c in left}
-        work += sum(self.est_load.get(g, 0.0) for g in groups_left if g not in self.began) * k_load
+        work, loads = 0.0, set()
+        for c in left:
+            k_load, k_cell = self.scale(self.by_id[c].framework)
+            work += self.est_cell.get(c, 0.0) * k_cell
+            g = self.by_id[c].engine_key
+            if g not in self.began and g not in loads:   # an engine group not begun: its load to come
+                loads.add(g)
+                work += self.est_load.get(g, 0.0) * k_load
         running = self.running()
         for _, p in running:
             on_node = now - p.node_lag       # the part's clock now
+            k_load, k_cell = self.scale(p.cells[0].framework if p.cells else "?")
             if p.cell and p.cell_since is not None:
                 work -= min(on_node - p.cell_since, self.est_cell.get(p.cell, 0.0) * k_cell)
             elif not p.loaded:

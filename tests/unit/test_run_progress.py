@@ -170,3 +170,24 @@ def test_bench_run_quiet_reaches_the_runner(monkeypatch, tmp_path):
         result = CliRunner().invoke(app, ["run", str(m), *args])
         assert result.exit_code == 0, result.output
         assert seen.pop("quiet") is want
+
+
+def test_each_framework_is_scaled_by_its_own_measurements_once_it_has_some():
+    cells = [cell("hf", 1), cell("hf", 4), cell("llamacpp", 1), cell("llamacpp", 4)]
+    clock = Clock()
+    p = RunProgress(Console(file=io.StringIO()), "m", cells, "quiet", now=clock)
+    p.planned("hf-default", 10.0, {"hf-default-1": 5.0, "hf-default-4": 5.0})
+    p.planned("llamacpp-default", 20.0, {"llamacpp-default-1": 10.0, "llamacpp-default-4": 10.0})
+    run_hf_group(p, clock)                     # hf: its cells twice their estimates, its load as estimated
+    assert p.scale("hf") == (1.0, 2.0) and p.scale("llamacpp") == (1.0, 2.0), "nothing of llama.cpp yet: the run's"
+    p.reported(report("p1", "end", 1030.0, "hf-default-4", "ok"))
+    p.part_ended("p1")
+    p.submitted("p2", cells[2:], "node-a")
+    p.reported(report("p2", "loading", 1030.0))
+    p.reported(report("p2", "loaded", 1035.0))            # 5 s of 20 estimated: x0.25
+    p.reported(report("p2", "start", 1035.0, "llamacpp-default-1"))
+    clock.t = 1040.0
+    p.reported(report("p2", "end", 1040.0, "llamacpp-default-1", "ok"))   # 5 s of 10: x0.5
+    assert p.scale("llamacpp") == (0.25, 0.5) and p.scale("hf") == (1.0, 2.0)
+    assert p.scale("vllm") == (15 / 30, 25 / 20), "a framework not measured: every framework's"
+    assert p.eta() == 10 * 0.5
