@@ -72,7 +72,6 @@ class _Part:
     cell_since: float | None = None
     seen_at: float = 0.0             # the driver's clock when the last report arrived
     node_lag: float = 0.0            # driver clock - node clock, at that report
-    ended: bool = False
 
 
 @dataclass
@@ -96,6 +95,18 @@ class RunProgress:
         self.by_id = {c.cell_id: c for c in self.cells}
         self.started = self.now()
         self._bar = None
+        # what is left, kept as cells end (not summed again per refresh: a run may have 100k cells):
+        # per framework, the estimated seconds of the cells not ended and of the loads not begun
+        self._cells_left: dict[str, float] = {}
+        self._loads_left: dict[str, float] = {}
+        self._counted: set[str] = set()            # cells whose estimate is in _cells_left
+        self._load_counted: set[str] = set()       # engine groups whose load is in _loads_left
+        self._group_left: dict[str, int] = {}      # engine group -> its cells not ended
+        self._group_fw: dict[str, str] = {}
+        self._ok = 0
+        for c in self.cells:
+            self._group_left[c.engine_key] = self._group_left.get(c.engine_key, 0) + 1
+            self._group_fw[c.engine_key] = c.framework
 
     @classmethod
     def for_console(cls, console: Console, name: str, cells: list[Cell], quiet: bool = False) -> "RunProgress":
@@ -108,6 +119,22 @@ class RunProgress:
     def planned(self, engine_key: str, load_s: float, cell_s: dict[str, float]) -> None:
         self.est_load[engine_key] = load_s
         self.est_cell.update(cell_s)
+        for cid, sec in cell_s.items():
+            if cid in self.by_id and cid not in self.status and cid not in self._counted:
+                self._counted.add(cid)
+                fw = self.by_id[cid].framework
+                self._cells_left[fw] = self._cells_left.get(fw, 0.0) + sec
+        if (engine_key not in self.began and engine_key not in self._load_counted
+                and self._group_left.get(engine_key, 0) > 0):
+            self._load_counted.add(engine_key)
+            fw = self._group_fw.get(engine_key, "?")
+            self._loads_left[fw] = self._loads_left.get(fw, 0.0) + load_s
+
+    def _load_begun(self, engine_key: str) -> None:
+        if engine_key in self._load_counted:
+            self._load_counted.discard(engine_key)
+            fw = self._group_fw.get(engine_key, "?")
+            self._loads_left[fw] = max(self._loads_left.get(fw, 0.0) - self.est_load.get(engine_key, 0.0), 0.0)
 
     def nodes(self, names: dict[str, str]) -> None:
         self.node_names = dict(names)
@@ -116,12 +143,11 @@ class RunProgress:
         key = cells[0].engine_key if cells else part_id
         self.parts[part_id] = _Part(list(cells), node, key)
         self.began.add(key)
+        self._load_begun(key)
         self.refresh()
 
     def part_ended(self, part_id: str) -> None:
-        p = self.parts.get(part_id)
-        if p is not None:
-            p.ended = True
+        if self.parts.pop(part_id, None) is not None:   # (its late reports, if any, are dropped)
             self.refresh()
 
     def reported(self, r: PartReport) -> None:
@@ -172,6 +198,7 @@ class RunProgress:
         if cell_id not in self.by_id:
             return       # an SLO search's probe: a row, not a planned cell
         if cell_id in self.status:
+            self._ok += (status == OK) - (self.status[cell_id] == OK)
             self.status[cell_id] = status     # the row's word is the last
         else:
             self._ended(cell_id, status)
@@ -181,11 +208,20 @@ class RunProgress:
         if cell_id in self.status or cell_id not in self.by_id:
             return
         self.status[cell_id] = status
+        self._ok += status == OK
+        c = self.by_id[cell_id]
+        if cell_id in self._counted:
+            self._counted.discard(cell_id)
+            self._cells_left[c.framework] = max(self._cells_left.get(c.framework, 0.0) - self.est_cell.get(cell_id, 0.0), 0.0)
+        self._group_left[c.engine_key] -= 1
+        if self._group_left[c.engine_key] == 0:
+            self._load_begun(c.engine_key)      # all its cells ended without a part begun (no node could host it)
         if self.mode == "plain":
             eta = self.eta()
-            self.console.print(f"[{self.done}/{len(self.cells)}] {status:<11} {cell_label(self.by_id[cell_id])}"
-                               f"  elapsed {clock(self.now() - self.started)}  ETA {clock(eta)}",
-                               markup=False, highlight=False, soft_wrap=True)
+            f = self.console.file    # as it is: no markup, no wrapping, no colour (a log, a pipe)
+            f.write(f"[{self.done}/{len(self.cells)}] {status:<11} {cell_label(self.by_id[cell_id])}"
+                    f"  elapsed {clock(self.now() - self.started)}  ETA {clock(eta)}\n")
+            f.flush()
 
     # -- what it makes of it --------------------------------------------------------------------------
 
@@ -195,27 +231,21 @@ class RunProgress:
 
     @property
     def ok(self) -> int:
-        return sum(s == OK for s in self.status.values())
+        return self._ok
 
     def running(self) -> list[tuple[str, _Part]]:
-        return [(k, p) for k, p in list(self.parts.items()) if not p.ended]   # (the display's thread reads it too)
+        return list(self.parts.items())   # a copy: the display's thread reads it too
 
     def eta(self) -> float | None:
         """Seconds until the run ends, from the estimates scaled by what this run measured; None: no estimate."""
-        left = [c for c in self.by_id if c not in self.status]
-        if not left:
+        if self.done == len(self.cells):
             return 0.0
         if not self.est_cell:
             return None
         now = self.now()
-        work, loads = 0.0, set()
-        for c in left:
-            k_load, k_cell = self.scale(self.by_id[c].framework)
-            work += self.est_cell.get(c, 0.0) * k_cell
-            g = self.by_id[c].engine_key
-            if g not in self.began and g not in loads:   # an engine group not begun: its load to come
-                loads.add(g)
-                work += self.est_load.get(g, 0.0) * k_load
+        scale = {fw: self.scale(fw) for fw in {*self._cells_left, *self._loads_left}}
+        work = sum(sec * scale[fw][1] for fw, sec in self._cells_left.items())
+        work += sum(sec * scale[fw][0] for fw, sec in self._loads_left.items())
         running = self.running()
         for _, p in running:
             on_node = now - p.node_lag       # the part's clock now
@@ -265,8 +295,7 @@ class RunProgress:
 
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
-            for p in self.parts.values():
-                p.ended = True
+            self.parts.clear()
             self.refresh()
             self._bar.__exit__(*exc)
             self._bar = None
