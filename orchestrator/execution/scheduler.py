@@ -217,13 +217,14 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
 
     def show() -> None:
         nonlocal board
-        if board is None:
+        if progress is None:
             return
-        try:
-            for r in ray.get(board.drain.remote(), timeout=10):
-                progress.reported(r)
-        except Exception:
-            board = None
+        if board is not None:
+            try:
+                for r in ray.get(board.drain.remote(), timeout=10):
+                    progress.reported(r)
+            except Exception:   # the board is gone: the count moves as rows arrive, the ETA still ticks
+                board = None
         progress.refresh()
 
     def submit(part: Work, node: str) -> None:
