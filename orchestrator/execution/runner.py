@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import contextlib
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -78,7 +79,10 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
         groups = group(todo)
         models = resolve_models(m, [g.model for g in groups], str(cache_root()))   # each model once, before Ray
         if any(why is None for _, why in models.values()):
-            init_ray(address, log_file=store.root / RUN_LOG)
+            spinner = console.status("starting Ray", refresh_per_second=4) if not quiet and console.is_terminal \
+                else contextlib.nullcontext()   # Ray takes seconds to start: say so rather than show nothing
+            with spinner:
+                init_ray(address, log_file=store.root / RUN_LOG)
             device = cluster_device() if m.run.device == "auto" else m.run.device
         else:   # no model can be had: nothing to start Ray for
             device = "cpu" if m.run.device == "auto" else m.run.device
