@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import contextlib
 from datetime import datetime, timezone
 from pathlib import Path
 
