@@ -57,7 +57,7 @@ def timing_requests(workload: Workload, tok: Tokenizer, n: int, input_len: int, 
     if isinstance(workload, SyntheticWorkload):
         return _synthetic(workload, tok, n, input_len, output_len)
     if isinstance(workload, TraceWorkload):
-        return _trace(workload, tok, n, input_len, output_len)
+        return _trace(workload, tok, n, input_len, output_len, mode)
     if isinstance(workload, ShareGptWorkload) or (isinstance(workload, HfWorkload) and workload.messages_field):
         return _sharegpt(workload, tok, n, input_len, output_len, mode, chat)
     if isinstance(workload, HfWorkload):
@@ -103,9 +103,9 @@ def _synthetic(w: SyntheticWorkload, tok: Tokenizer, n: int, input_len: int, out
     return req
 
 
-def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len: int) -> Requests:
+def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len: int, mode: str) -> Requests:
     """A trace's requests in its order (cycled where the run needs more), lengths capped at the axes, and
-    the gaps between them, scaled."""
+    the gaps between them, scaled (replayed by serve cells only: the row says so elsewhere)."""
     records = traces.read_trace(w.path)
     allowed = np.array([i for i in range(tok.vocab_size) if i not in tok.special_ids])
     prompts, short = traces.prompts(records, n, allowed, w.block_size, w.seed, input_len)
@@ -120,6 +120,9 @@ def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len:
         f" (capped at input_len {input_len}), output lengths {lengths.describe(outs)} (capped at output_len "
         f"{output_len})" + (f"; {short} requests' blocks were shorter than their input_length (topped up with "
                             "tokens of their own)" if short else ""))
+    if mode != "serve":   # never a replay in name only
+        req.notes.append(f"trace times not replayed: {mode} cells submit every request at once (serve cells "
+                         "send each at its time)")
     return req
 
 

@@ -75,6 +75,12 @@ def test_trace_requests_share_their_blocks(tok):
     short = timing_requests(parse_matrix(matrix(workload={"kind": "trace", "path": TRACE, "block_size": 16})).workload,
                             tok, 5, 20, 4, "serve")
     assert max(len(p) for p in short.prompts) == 20 and max(short.output_lens) == 4
+    assert not any("not replayed" in n for n in req.notes)
+    # offline and stream cells get the trace's requests, not its times, and say so
+    for mode in ("offline", "stream"):
+        other = timing_requests(parse_matrix(matrix(workload={"kind": "trace", "path": TRACE, "block_size": 16}))
+                                .workload, tok, 5, 20, 4, mode)
+        assert other.prompts == short.prompts and f"trace times not replayed: {mode} cells" in other.notes[-1]
 
 
 def test_trace_blocks_shorter_than_the_length_are_topped_up(tmp_path, tok):
