@@ -9,9 +9,9 @@ can run. What cannot run is known here, once, not per cell on a node after an en
   (llama.cpp: an architecture its converter lacks, a hub id it cannot convert; vLLM on a CPU: a head size its
   CPU attention has no kernel for). Those cells are `unsupported` rows with the reason.
 
-A model is resolved where the driver runs: a local path the driver does not have is left to the nodes (on a
-cluster the path may be theirs), and so are checks that need the engine itself (they stay in each group's
-`check`/`load`). Endpoint models (someone else's server) are not checked.
+A model is resolved where the driver runs: a local path the driver does not have is asked of every node once Ray
+is up (node_check.py: a path no node has fails its cells there, one some lack is named with them); checks that
+need the engine itself stay in each group's `check`/`load`. Endpoint models (someone else's server) are not checked.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator.execution.estimate import History
+from orchestrator.execution.node_check import check_nodes
 from orchestrator.execution.preflight import preflight, resolve_models
 from orchestrator.execution.progress import RunProgress
 from orchestrator.execution.spec import GroupJob
@@ -78,7 +79,8 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
                               f"{len(measured.load_s)} engine loads measured")
         groups = group(todo)
         models = resolve_models(m, [g.model for g in groups], str(cache_root()))   # each model once, before Ray
-        if any(why is None for _, why in models.values()):
+        ray_started = any(why is None for _, why in models.values())
+        if ray_started:
             spinner = console.status("starting Ray", refresh_per_second=4) if not quiet and console.is_terminal \
                 else contextlib.nullcontext()   # Ray takes seconds to start: say so rather than show nothing
             with spinner:
@@ -90,7 +92,8 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
                          python=framework_python(m, g.framework), cache_dir=str(cache_root()))
                 for g in groups]
         checked = preflight(jobs, models)         # the pairs no engine can run: rows now, before any engine
-        for line in checked.messages():
+        on_nodes = check_nodes(checked, models) if ray_started else []   # paths only the nodes can have
+        for line in [*checked.messages(), *on_nodes]:
             console.print(f"[yellow]preflight: {line}[/yellow]")
         with RunProgress.for_console(console, m.name, todo, quiet) as progress:
 
