@@ -214,19 +214,29 @@ def _schemas_record(schemas: dict[str, pa.Schema]) -> bytes:
 def write_copy(path: Path, schemas: dict[str, pa.Schema], records: list[tuple[dict, list[tuple[str, bytes, int]]]]) -> None:
     """A journal file of this version holding `records` ((header without parts, [(table, message as
     stored, raw length)]) in order), written whole to a hidden name, fsynced and renamed to `path`."""
+    with atomic_file(path, "wb") as f:
+        f.write(MAGIC + _schemas_record(schemas))
+        for header, messages in records:
+            f.write(_encode(header, messages)[0])
+
+
+@contextmanager
+def atomic_file(path: Path, mode: str = "wb", durable: bool = True):
+    """A file written whole or not at all: a hidden name in the same folder, renamed to `path` once the
+    block ends without an error (removed otherwise); `durable`: file and folder fsynced before it returns."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _schemas_record(schemas))
-            for header, messages in records:
-                f.write(_encode(header, messages)[0])
-            f.flush()
-            os.fsync(f.fileno())
+        with os.fdopen(fd, mode) as f:
+            yield f
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

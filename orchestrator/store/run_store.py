@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.store.journal import JOURNAL_DIR, JournalWriter, fsync_dir
+from orchestrator.store.journal import JOURNAL_DIR, JournalWriter, atomic_file
 from orchestrator.store.layout import Layout
 from orchestrator.store.manifest import Manifest
 from orchestrator.store.schema import (
@@ -71,19 +71,8 @@ def atomic_write_text(path: Path, text: str, durable: bool = False) -> None:
     """`text` in `path` whole or not at all (a temporary file renamed); `durable`: fsynced, file and
     folder, before this returns (what a power loss must not undo)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if durable:
-        fsync_dir(path.parent)
+    with atomic_file(path, "w", durable) as f:
+        f.write(text)
 
 
 def cell_row(values: dict[str, Any]) -> pa.Table:
