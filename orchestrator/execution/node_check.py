@@ -71,11 +71,8 @@ def apply_findings(checked: Preflight, models: dict[str, tuple[ModelFacts | None
             why = (f"model path {source} is on neither this machine nor any of the {len(lacking)} node(s) that "
                    f"answered")
             checked.model_problems[name] = why
-            keep = []
-            for job in checked.runnable:
-                (checked.excluded.append((job, "failed", f"preflight: {why}")) if job.group.model == name
-                 else keep.append(job))
-            checked.runnable = keep
+            checked.excluded += [(j, "failed", f"preflight: {why}") for j in checked.runnable if j.group.model == name]
+            checked.runnable = [j for j in checked.runnable if j.group.model != name]
         elif lacking:
             lines.append(f"model {name}: {source} is missing on {len(lacking)} of {len(found.nodes)} nodes "
                          f"({', '.join(lacking)}): a group placed there fails at load")
