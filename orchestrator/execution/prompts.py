@@ -106,7 +106,8 @@ def _synthetic(w: SyntheticWorkload, tok: Tokenizer, n: int, input_len: int, out
 def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len: int, mode: str) -> Requests:
     """A trace's requests in its order (cycled where the run needs more), lengths capped at the axes, and
     the gaps between them, scaled (replayed by serve cells only: the row says so elsewhere)."""
-    records = traces.read_trace(w.path)
+    trace = traces.read_trace(w.path)
+    records = trace.records
     allowed = np.array([i for i in range(tok.vocab_size) if i not in tok.special_ids])
     prompts, short = traces.prompts(records, n, allowed, w.block_size, w.seed, input_len)
     outs = [min(records[i % len(records)].output_length, output_len) for i in range(n)]
@@ -116,7 +117,9 @@ def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len:
     req.notes.append(
         f"trace: {len(records)} requests over {span:.3g} s (time_scale {w.time_scale:g}"
         + (f"; cycled to {n} requests" if n > len(records) else "") + f"); {shared[0]} distinct blocks of "
-        f"{w.block_size} tokens in {shared[1]} block uses; prompt lengths {lengths.describe([len(p) for p in prompts])}"
+        f"{w.block_size} tokens in {shared[1]} block uses"
+        + (f" (a BurstGPT log: no prefix sharing; {trace.dropped} failed rows with 0 tokens dropped)"
+           if trace.shape == "burstgpt" else "") + f"; prompt lengths {lengths.describe([len(p) for p in prompts])}"
         f" (capped at input_len {input_len}), output lengths {lengths.describe(outs)} (capped at output_len "
         f"{output_len})" + (f"; {short} requests' blocks were shorter than their input_length (topped up with "
                             "tokens of their own)" if short else ""))

@@ -1,7 +1,12 @@
-"""Request traces in Mooncake's JSONL shape, read the same way by `bench validate` (does it exist and parse?)
-and by the run (the requests): one request a line, `timestamp` (ms since the trace's start), `input_length`,
-`output_length` (tokens) and `hash_ids` (one id per block of the prompt; requests sharing an id share that
-block: what a prefix cache can reuse). Lines are in time order.
+"""Request traces, read the same way by `bench validate` (does it exist and parse?) and by the run (the
+requests), in two shapes told apart by the file's suffix:
+
+- Mooncake's JSONL (any suffix but .csv): one request a line, `timestamp` (ms since the trace's start),
+  `input_length`, `output_length` (tokens) and `hash_ids` (one id per block of the prompt; requests sharing an
+  id share that block: what a prefix cache can reuse). Lines are in time order.
+- BurstGPT's CSV (`.csv`): a header naming `Timestamp` (seconds), `Request tokens` and `Response tokens`
+  (other columns, such as Model and Log Type, are read past); no prefix sharing. Its logs hold failed
+  requests with 0 response tokens: those rows are dropped and counted, never replayed as 1-token requests.
 
 A request's prompt is its blocks' tokens in order (each block drawn once per hash id, seeded), cut to its
 input_length; where the blocks are shorter than input_length the rest is the request's own tokens.
@@ -9,6 +14,7 @@ input_length; where the blocks are shorter than input_length the rest is the req
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from typing import Annotated
@@ -28,30 +34,79 @@ class TraceRecord(BaseModel):
     hash_ids: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
 
 
-def read_trace(path: str | Path) -> list[TraceRecord]:
+class Trace(BaseModel):
+    """A trace's requests in time order, and the rows its file held that are no request (BurstGPT's failures)."""
+
+    records: list[TraceRecord]
+    dropped: int = 0
+    shape: str = "mooncake"
+
+
+BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
+
+
+def read_trace(path: str | Path) -> Trace:
     """Every request of the trace, in order; a line that is no request, or out of time order, is an error
     naming the file and the line."""
     path = Path(path)
-    out: list[TraceRecord] = []
+    shape, (lines, dropped) = ("burstgpt", _read_burstgpt(path)) if path.suffix.lower() == ".csv" else (
+        "mooncake", (_read_mooncake(path), 0))
+    for (_, before), (lineno, rec) in zip(lines, lines[1:]):
+        if rec.timestamp < before.timestamp:
+            raise DatasetError(f"{path}: line {lineno}: timestamp {rec.timestamp:g} is before the previous "
+                               f"request's {before.timestamp:g} (a trace is in time order)")
+    if not lines:
+        raise DatasetError(f"{path}: holds no requests" + (f" ({dropped} rows with 0 tokens dropped)"
+                                                          if dropped else ""))
+    records = [rec for _, rec in lines]
+    if shape == "burstgpt":   # BurstGPT's clock starts where its log does: times from the first request kept
+        records = [r.model_copy(update={"timestamp": r.timestamp - records[0].timestamp}) for r in records]
+    return Trace(records=records, dropped=dropped, shape=shape)
+
+
+def _read_mooncake(path: Path) -> list[tuple[int, TraceRecord]]:
+    out = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rec = TraceRecord.model_validate(json.loads(line))
+            out.append((lineno, TraceRecord.model_validate(json.loads(line))))
         except json.JSONDecodeError as err:
             raise DatasetError(f"{path}: line {lineno} is not valid JSON ({err})") from None
         except ValidationError as err:
-            first = err.errors()[0]
-            field = ".".join(str(x) for x in first["loc"]) or "(line)"
-            raise DatasetError(f"{path}: line {lineno}: {field}: {first['msg']} (a trace line holds timestamp (ms), "
+            raise DatasetError(f"{path}: line {lineno}: {_first_error(err)} (a trace line holds timestamp (ms), "
                                "input_length, output_length and hash_ids)") from None
-        if out and rec.timestamp < out[-1].timestamp:
-            raise DatasetError(f"{path}: line {lineno}: timestamp {rec.timestamp:g} is before the previous "
-                               f"request's {out[-1].timestamp:g} (a trace is in time order)")
-        out.append(rec)
-    if not out:
-        raise DatasetError(f"{path}: holds no requests")
     return out
+
+
+def _read_burstgpt(path: Path) -> tuple[list[tuple[int, TraceRecord]], int]:
+    """Its requests (timestamps in ms, as Mooncake's) and how many rows were failures (0 tokens)."""
+    with path.open(newline="") as f:
+        rows = csv.DictReader(f)
+        missing = [c for c in BURSTGPT_COLUMNS if c not in (rows.fieldnames or [])]
+        if missing:
+            raise DatasetError(f"{path}: a .csv trace is read as BurstGPT's, whose header names "
+                               f"{', '.join(BURSTGPT_COLUMNS)}; missing: {', '.join(missing)}")
+        out, dropped = [], 0
+        for lineno, row in enumerate(rows, 2):
+            try:
+                ts, n_in, n_out = (float(row["Timestamp"]), int(row["Request tokens"]), int(row["Response tokens"]))
+            except (TypeError, ValueError):
+                raise DatasetError(f"{path}: line {lineno}: Timestamp, Request tokens and Response tokens must be "
+                                   f"numbers, got {[row[c] for c in BURSTGPT_COLUMNS]}") from None
+            if n_in == 0 or n_out == 0:
+                dropped += 1   # a failed request in BurstGPT's logs
+                continue
+            try:
+                out.append((lineno, TraceRecord(timestamp=ts * 1e3, input_length=n_in, output_length=n_out)))
+            except ValidationError as err:
+                raise DatasetError(f"{path}: line {lineno}: {_first_error(err)}") from None
+    return out, dropped
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    return f"{'.'.join(str(x) for x in first['loc']) or '(line)'}: {first['msg']}"
 
 
 def check(path: str) -> str | None:

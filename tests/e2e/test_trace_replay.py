@@ -66,7 +66,7 @@ def test_served_trace_replay_keeps_the_trace_inter_arrival_times(ray_local, writ
     assert row.status == "ok", row.reason
     assert row.load == "trace" and pd.isna(row.request_rate)
     assert row.requests == 48 and row.errors == 0, row.errors_by_kind
-    recs = traces.read_trace(TRACE)
+    recs = traces.read_trace(TRACE).records
     assert row.prompt_tokens == sum(r.input_length for r in recs)       # token ids sent as they are
     assert row.output_tokens == sum(r.output_length for r in recs)      # ignore_eos: each its own length
     assert "trace: 48 requests over" in row.notes

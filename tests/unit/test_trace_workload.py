@@ -1,4 +1,4 @@
-"""Load shapes in the matrix: a trace workload (Mooncake JSONL: orchestrator/inputs/traces.py), serve.arrival's
+"""Load shapes in the matrix: a trace workload (Mooncake JSONL, BurstGPT CSV: orchestrator/inputs/traces.py), serve.arrival's
 gamma and ramp; how they expand into cells and what validation says of them, with YAML paths."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from orchestrator.matrix.validate import parse_matrix
 from tests.helpers import ROOT, problems
 
 TRACE = str(ROOT / "tests" / "data" / "mooncake_trace.jsonl")
+BURSTGPT = ROOT / "tests" / "data" / "burstgpt_trace.csv"
 BASE = {
     "models": {"tiny": "builtin:tiny"},
     "axes": {"framework": ["vllm"], "model": ["tiny"], "mode": ["serve"], "batch_size": [4], "input_len": [128],
@@ -33,7 +34,7 @@ def tok(tiny_model):
 
 
 def test_the_shipped_trace():
-    recs = traces.read_trace(TRACE)
+    recs = traces.read_trace(TRACE).records
     assert 40 <= len(recs) <= 60
     assert all(r.input_length <= 128 and r.output_length <= 16 for r in recs)   # fits the tiny model
     ts = [r.timestamp for r in recs]
@@ -43,7 +44,7 @@ def test_the_shipped_trace():
 
 
 def test_trace_gaps_are_its_timestamps_scaled():
-    recs = traces.read_trace(TRACE)
+    recs = traces.read_trace(TRACE).records
     ts = np.array([r.timestamp for r in recs]) / 1e3
     for scale in (1.0, 0.25):
         gaps = traces.gaps_s(recs, len(recs), scale)
@@ -55,7 +56,7 @@ def test_trace_gaps_are_its_timestamps_scaled():
 
 
 def test_trace_requests_share_their_blocks(tok):
-    recs = traces.read_trace(TRACE)
+    recs = traces.read_trace(TRACE).records
     req = timing_requests(parse_matrix(matrix(workload={"kind": "trace", "path": TRACE, "block_size": 16})).workload,
                           tok, len(recs), 128, 16, "serve")
     assert [len(p) for p in req.prompts] == [r.input_length for r in recs]
@@ -156,6 +157,40 @@ def test_mistakes_name_their_yaml_path(top, expected):
     assert any(p.startswith(expected) for p in got), got
 
 
+def test_a_burstgpt_log(tok):
+    """BurstGPT's CSV: seconds from wherever its log starts, failed requests (0 response tokens) dropped and
+    counted, no prefix sharing; its gaps are its timestamps' differences, and the row's note says all of it."""
+    import csv
+
+    rows = list(csv.DictReader(BURSTGPT.open()))
+    kept = [r for r in rows if int(r["Response tokens"]) > 0]
+    trace = traces.read_trace(BURSTGPT)
+    assert trace.shape == "burstgpt" and trace.dropped == len(rows) - len(kept) == 2
+    assert [r.input_length for r in trace.records] == [int(r["Request tokens"]) for r in kept]
+    assert [r.output_length for r in trace.records] == [int(r["Response tokens"]) for r in kept]
+    seconds = np.array([float(r["Timestamp"]) for r in kept])
+    assert np.cumsum(traces.gaps_s(trace.records, len(kept), 0.5)) == pytest.approx((seconds - seconds[0]) * 0.5)
+    assert all(not r.hash_ids for r in trace.records)
+    w = parse_matrix(matrix(workload={"kind": "trace", "path": str(BURSTGPT)})).workload
+    req = timing_requests(w, tok, len(kept), 128, 16, "serve")
+    assert [len(p) for p in req.prompts] == [min(r.input_length, 128) for r in trace.records]
+    assert "a BurstGPT log: no prefix sharing; 2 failed rows with 0 tokens dropped" in req.notes[0]
+
+
+def test_a_csv_that_is_not_burstgpts(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("Timestamp,Prompt tokens,Response tokens\n0.5,4,2\n")
+    got = problems(matrix(workload={"kind": "trace", "path": str(path)}))
+    assert "a .csv trace is read as BurstGPT's, whose header names Timestamp, Request tokens, Response tokens; " \
+           "missing: Request tokens" in got[0], got
+    path.write_text("Timestamp,Request tokens,Response tokens\n0.5,four,2\n")
+    assert "line 2: Timestamp, Request tokens and Response tokens must be numbers" in problems(
+        matrix(workload={"kind": "trace", "path": str(path)}))[0]
+    path.write_text("Timestamp,Request tokens,Response tokens\n0.5,4,0\n")
+    assert "holds no requests (1 rows with 0 tokens dropped)" in problems(
+        matrix(workload={"kind": "trace", "path": str(path)}))[0]
+
+
 def test_a_malformed_trace_names_its_line(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [0]}\n'
@@ -189,7 +224,7 @@ def test_the_worker_gets_the_shapes(cache_dir):
         n = 4 + 2 * 10       # warmup x batch_size, then repeats x serve.requests
         assert len(cell.timing_prompts) == n
         if m.workload.kind == "trace":
-            recs = traces.read_trace(TRACE)
+            recs = traces.read_trace(TRACE).records
             assert cell.request_rate is None and cell.arrival.kind == "trace" and len(cell.arrival.gaps_s) == n
             assert cell.arrival.gaps_s[1] == pytest.approx(2.0 * (recs[1].timestamp - recs[0].timestamp) / 1e3)
             assert spec.serve.arrival.kind == "poisson"      # the group's, which a trace's cells do not use
