@@ -82,6 +82,10 @@ class Adapter:
     # `streams` and honours max_running at load; `generate` then takes the whole stream in one call.
     streams: ClassVar[bool] = False
     no_stream_reason: ClassVar[str] = "this adapter has no continuous-batching scheduler"
+    # A stream cell with a request rate, a ramp or a trace hands each request to the engine at its arrival
+    # time: an adapter that can sets `follows_arrivals`, and its generate takes `arrivals_s` (seconds after
+    # the run's start, per request) and fills each RequestTiming's `scheduled` and `sent`.
+    follows_arrivals: ClassVar[bool] = False
 
     def score(self, prompts: list[list[int]], top_k: int) -> list[TokenScores]:
         """Teacher-forced logprobs: for each prompt, scores of tokens 1..n-1 given their prefix."""

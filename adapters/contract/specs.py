@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, model_validator
 
-from adapters.contract.arrivals import MatrixArrival, TraceArrival
+from adapters.contract.arrivals import Arrival, MatrixArrival
 from adapters.contract.model import ContractModel
 
 
@@ -84,12 +84,15 @@ class CellSpec(ContractModel):
     timing_texts: list[str] | None = None     # serve: for a server that takes text only
     timing_messages: list[list[dict[str, str]]] | None = None   # serve, chat workloads: each prompt's messages,
                                                # sent to /v1/chat/completions (timing_prompts: our template's ids)
-    request_rate: float | None = None          # serve: requests/s; None: a closed loop
+    request_rate: float | None = None          # serve and stream: requests/s; None: a closed loop, or a
+                                               # stream submitted at once (or on a ramp's or trace's times)
     output_lens: list[int] | None = None       # per timing prompt (a drawn or dataset workload); None: output_len
     follows: list[int] | None = None           # serve, multi-turn: k > 0 sends request i after request i - k ends
     think_time_s: float = 0.0                  # ... plus this wait
-    stream_requests: int = 0                   # stream cells: requests per timed run, submitted at once
-    arrival: TraceArrival | None = None        # serve, a trace workload: its own times (over serve.arrival)
+    stream_requests: int = 0                   # stream cells: requests per timed run
+    # serve: a trace workload's own times (over serve.arrival); stream: how the timed runs' requests arrive
+    # (serve.arrival at request_rate, a ramp, a trace's times); None: a stream submitted at once
+    arrival: Arrival | None = None
     notes: list[str] = Field(default_factory=list)   # what the workload drew (lengths, groups), for the row
 
 

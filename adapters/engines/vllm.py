@@ -48,6 +48,7 @@ from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_sparse
 from adapters.contract.specs import LoadSpec, ModelFacts, SamplerSettings
 from adapters.contract.timing import RequestTiming, TimedRun
+from adapters.engines.vllm_arrivals import run_arriving
 from adapters.engines.vllm_errors import (
     classify_load_error,
     cpu_spec_sampling_bug,
@@ -370,7 +371,9 @@ class VllmAdapter(Adapter):
     # from LoadSpec.max_running) and admits the next waiting request as one finishes (vllm bench throughput)
     streams = True
 
-    def generate(self, prompts, output_len, ignore_eos) -> TimedRun:
+    follows_arrivals = True
+
+    def generate(self, prompts, output_len, ignore_eos, arrivals_s: list[float] | None = None) -> TimedRun:
         from vllm import SamplingParams
 
         lens = [output_len] * len(prompts) if isinstance(output_len, int) else list(output_len)
@@ -382,14 +385,18 @@ class VllmAdapter(Adapter):
         if self._stamps is not None:
             self._stamps.clear()
         start = time.perf_counter()
-        outs = self._run(prompts, params)
+        if arrivals_s is None:
+            outs, sent = self._run(prompts, params), [start] * len(prompts)
+        else:
+            outs, sent = run_arriving(self.llm, prompts, params, arrivals_s, start)
         end = time.perf_counter()
 
         missing: dict[str, str] = {}
         requests = []
-        for p, o in zip(prompts, outs):
+        for i, (p, o) in enumerate(zip(prompts, outs)):
             n = len(o.outputs[0].token_ids)
-            r = RequestTiming(sent=start, output_tokens=n, prompt_tokens=len(p), end=end)
+            r = RequestTiming(sent=sent[i], output_tokens=n, prompt_tokens=len(p), end=end,
+                              scheduled=None if arrivals_s is None else start + arrivals_s[i])
             for t, k in (self._stamps or {}).get(o.request_id, []):
                 r.add_chunk(t, k)
             if sum(r.chunk_tokens) != n:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import math
 import os
 import sys
 import time
@@ -25,6 +26,7 @@ import numpy as np
 
 from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
+from adapters.contract.arrivals import TraceArrival
 from adapters.contract.events import End, GroupUnsupported, Loaded, Started
 from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
@@ -35,6 +37,7 @@ from adapters.meters import telemetry
 from adapters.meters.energy import EnergyMeter
 from adapters.meters.memory import MemoryTracker
 from adapters.meters.provenance import model_fingerprint
+from adapters.serving import arrivals
 from adapters.worker.cell_loop import (
     NO_SPECULATION,
     Events,
@@ -124,20 +127,36 @@ def _spans(cell: CellSpec, stream: bool) -> tuple[list[tuple[int, int]], list[tu
     return spans[: cell.warmup], spans[cell.warmup:]
 
 
+def stream_arrivals(cell: CellSpec, lo: int, hi: int) -> list[float]:
+    """When each request of a timed stream (timing prompts lo..hi) arrives, in seconds after the stream's
+    start: the shape's offsets at the cell's rate (seeded as a served load point's), or the trace's own gaps
+    for those requests (the first arriving at 0)."""
+    a = cell.arrival
+    if a.kind == "trace":
+        a = TraceArrival(gaps_s=a.gaps_s[lo:hi])
+    return arrivals.offsets(a, math.inf if cell.request_rate is None else cell.request_rate, hi - lo)
+
+
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
              sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter, stream: bool = False) -> Measured:
-    def gen(span: tuple[int, int]):
+    def gen(span: tuple[int, int], timed: bool = False):
         lo, hi = span
         lens = cell.output_lens[lo:hi] if cell.output_lens else cell.output_len
+        if timed and stream and cell.arrival is not None:   # the warm-up stream goes in at once
+            return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos,
+                                    arrivals_s=stream_arrivals(cell, lo, hi))
         return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos)
 
+    if stream and cell.arrival is not None and not adapter.follows_arrivals:
+        raise Unsupported(f"{adapter.name}: this adapter cannot hand a stream's requests to the engine on an "
+                          f"arrival schedule ({cell.arrival.kind})")
     warm, timed = _spans(cell, stream)
     for span in warm:
         gen(span)
     memory.reset_peak()
     spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
     energy.reset()
-    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r])))
+    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r], True)))
     spec = _spec_figures(spec_before, adapter.spec_counters())
     tel, tel_missing = telemetry.figures(
         engine_before, adapter.engine_metrics(), None,

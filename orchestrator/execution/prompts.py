@@ -105,7 +105,7 @@ def _synthetic(w: SyntheticWorkload, tok: Tokenizer, n: int, input_len: int, out
 
 def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len: int, mode: str) -> Requests:
     """A trace's requests in its order (cycled where the run needs more), lengths capped at the axes, and
-    the gaps between them, scaled (replayed by serve cells only: the row says so elsewhere)."""
+    the gaps between them, scaled (replayed by serve and stream cells; offline rows say they are not)."""
     trace = traces.read_trace(w.path)
     records = trace.records
     allowed = np.array([i for i in range(tok.vocab_size) if i not in tok.special_ids])
@@ -123,9 +123,9 @@ def _trace(w: TraceWorkload, tok: Tokenizer, n: int, input_len: int, output_len:
         f" (capped at input_len {input_len}), output lengths {lengths.describe(outs)} (capped at output_len "
         f"{output_len})" + (f"; {short} requests' blocks were shorter than their input_length (topped up with "
                             "tokens of their own)" if short else ""))
-    if mode != "serve":   # never a replay in name only
-        req.notes.append(f"trace times not replayed: {mode} cells submit every request at once (serve cells "
-                         "send each at its time)")
+    if mode == "offline":   # never a replay in name only
+        req.notes.append("trace times not replayed: offline cells run its requests as static batches (serve and "
+                         "stream cells send each at its time)")
     return req
 
 

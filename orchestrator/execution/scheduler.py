@@ -256,57 +256,68 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
         while dispatcher.lost:
             give_up(dispatcher.lost.pop(), "lost with its node; no node alive offers what it needs any more")
 
-    looked = time.monotonic()
-    while True:
-        if time.monotonic() - looked > REFRESH_S:   # nodes that joined take work (their type may be new)
-            dispatcher.set_nodes(alive_nodes())
+    def drive() -> None:
+        looked = time.monotonic()
+        while True:
+            if time.monotonic() - looked > REFRESH_S:   # nodes that joined take work (their type may be new)
+                dispatcher.set_nodes(alive_nodes())
+                if progress is not None:
+                    progress.nodes(node_names(ray.nodes()))
+                report_lost()
+                looked = time.monotonic()
+            for part, node in dispatcher.step():
+                submit(part, node)
+            if stealing is not None:
+                for victim, thief in stealing.poll():
+                    start_thief(victim, thief)
+            if not pending and not (stealing and stealing.waiting):
+                # nothing runs and nothing more could start: what still waits has no node left to run on
+                dispatcher.lost += [e[2] for h in dispatcher.pending.values() for e in h]
+                report_lost()
+                return
+            looking = stealing is not None and (stealing.waiting or dispatcher.can_steal())
+            wait = STEAL_POLL_S if looking else REFRESH_S
             if progress is not None:
-                progress.nodes(node_names(ray.nodes()))
-            report_lost()
-            looked = time.monotonic()
-        for part, node in dispatcher.step():
-            submit(part, node)
-        if stealing is not None:
-            for victim, thief in stealing.poll():
-                start_thief(victim, thief)
-        if not pending and not (stealing and stealing.waiting):
-            # nothing runs and nothing more could start: what still waits has no node left to run on
-            dispatcher.lost += [e[2] for h in dispatcher.pending.values() for e in h]
-            report_lost()
-            return
-        looking = stealing is not None and (stealing.waiting or dispatcher.can_steal())
-        wait = STEAL_POLL_S if looking else REFRESH_S
-        if progress is not None:
-            wait = min(wait, SHOW_POLL_S)
-        if not pending:       # only answers to wait for
-            time.sleep(wait)
+                wait = min(wait, SHOW_POLL_S)
+            if not pending:       # only answers to wait for
+                time.sleep(wait)
+                show()
+                continue
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
             show()
-            continue
-        done, _ = ray.wait(list(pending), num_returns=1, timeout=wait)
-        show()
-        for ref in done:
-            job, part = pending.pop(ref)
-            if progress is not None:
-                progress.part_ended(job.part_id)
-            try:
-                rows = [r.unpacked() for r in ray.get(ref)]
-            except Exception as err:  # the task's worker or node died; run_group itself never raises
-                if stealing is not None:
-                    stealing.lost(job.part_id)
-                if job.tries <= job.matrix.run.node_retries:
-                    dispatcher.set_nodes(alive_nodes())   # placed again on the nodes left after the loss
-                    dispatcher.requeue(part)
-                    report_lost()
-                    continue
-                dispatcher.finished(part)
-                rows = status_rows(job, "failed", f"lost {job.tries} times (node or worker died): "
-                                                  f"{type(err).__name__}: {str(err)[-1500:]}")
-            else:
-                dispatcher.finished(part)
-                thief = stealing.finished(part, {r.row["cell_id"] for r in rows}) if stealing else None
-                if thief is not None:
-                    start_thief(part, thief)
-            on_done(job, rows)
+            for ref in done:
+                job, part = pending.pop(ref)
+                if progress is not None:
+                    progress.part_ended(job.part_id)
+                try:
+                    rows = [r.unpacked() for r in ray.get(ref)]
+                except Exception as err:  # the task's worker or node died; run_group itself never raises
+                    if stealing is not None:
+                        stealing.lost(job.part_id)
+                    if job.tries <= job.matrix.run.node_retries:
+                        dispatcher.set_nodes(alive_nodes())   # placed again on the nodes left after the loss
+                        dispatcher.requeue(part)
+                        report_lost()
+                        continue
+                    dispatcher.finished(part)
+                    rows = status_rows(job, "failed", f"lost {job.tries} times (node or worker died): "
+                                                      f"{type(err).__name__}: {str(err)[-1500:]}")
+                else:
+                    dispatcher.finished(part)
+                    thief = stealing.finished(part, {r.row["cell_id"] for r in rows}) if stealing else None
+                    if thief is not None:
+                        start_thief(part, thief)
+                on_done(job, rows)
+
+    try:
+        drive()
+    finally:   # the run's actors end with it: a driver that lives on (a test session, a notebook) keeps none
+        for actor in (board, stealing.ledger if stealing is not None else None):
+            if actor is not None:
+                try:
+                    ray.kill(actor)
+                except Exception:   # already gone with its node, or Ray is shutting down
+                    pass
 
 
 def _shared_server(job: GroupJob) -> bool:

@@ -26,7 +26,7 @@ from adapters.contract.specs import (
 from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
 from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
-from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule
+from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule, stream_schedule
 from orchestrator.matrix.models import Matrix, Sampling, Tolerances
 
 # the checkout the engine child imports `adapters` from (its PYTHONPATH), and what rows never show
@@ -52,8 +52,10 @@ class GroupJob:
 def load_kind(m: Matrix, cell: Cell) -> str:
     """batch (an offline static batch), closed (a served closed loop), the arrival of a served rate
     (constant, poisson, gamma), or a schedule of its own (ramp, trace)."""
-    if cell.mode in ("offline", "stream"):
-        return "batch" if cell.mode == "offline" else "stream"
+    if cell.mode == "offline":
+        return "batch"
+    if cell.mode == "stream":
+        return stream_schedule(m, cell.workload, cell.request_rate) or "stream"
     if cell.search:
         return f"search {m.serve.search.variable}"
     own = own_schedule(m, cell.workload)
@@ -106,7 +108,7 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             request_rate=None if c.request_rate is None or math.isinf(c.request_rate) else c.request_rate,
             output_lens=req.output_lens, follows=req.follows, think_time_s=req.think_time_s,
             stream_requests=per_run if g.mode == "stream" else 0,
-            arrival=TraceArrival(gaps_s=req.gaps_s) if serve and req.gaps_s is not None else None,
+            arrival=_cell_arrival(m, c, req.gaps_s),
             notes=([f"workload: {c.workload}"] if c.workload else []) + req.notes))
     scoring = scoring_prompts(m.measure, tok)
     task_max = lm_eval_tasks.model_max_length(source, tokenizer_source(job)) if task_sets.has_lm_eval(tasks) else None
@@ -130,6 +132,16 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             # one seed per server (arrivals, request seeds): the first cell's workload's, where workloads differ
             startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload_of(cells[0].workload), "seed", 0)),
         tasks=task_specs, sampling=_sampling_spec(sampling, scoring, m.tolerances))
+
+
+def _cell_arrival(m: Matrix, cell: Cell, gaps_s: list[float] | None):
+    """What the worker needs of a cell's arrivals beyond its request_rate: a trace's times (serve and stream),
+    or for a stream on a schedule, serve.arrival's shape (a served cell's comes with its group's ServeSpec)."""
+    if gaps_s is not None and cell.mode in ("serve", "stream"):
+        return TraceArrival(gaps_s=gaps_s)
+    if cell.mode == "stream" and stream_schedule(m, cell.workload, cell.request_rate):
+        return m.serve.arrival
+    return None
 
 
 def _cap(workload, field: str, axis_value: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,8 @@ class Cell:
     output_len: int
     options: dict = field(hash=False, compare=False)
     mode: str = "offline"
-    request_rate: float | None = None      # serve cells: requests/s (inf: closed loop); offline, search: None
+    request_rate: float | None = None      # serve cells: requests/s (inf: closed loop); stream cells: their
+                                           # arrival rate; offline, search, a stream at once: None
     search: bool = False                   # a serve cell whose load is searched (serve.search)
     workload: str | None = None            # the named workload it runs (None: the matrix's single workload section)
     cell_id: str = ""
@@ -80,10 +82,14 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     search = serve and m.serve.search is not None
     if serve:
         canonical |= {"request_rate": values["request_rate"], "serve": serve_settings(m)}
+    schedule = stream_schedule(m, values["workload"], values["request_rate"]) if values["mode"] == "stream" else None
+    if schedule:   # a stream on an arrival schedule (ids of streams submitted at once stay as they were)
+        canonical |= {"request_rate": values["request_rate"], "arrival": schedule if schedule == "trace"
+                      else stable_dump(m.serve.arrival)}
     return Cell(framework=fw, model=values["model"], quantization=quant, flags=values["flags"],
                 batch_size=values["batch_size"], input_len=values["input_len"],
                 output_len=values["output_len"], options=options, mode=values["mode"],
-                request_rate=float(values["request_rate"]) if serve and values["request_rate"] is not None else None,
+                request_rate=float(values["request_rate"]) if values["request_rate"] is not None else None,
                 search=search,
                 workload=values["workload"], cell_id=_hash(canonical), engine_key=_hash(engine))
 
@@ -108,8 +114,12 @@ def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _point(m: Matrix, values: dict[str, Any]) -> dict[str, Any]:
-    if values["mode"] != "serve":
-        values["request_rate"] = None  # a static batch, or a stream submitted at once, has no arrival rate
+    rate = values["request_rate"]
+    if values["mode"] == "offline" or (values["mode"] == "stream" and (rate is None or math.isinf(rate)
+                                                                       or own_schedule(m, values["workload"]))):
+        values["request_rate"] = None  # a static batch, a stream submitted at once or on a schedule of its own
+    elif values["mode"] == "stream":
+        pass                           # a stream whose requests arrive at the rate, in serve.arrival's shape
     elif m.serve.search is not None:
         values["request_rate"] = None  # the search chooses it
         if m.serve.search.variable == "concurrency":   # and the concurrency: one search per configuration
@@ -173,12 +183,26 @@ def own_schedule(m: Matrix, workload: str | None) -> str | None:
     return "ramp" if m.serve.arrival.kind == "ramp" else None
 
 
+def stream_schedule(m: Matrix, workload: str | None, request_rate: float | None) -> str | None:
+    """How a stream cell's timed requests arrive: a trace's times ('trace'), a ramp's rates ('ramp'),
+    serve.arrival's shape at a finite request rate ('constant', 'poisson', 'gamma'); None: all at once."""
+    own = own_schedule(m, workload)
+    if own:
+        return own
+    return m.serve.arrival.kind if request_rate is not None and not math.isinf(request_rate) else None
+
+
 def load_label(mode: str | None, batch_size: int, request_rate: float | None, arrival: str | None = None) -> str:
     """How a cell's load reads in tables: 'batch 4' offline, 'c=4' a served closed loop of 4, and
     'poisson 8/s, c<=4' requests arriving at 8/s with at most 4 in flight; 'stream c<=4' a stream with at most
     4 running; 'search rate, c<=4' an SLO search (its row's rate: the maximum found); 'ramp, c<=4' and
-    'trace, c<=4' arrivals on a schedule of their own."""
+    'trace, c<=4' arrivals on a schedule of their own; 'stream, poisson 8/s, c<=4' or 'stream, trace, c<=4' a stream
+    whose requests arrive so."""
     if mode == "stream":
+        if arrival in ("ramp", "trace"):
+            return f"stream, {arrival}, c<={batch_size}"
+        if request_rate is not None and request_rate == request_rate and request_rate != float("inf"):
+            return f"stream, {arrival or 'rate'} {request_rate:g}/s, c<={batch_size}"
         return f"stream c<={batch_size}"
     if mode != "serve":
         return f"batch {batch_size}"

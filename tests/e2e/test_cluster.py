@@ -138,3 +138,8 @@ def test_an_idle_node_steals_the_unstarted_cells_of_a_running_group_and_each_run
     assert set(df.node_id) == {n.node_id for n in nodes}
     assert df.load_s.nunique() >= 2     # a part that ends first may steal again from the thief
     assert set(store.read_logprobs(["cell_id"]).column("cell_id").to_pylist()) == set(df.cell_id)
+    # the run's actors (its progress board and the stealing ledger) ended with it
+    from ray._private import state
+
+    alive = [a["ActorClassName"] for a in state.actors().values() if a["State"] == "ALIVE"]
+    assert not [a for a in alive if a.split(".")[-1] in ("Board", "Ledger")], alive

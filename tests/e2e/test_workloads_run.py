@@ -24,6 +24,7 @@ WARMUP, REPEATS, PER_RUN, SERVED, BATCH, IN_CAP, OUT_CAP = 1, 2, 16, 8, 4, 320, 
 THINK_S = 0.05
 DRAWN_IN = {"kind": "lognormal", "mean": 48, "std": 16, "min": 24, "max": 96}
 DRAWN_OUT = {"kind": "uniform", "min": 4, "max": 12}
+RATE = 40.0
 
 MATRIX = {
     "name": "workloads-test",
@@ -34,12 +35,14 @@ MATRIX = {
     "exclude": [{"framework": "hf", "mode": ["offline", "serve"]}, {"framework": "vllm", "mode": ["offline", "serve"]},
                 # the drawn workload: llama.cpp offline and vLLM stream only (the engines loaded anyway)
                 {"workload": "drawn", "framework": "hf"}, {"workload": "drawn", "mode": "serve"}],
+    # one more vLLM stream cell on the loaded engine: its timed requests arriving evenly at RATE/s
+    "include": [{"framework": "vllm", "mode": "stream", "workload": "drawn", "request_rate": RATE}],
     "flags": {"vllm": {"default": {"enforce_eager": True}}},
     "workloads": {"chat": {"kind": "sharegpt", "path": SHAREGPT, "multi_turn": True, "think_time_s": THINK_S},
                   "drawn": {"kind": "synthetic", "seed": 3, "input_lengths": DRAWN_IN, "output_lengths": DRAWN_OUT}},
     "measure": {"warmup": WARMUP, "repeats": REPEATS, "stream_requests": PER_RUN, "scoring_prompts": 2,
                 "scoring_len": 24, "greedy_tokens": 4, "score_repeats": 1, "top_k": 4},
-    "serve": {"requests": SERVED, "time_limit_s": 90, "capture_logprobs": False},
+    "serve": {"requests": SERVED, "time_limit_s": 90, "capture_logprobs": False, "arrival": "constant"},
     "baseline": {"framework": "llamacpp", "mode": "offline"},   # each cell's of its own workload
     "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
 }
@@ -93,6 +96,30 @@ def test_per_request_lengths_offline_and_stream(workload_run, tiny_model):
     assert json.loads(vs.engine_args)["effective"]["max_num_seqs"] == BATCH
     # submitted at once: the later requests wait for a slot, so TTFT spreads far beyond one prefill
     assert max(vs.ttft_ms) > 3 * min(vs.ttft_ms) and vs.output_tok_s > 0
+
+
+def test_a_stream_on_an_arrival_schedule(workload_store):
+    """vLLM's stream cell at RATE/s: each timed request handed to the engine at its arrival (serve.arrival
+    constant: every 1/RATE s), never before it, the wait for the step in flight stored as its queue time;
+    beside it the same stream submitted at once has no schedule."""
+    import numpy as np
+
+    cells = workload_store.read_cells()
+    streams = cells[(cells.framework == "vllm") & (cells["mode"] == "stream") & (cells.workload == "drawn")]
+    if not HAS_VLLM:
+        assert set(streams.status) == {"unsupported"}
+        return
+    rated, at_once = streams[streams.request_rate == RATE].iloc[0], streams[streams.request_rate.isna()].iloc[0]
+    assert rated.status == at_once.status == "ok", (rated.reason, at_once.reason)
+    assert rated.load == "constant" and at_once.load == "stream" and len(at_once.scheduled_ms) == 0
+    scheduled, sent = np.asarray(rated.scheduled_ms), np.asarray(rated.sent_ms)
+    assert len(scheduled) == len(sent) == REPEATS * PER_RUN == rated.requests
+    gap_ms = 1e3 / RATE
+    per_run = scheduled.reshape(REPEATS, PER_RUN)   # each timed run's clock starts at its own start
+    assert np.allclose(np.diff(per_run, axis=1), gap_ms) and np.allclose(per_run[:, 0], 0, atol=1)
+    late = sent - scheduled
+    assert late.min() >= 0 and np.median(late) < gap_ms, late    # a step in flight delays, never a stream
+    assert rated.queue_ms_p50 is not None and rated.output_tok_s > 0
 
 
 def test_multi_turn_served(workload_run, tiny_model):

@@ -77,11 +77,12 @@ def test_trace_requests_share_their_blocks(tok):
                             tok, 5, 20, 4, "serve")
     assert max(len(p) for p in short.prompts) == 20 and max(short.output_lens) == 4
     assert not any("not replayed" in n for n in req.notes)
-    # offline and stream cells get the trace's requests, not its times, and say so
+    # offline cells get the trace's requests, not its times, and say so; stream cells replay its times
     for mode in ("offline", "stream"):
         other = timing_requests(parse_matrix(matrix(workload={"kind": "trace", "path": TRACE, "block_size": 16}))
                                 .workload, tok, 5, 20, 4, mode)
-        assert other.prompts == short.prompts and f"trace times not replayed: {mode} cells" in other.notes[-1]
+        assert other.prompts == short.prompts and other.gaps_s == short.gaps_s
+        assert ("trace times not replayed: offline cells" in other.notes[-1]) == (mode == "offline")
 
 
 def test_trace_blocks_shorter_than_the_length_are_topped_up(tmp_path, tok):
@@ -116,6 +117,31 @@ def test_serve_cells_of_the_new_shapes():
     assert serve_settings(parse_matrix(matrix()))["arrival"] == "poisson"
     assert serve_settings(ramp)["arrival"]["kind"] == "ramp"
     assert len({c.cell_id for m in (gamma, ramp, plain) for c in expand(m)}) == 3
+
+
+def test_stream_cells_follow_the_shapes(cache_dir):
+    """A stream cell takes the request_rate axis in serve.arrival's shape, a ramp's rates or a trace's times,
+    named in its load and its id; a stream at rate inf is submitted at once, with the id it always had. The
+    worker's spec carries the shape (serve cells get theirs from the group's ServeSpec)."""
+    stream = BASE["axes"] | {"mode": ["stream"]}
+    at_once = parse_matrix(matrix(axes=stream))
+    (plain,) = expand(at_once)
+    assert plain.request_rate is None and load_kind(at_once, plain) == "stream"
+    rated = parse_matrix(matrix(axes=stream | {"request_rate": [float("inf"), 4.0]},
+                                serve={"arrival": {"kind": "gamma", "burstiness": 0.5}}))
+    both = {c.request_rate: c for c in expand(rated)}
+    assert set(both) == {None, 4.0} and both[None].cell_id == plain.cell_id
+    assert load_kind(rated, both[4.0]) == "gamma"
+    assert load_label("stream", 4, 4.0, "gamma") == "stream, gamma 4/s, c<=4"
+    assert load_label("stream", 4, None, "stream") == "stream c<=4"
+    ramp = parse_matrix(matrix(axes=stream, serve={"arrival": RAMP}))
+    (rc,) = expand(ramp)
+    assert rc.request_rate is None and load_kind(ramp, rc) == "ramp" and rc.cell_id != plain.cell_id
+    assert load_label("stream", 4, None, "ramp") == "stream, ramp, c<=4"
+    trace = parse_matrix(matrix(axes=stream, workload={"kind": "trace", "path": TRACE}))
+    (tc,) = expand(trace)
+    assert load_kind(trace, tc) == "trace"
+    assert len({plain.cell_id, both[4.0].cell_id, rc.cell_id, tc.cell_id}) == 4
 
 
 RAMP = {"kind": "ramp", "start_rate": 1, "end_rate": 8, "duration_s": 30}
