@@ -311,7 +311,8 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
 
     try:
         drive()
-    finally:   # the run's actors end with it: a driver that lives on (a test session, a notebook) keeps none
+    finally:   # the run's actors end with it, whether or not a handle to them is left on a job (Ray ends an actor
+        # only when its last handle goes), so a driver that lives on (a test session, a notebook) keeps none
         for actor in (board, stealing.ledger if stealing is not None else None):
             if actor is not None:
                 try:
