@@ -6,6 +6,8 @@ real transformers adapter on the tiny model.
 """
 
 import copy
+import io
+import re
 import threading
 import time
 
@@ -13,8 +15,10 @@ import psutil
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from rich.console import Console
 
 from orchestrator.execution.runner import run_matrix
+from orchestrator.execution.scheduler import node_names
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.placement import env_resource
 from orchestrator.matrix.validate import load_matrix
@@ -128,7 +132,9 @@ def test_an_idle_node_steals_the_unstarted_cells_of_a_running_group_and_each_run
     cells = expand(load_matrix(path)[0])
     assert len({c.engine_key for c in cells}) == 1
 
-    store = run_matrix(path, tmp_path / "run")
+    # what a person at a terminal sees: the live bar, with a line per node under it
+    screen = io.StringIO()
+    store = run_matrix(path, tmp_path / "run", console=Console(file=screen, force_terminal=True, width=200))
     df = store.read_cells()
     print(df[["batch_size", "status", "node_id", "load_s", "group_tries"]].to_string())
     # the idle node took the group's unstarted tail while its engine loaded: each cell has one row and
@@ -138,6 +144,11 @@ def test_an_idle_node_steals_the_unstarted_cells_of_a_running_group_and_each_run
     assert set(df.node_id) == {n.node_id for n in nodes}
     assert df.load_s.nunique() >= 2     # a part that ends first may steal again from the thief
     assert set(store.read_logprobs(["cell_id"]).column("cell_id").to_pylist()) == set(df.cell_id)
+    # every node had its own line under the bar, naming what ran there (loading or running the hf engine)
+    names = node_names(ray.nodes())
+    shown = screen.getvalue()
+    assert len(names) >= 3 and all(f"  {name}: " in shown for name in names.values()), shown[-3000:]
+    assert sum(bool(re.search(rf"  {re.escape(names[n.node_id])}: [^\n;]*hf", shown)) for n in nodes) == 2, shown[-3000:]
     # the run's actors (its progress board and the stealing ledger) ended with it
     from ray._private import state
 
