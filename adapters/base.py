@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, ClassVar
 
 import numpy as np
@@ -38,6 +39,18 @@ class EngineOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@dataclass(frozen=True)
+class NumericsFlag:
+    """A group of an engine's options that can change its outputs' numbers: a suspect of `bench explain`
+    (orchestrator/explain/). `reference` maps each EngineOptions field to its value on the exact side (an f32
+    KV cache, eager execution, no speculation; None: the engine's default), where a probe moves it when the
+    baseline is another engine; against a baseline of the same engine a probe moves it to the baseline's value."""
+
+    name: str                                                  # how reports name it, e.g. "kv_cache_types"
+    reference: Mapping[str, object] = field(default_factory=dict)
+    why: str = ""                                              # what it changes, said in the explain output
+
+
 class Unsupported(Exception):
     """Raised by an adapter when a cell cannot run on this engine/hardware; becomes an `unsupported` row."""
 
@@ -56,6 +69,9 @@ class Adapter:
     # The order in which the engine's own sampler applies temperature and its filters (the steps of
     # orchestrator.judge.sampling_stats.SAMPLER_STEPS); None where not checked (the first-token test then says so).
     sampler_order: ClassVar[tuple[str, ...] | None] = None
+    # The option groups that can change the numbers (`bench explain`'s suspects, each a NumericsFlag naming fields
+    # of Options); batch size 1 and the quantization are suspects of every engine, added by the search itself.
+    numerics_flags: ClassVar[tuple[NumericsFlag, ...]] = ()
 
     def check(self, spec: LoadSpec) -> str | None:
         """Return why this group cannot run here (an `unsupported` reason), before anything loads."""

@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from orchestrator.explain.command import explain_cmd
 from orchestrator.matrix.models import MatrixError
 from orchestrator.report.console import (
     against_table,
@@ -98,6 +99,7 @@ app = _Bench(add_completion=False, no_args_is_help=True, cls=_Commands,
              help="Benchmark LLM engines for speed and prove whether their outputs changed.")
 model_app = typer.Typer(no_args_is_help=True, help="Built-in models.")
 app.add_typer(model_app, name="model")
+app.command("explain")(explain_cmd)   # the culprit search; its body: orchestrator/explain/command.py
 
 
 def _fail(message: str, code: int = 2) -> None:

@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from adapters.base import Adapter, EngineOptions, log_softmax, no_cuda_reason, one_length, register
+from adapters.base import Adapter, EngineOptions, NumericsFlag, log_softmax, no_cuda_reason, one_length, register
 from adapters.contract.events import LoadFacts
 from adapters.contract.records import TokenScores, topk_dense
 from adapters.contract.specs import LoadSpec, SamplerSettings
@@ -27,6 +27,12 @@ class HfOptions(EngineOptions):
 class HfAdapter(Adapter):
     name = "hf"
     Options = HfOptions
+    # `bench explain`'s suspects (the reference side: transformers' defaults, no compile)
+    numerics_flags = (
+        NumericsFlag("attention", {"attn_implementation": None}, "the attention implementation (eager, sdpa)"),
+        NumericsFlag("compile", {"compile": False, "static_cache": False}, "torch.compile and the static cache"),
+        NumericsFlag("threads", {"num_threads": None}, "torch's intra-op threads"),
+    )
     quantizations = tuple(DTYPES)
     install_hint = "pip install -e '.[hf]'"
     requires_modules = ("torch", "transformers")

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from adapters.base import Adapter, EngineOptions, Unsupported, log_softmax, normalize_quantization, register
+from adapters.base import Adapter, EngineOptions, NumericsFlag, Unsupported, log_softmax, normalize_quantization, register
 from adapters.contract.events import LoadFacts
 from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_dense
@@ -90,6 +90,14 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
                     "on 2 cores; add CMAKE_ARGS=-DGGML_CUDA=on for a GPU build)")
     requires_modules = ("llama_cpp", "gguf")
     sampler_order = ("top_k", "top_p", "min_p", "temperature")     # its chain (_sampler_chain; llama_cpp.server's too)
+    # `bench explain`'s suspects: the KV cache types first (f16 by default: ~3e-3 off an f32 reference on the tiny model)
+    numerics_flags = (
+        NumericsFlag("kv_cache_types", {"type_k": "f32", "type_v": "f32"}, "the KV cache's K and V types (default f16)"),
+        NumericsFlag("flash_attn", {"flash_attn": "off"}, "flash attention (auto: on where supported; its CPU kernel works in f16)"),
+        NumericsFlag("batch_split", {"n_batch": 2048, "n_ubatch": 512}, "how prompts are cut into llama_decode calls and micro-batches"),
+        NumericsFlag("threads", {"n_threads": None}, "threads: how each matmul's rows are split"),
+        NumericsFlag("weight_repacking", {"use_extra_bufts": False}, "weights repacked for the CPU's extra kernels (AMX, CPU_REPACK)"),
+    )
 
     def __init__(self) -> None:
         self._L = None

@@ -46,6 +46,7 @@ from pydantic import Field, model_validator
 from adapters.base import (
     Adapter,
     EngineOptions,
+    NumericsFlag,
     Unsupported,
     log_softmax,
     logits_rows,
@@ -203,6 +204,16 @@ def checkpoint_problem(spec: LoadSpec) -> str | None:
 class LmdeployAdapter(Adapter):
     name = "lmdeploy"
     Options = LmdeployOptions
+    # `bench explain`'s suspects (TurbomindEngineConfig / PytorchEngineConfig). eager_mode exists on the PyTorch
+    # engine only: for a TurboMind cell the move is not a valid configuration, and the search says so.
+    numerics_flags = (
+        NumericsFlag("kv_cache_quant", {"quant_policy": 0}, "quant_policy: an int4/int8/fp8 KV cache"),
+        NumericsFlag("graphs", {"eager_mode": True}, "CUDA graphs vs eager (PyTorch engine)"),
+        NumericsFlag("prefix_cache", {"enable_prefix_caching": False}, "KV reused from other requests' prefixes"),
+        NumericsFlag("speculative", {"speculative_method": None, "speculative_model": None}, "speculative decoding"),
+        NumericsFlag("scheduler_batch", {"max_batch_size": None, "max_prefill_token_num": None},
+                     "how many requests and prompt tokens share a step"),
+    )
     quantizations = ("fp16", "bf16", "fp8", "awq", "gptq")
     needs_cuda = True
     install_hint = (f"python -m venv .venvs/lmdeploy && .venvs/lmdeploy/bin/pip install 'lmdeploy=={LMDEPLOY_VERSION}' "

@@ -43,6 +43,7 @@ from pydantic import Field, model_validator
 from adapters.base import (
     Adapter,
     EngineOptions,
+    NumericsFlag,
     Unsupported,
     log_softmax,
     logits_rows,
@@ -184,6 +185,16 @@ def _vocab_size(source: str) -> int | None:
 class TrtllmAdapter(Adapter):
     name = "trtllm"
     Options = TrtllmOptions
+    # `bench explain`'s suspects (TorchLlmArgs: kv_cache_config, cuda_graph_config, FORCE_DETERMINISTIC)
+    numerics_flags = (
+        NumericsFlag("kv_cache_dtype", {"kv_cache_dtype": "auto"}, "KvCacheConfig.dtype (fp8: a quantized KV cache)"),
+        NumericsFlag("graphs", {"cuda_graphs": False, "cuda_graph_padding": False, "cuda_graph_batch_sizes": None},
+                     "CUDA graphs (padded batches run other kernels) vs eager"),
+        NumericsFlag("chunked_prefill", {"enable_chunked_prefill": False}, "prompts cut into chunks across steps"),
+        NumericsFlag("kv_block_reuse", {"kv_block_reuse": False}, "KV blocks reused across requests"),
+        NumericsFlag("deterministic", {"deterministic": True}, "FORCE_DETERMINISTIC: fixed reduction orders"),
+        NumericsFlag("scheduler_batch", {"max_batch_size": None, "max_num_tokens": None}, "how many requests and tokens share a step"),
+    )
     # no fp32: its PyTorch backend has no fp32 kernels (NVIDIA/TensorRT-LLM#5260)
     quantizations = ("fp16", "bf16", "fp8", "awq")
     needs_cuda = True

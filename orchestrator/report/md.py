@@ -49,7 +49,8 @@ def _md(v: Any) -> str:
 
 
 def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_error: str | None = None,
-                    against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None) -> str:
+                    against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None,
+                    culprits: Any = None) -> str:
     baseline = manifest.baseline
     sc = ", ".join(f"{n} {s}" for s, n in count_statuses(df).items() if n)
     vc = ", ".join(f"{n} {v}" for v, n in count_verdicts(df).items() if n)
@@ -111,6 +112,8 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
     out += ["", "### Engine telemetry and energy", "", *_telemetry(df)]
     if searches is not None:
         out += ["", "### SLO search", "", *_searches(searches)]
+    if culprits:
+        out += ["", f"### {report_searches.CULPRIT_TITLE}", "", *_culprits(culprits)]
     if against is not None:
         out += ["", *_against(against)]
         vs = against.tasks
@@ -169,6 +172,16 @@ def _searches(layer: Any) -> list[str]:
     out += _table(report_searches.summary_columns(layer.probes), layer.summaries.to_dict("records"))
     if len(layer.probes):
         out += ["", "Probes:", ""] + _table(report_searches.probe_columns(), layer.probes.to_dict("records"))
+    return out
+
+
+def _culprits(results: list) -> list[str]:
+    """`bench explain`'s culprit searches: per explained cell its outcome, then its probes."""
+    out = [report_searches.CULPRIT_EXPLANATION]
+    for r in results:
+        out += ["", f"**{_md(report_searches.culprit_heading(r))}** (`{r.cell_id}`): "
+                f"{_md(report_searches.culprit_summary(r))}", ""]
+        out += _table(report_searches.culprit_columns(), [p.model_dump() for p in r.probes])
     return out
 
 

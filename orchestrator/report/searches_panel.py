@@ -98,3 +98,46 @@ EXPLANATION = ("Per searched serve configuration (serve.search), the highest loa
                "distribution-free intervals where the SLO was checked (serve.search.level); a probe meets when "
                "every SLO does, judged as serve.search.judge says (point: the p99 as measured; interval: the "
                "interval's upper end).")
+
+
+# `bench explain`'s culprit searches (orchestrator/explain/), read back from RUN/explain/<cell_id>/explain.json: the
+# report's "Why is this cell lossy" section, one block per explained cell, in both formats.
+CULPRIT_TITLE = "Why is this cell lossy"
+CULPRIT_EXPLANATION = ("`bench explain` re-ran each cell below with its suspects (the engine's declared numerics flags, "
+                       "batch size 1, the quantization) moved to the baseline's side: the cell as it is, all moved, each "
+                       "alone, then delta debugging over the set. Each probe is a cell of the probe run, judged against "
+                       "the baseline re-run beside it; the culprit is the smallest set whose move restores lossless.")
+
+
+def load_culprits(root: str | Path) -> list[Any]:
+    """The run's stored culprit searches (orchestrator/store/explain_file.py), by cell id; empty: no section."""
+    from orchestrator.store.explain_file import read_results
+
+    return read_results(root)
+
+
+def culprit_heading(result: Any) -> str:
+    return f"{result.config} ({result.verdict}) against {result.baseline_config}"
+
+
+def culprit_summary(result: Any) -> str:
+    named = "; ".join(" + ".join(c) for c in result.culprits)
+    lead = {"culprit": f"Culprit: {named}.", "engine": "No flag restores it: the engine itself differs.",
+            "budget": f"Probe budget reached; best so far: {named or '-'}."}.get(result.outcome, f"{result.outcome}:")
+    return (f"{lead} {result.summary} ({len(result.probes)} probes, {result.wall_s:.0f} s; probe run "
+            f"{result.probe_run})")
+
+
+def culprit_columns() -> list[Column]:
+    return [
+        ("n", "#", lambda r: r["index"], lambda r: str(r["index"]), "n"),
+        ("phase", "phase", lambda r: r["phase"], lambda r: r["phase"], ""),
+        ("moved", "moved to the baseline's side", lambda r: " + ".join(r["moved"]),
+         lambda r: " + ".join(r["moved"]) or "(nothing: the cell as it is)", ""),
+        ("verdict", "verdict", lambda r: r.get("verdict") or r["status"],
+         lambda r: (r.get("verdict") or "-") if r["status"] == "ok" else r["status"], "verdict"),
+        ("max_abs", "max_abs", lambda r: r.get("max_abs"), lambda r: num(r.get("max_abs"), ".3g"), "n"),
+        ("kl", "kl_mean", lambda r: r.get("kl_mean"), lambda r: num(r.get("kl_mean"), ".3g"), "n"),
+        ("why", "why", lambda r: r.get("verdict_reason") or r.get("reason") or "",
+         lambda r: first_line((r.get("verdict_reason") if r["status"] == "ok" else r.get("reason")) or "", 300), "reason"),
+    ]

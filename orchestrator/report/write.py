@@ -18,7 +18,7 @@ from orchestrator.report.data import load
 from orchestrator.report.html import render_html
 from orchestrator.report.md import render_markdown
 from orchestrator.report.sampling_panel import load_sampling
-from orchestrator.report.searches_panel import load_searches
+from orchestrator.report.searches_panel import load_culprits, load_searches
 from orchestrator.store.run_store import is_run_dir
 
 
@@ -45,6 +45,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
     df, manifest, err, tasks = load(root)
     sampling = load_sampling(root, manifest)
     searches = load_searches(root, df)
+    culprits = load_culprits(root)        # `bench explain`'s stored searches: "Why is this cell lossy"
     name = str(manifest.run_id or root.name)
     vs = None
     if against is not None:
@@ -54,9 +55,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
     from orchestrator.store.run_store import atomic_write_text
 
     atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling,
-                                             searches=searches))
+                                             searches=searches, culprits=culprits))
     atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling,
-                                               searches=searches))
+                                               searches=searches, culprits=culprits))
     for p in (html_path, md_path):  # a temporary file is private; a report is for sharing
         p.chmod(0o644)
     return html_path, md_path
