@@ -28,7 +28,7 @@ def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool) -> list[dict
     """The cells to explain: the one named (its id, or a prefix naming one cell), or every near-lossless and lossy
     cell; refuses cells that cannot be explained, saying why."""
     if all_lossy:
-        rows = df[df.verdict.isin(LOSSY) & (df.cell_id != df.baseline_cell_id)]
+        rows = df[df.verdict.isin(LOSSY) & (df.cell_id != df.baseline_cell_id) & (df["mode"] != "serve")]
         return [r for _, r in rows.iterrows()]
     if not cell:
         raise ValueError("name a cell (its id, or a prefix of it) or give --all-lossy")

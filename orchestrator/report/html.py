@@ -230,11 +230,12 @@ def _search_panel(layer: Any) -> str:
     return "\n".join(parts)
 
 
-def _culprit_panel(results: list) -> str:
+def _culprit_panel(layer: Any) -> str:
     """`bench explain`'s culprit searches, one block per explained cell (searches_panel.py's columns)."""
     parts = [f'<h2 id="culprits">{esc(report_searches.CULPRIT_TITLE)}</h2>',
              f"<p class='muted'>{esc(report_searches.CULPRIT_EXPLANATION)}</p>"]
-    for r in results:
+    parts += [f'<div class="banner">Not read: {esc(p)}</div>' for p in layer.problems]
+    for r in layer.results:
         parts.append(f"<h3>{esc(report_searches.culprit_heading(r))}</h3><p>{esc(report_searches.culprit_summary(r))}</p>")
         parts.append(sortable(f"culprit-{r.cell_id}", report_searches.culprit_columns(), [p.model_dump() for p in r.probes],
                               lambda p: "#1a7f37" if p.get("restores") else "#d73027",
@@ -344,7 +345,7 @@ def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_er
     parts.append(_telemetry_panel(df))
     if searches is not None:
         parts.append(_search_panel(searches))
-    if culprits:
+    if culprits is not None:
         parts.append(_culprit_panel(culprits))
 
     # throughput and latency

@@ -2,7 +2,7 @@
 for a pull request or an issue; the task layer (one compact table, every task's cells against the
 baseline); the sampling layer (a row per cell with samples); engine telemetry and energy (a row per ok cell,
 the prefix-cache hit rate beside TTFT, and why a figure is empty); the SLO searches (per configuration, then
-every probe); with --against OLD, the table of this run against OLD as well, and its tasks against OLD."""
+every probe); why a cell is lossy (`bench explain`'s culprit searches); with --against OLD, the table of this run against OLD as well, and its tasks against OLD."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
     out += ["", "### Engine telemetry and energy", "", *_telemetry(df)]
     if searches is not None:
         out += ["", "### SLO search", "", *_searches(searches)]
-    if culprits:
+    if culprits is not None:
         out += ["", f"### {report_searches.CULPRIT_TITLE}", "", *_culprits(culprits)]
     if against is not None:
         out += ["", *_against(against)]
@@ -175,10 +175,11 @@ def _searches(layer: Any) -> list[str]:
     return out
 
 
-def _culprits(results: list) -> list[str]:
+def _culprits(layer: Any) -> list[str]:
     """`bench explain`'s culprit searches: per explained cell its outcome, then its probes."""
     out = [report_searches.CULPRIT_EXPLANATION]
-    for r in results:
+    out += [f"> Not read: {_md(p)}" for p in layer.problems]
+    for r in layer.results:
         out += ["", f"**{_md(report_searches.culprit_heading(r))}** (`{r.cell_id}`): "
                 f"{_md(report_searches.culprit_summary(r))}", ""]
         out += _table(report_searches.culprit_columns(), [p.model_dump() for p in r.probes])

@@ -2,7 +2,8 @@
 per searched configuration the highest load meeting every SLO, the first load above it that missed and
 what it missed; then every probe in order with its p99s and their intervals. The columns of both tables
 are defined once here (key, header, sort value, text, css class) for the HTML panel (report_html.py) and
-report.md (report_md.py)."""
+report.md (report_md.py). Also `bench explain`'s culprit searches, the section "Why is this cell lossy": per
+explained cell its outcome and its probes, read from RUN/explain/<cell_id>/explain.json."""
 
 from __future__ import annotations
 
@@ -109,11 +110,18 @@ CULPRIT_EXPLANATION = ("`bench explain` re-ran each cell below with its suspects
                        "the baseline re-run beside it; the culprit is the smallest set whose move restores lossless.")
 
 
-def load_culprits(root: str | Path) -> list[Any]:
-    """The run's stored culprit searches (orchestrator/store/explain_file.py), by cell id; empty: no section."""
+@dataclass
+class CulpritLayer:
+    results: list[Any]        # orchestrator/store/explain_file.py's ExplainResult, by cell id
+    problems: list[str]       # a line per stored result that could not be read
+
+
+def load_culprits(root: str | Path) -> CulpritLayer | None:
+    """The run's stored culprit searches; None where `bench explain` never ran on it (no section)."""
     from orchestrator.store.explain_file import read_results
 
-    return read_results(root)
+    results, problems = read_results(root)
+    return CulpritLayer(results, problems) if results or problems else None
 
 
 def culprit_heading(result: Any) -> str:
@@ -121,10 +129,8 @@ def culprit_heading(result: Any) -> str:
 
 
 def culprit_summary(result: Any) -> str:
-    named = "; ".join(" + ".join(c) for c in result.culprits)
-    lead = {"culprit": f"Culprit: {named}.", "engine": "No flag restores it: the engine itself differs.",
-            "budget": f"Probe budget reached; best so far: {named or '-'}."}.get(result.outcome, f"{result.outcome}:")
-    return (f"{lead} {result.summary} ({len(result.probes)} probes, {result.wall_s:.0f} s; probe run "
+    """The search's own sentence (what it found), with its outcome, probes, time and probe run."""
+    return (f"{result.outcome}: {result.summary} ({len(result.probes)} probes, {result.wall_s:.0f} s; probe run "
             f"{result.probe_run})")
 
 

@@ -92,13 +92,13 @@ def write_result(result: ExplainResult, path: Path) -> None:
     atomic_write_text(path, result.model_dump_json(indent=2) + "\n")
 
 
-def read_results(run_dir: str | Path) -> list[ExplainResult]:
-    """Every stored culprit search of a run, by cell id; a file that does not parse is skipped (the report then
-    shows fewer), never guessed at."""
-    out = []
+def read_results(run_dir: str | Path) -> tuple[list[ExplainResult], list[str]]:
+    """Every stored culprit search of a run, by cell id, and a line per file that could not be read (said in
+    the report, never guessed at)."""
+    out, problems = [], []
     for f in sorted((Path(run_dir) / EXPLAIN_DIR).glob(f"*/{EXPLAIN_FILE}")):
         try:
             out.append(ExplainResult.model_validate_json(f.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
+        except (OSError, ValueError) as e:
+            problems.append(f"{f}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return out, problems

@@ -69,5 +69,5 @@ def test_explain_names_the_kv_cache_and_says_when_the_engine_differs(ray_local, 
     # the report's section reads the stored result
     subprocess.run(bench_cmd("report", str(run)), cwd=ROOT, check=True, capture_output=True, timeout=300)
     md = (run / "report.md").read_text()
-    assert "### Why is this cell lossy" in md and "No flag restores it" in md
+    assert "### Why is this cell lossy" in md and "engine: no move restores lossless" in md
     assert json.loads(explain_path(run, cell.cell_id).read_text())["outcome"] == "engine"
