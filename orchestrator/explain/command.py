@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import pandas as pd
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -16,6 +15,9 @@ from rich.table import Table
 
 from orchestrator.matrix.models import Tolerances
 from orchestrator.store.explain_file import ExplainResult, explain_path, write_result
+
+if TYPE_CHECKING:   # `bench --help` and the other commands do not load pandas for this one
+    import pandas as pd
 
 LOSSY = ("near-lossless", "lossy")    # what --all-lossy explains; identical and lossless need no explaining
 
@@ -49,6 +51,8 @@ def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool) -> list[dict
 def explain_cell(run_dir: Path, df: pd.DataFrame, row: Any, max_probes: int, address: str | None,
                  console: Console, quiet: bool, tolerances: Tolerances | None = None) -> ExplainResult:
     """Search one cell's culprits (judged with `tolerances`, default the run's); stores and returns the result."""
+    import pandas as pd
+
     from orchestrator.explain.probes import GOAL, ProbeRunner
     from orchestrator.explain.search import search
     from orchestrator.explain.suspects import find_suspects

@@ -90,14 +90,17 @@ class ProbeRunner:
             if c.get("workload"):
                 rule["workload"] = c["workload"]
             include.append(rule)
+        # the baseline's own axes (a selector may fix its model or batch; it may have fallen back to other lengths)
         axes: dict[str, Any] = {
-            "framework": [bfw], "model": [c["model"]], "quantization": [str(base["quantization"])],
+            "framework": [bfw], "model": [str(base["model"])], "quantization": [str(base["quantization"])],
             "batch_size": sorted({int(b) for b in self.baseline_rows.batch_size}), "flags": [bflags],
-            "input_len": [int(c["input_len"])], "output_len": [int(c["output_len"])], "mode": [c["mode"]]}
-        if c.get("workload"):
-            axes["workload"] = [c["workload"]]
+            "input_len": [int(base["input_len"])], "output_len": [int(base["output_len"])],
+            "mode": [str(base["mode"])]}
+        if isinstance(base.get("workload"), str):
+            axes["workload"] = [base["workload"]]
         measure = {k: v for k, v in data.get("measure", {}).items() if k != "sampling"}
-        data |= {"name": f"explain-{c['cell_id']}", "models": {c["model"]: data["models"][c["model"]]},
+        models = {name: data["models"][name] for name in dict.fromkeys([c["model"], str(base["model"])])}
+        data |= {"name": f"explain-{c['cell_id']}", "models": models,
                  "axes": axes, "flags": flags, "include": include, "exclude": [], "tasks": [],
                  # the logit and text layers only: one timed batch, no warm-up, samples or tasks
                  "measure": measure | {"warmup": 0, "repeats": 1}}

@@ -7,15 +7,15 @@ it and the search says the engine itself differs, from the same stored probes (n
 from __future__ import annotations
 
 import json
-import subprocess
 
 import yaml
+from typer.testing import CliRunner
 
+from orchestrator.cli import app
 from orchestrator.execution.runner import run_matrix
 from orchestrator.judge.analysis import analyse
 from orchestrator.store.explain_file import ExplainResult, explain_path
 from orchestrator.store.run_store import RunStore
-from tests.helpers import ROOT, bench_cmd
 
 MATRIX = {
     "name": "explain",
@@ -29,10 +29,10 @@ MATRIX = {
 }
 
 
-def _explain(run, cell_id: str, *extra: str) -> tuple[subprocess.CompletedProcess, ExplainResult]:
-    done = subprocess.run(bench_cmd("explain", str(run), cell_id[:8], *extra), cwd=ROOT, capture_output=True,
-                          text=True, timeout=400)
-    assert done.returncode == 0, done.stdout + done.stderr
+def _explain(run, cell_id: str, *extra: str):
+    """`bench explain` in this process: its probe runs join the session's Ray cluster (no start of their own)."""
+    done = CliRunner().invoke(app, ["explain", str(run), cell_id[:8], *extra])
+    assert done.exit_code == 0, done.output + repr(done.exception)
     return done, ExplainResult.model_validate_json(explain_path(run, cell_id).read_text())
 
 
@@ -53,7 +53,7 @@ def test_explain_names_the_kv_cache_and_says_when_the_engine_differs(ray_local, 
     assert len(result.probes) <= 4 and all(p.status == "ok" for p in result.probes)
     restoring = [p for p in result.probes if p.restores]
     assert restoring and all(p.verdict in ("identical", "lossless") for p in restoring)
-    assert "culprit:" in done.stdout and "kv_cache_types" in done.stdout
+    assert "culprit:" in done.output and "kv_cache_types" in done.output
     # every probe is a stored cell of the probe run, judged there against the baseline run beside it
     probe_run = RunStore(result.probe_run).read_cells()
     assert {p.cell_id for p in result.probes} <= set(probe_run.cell_id)
@@ -67,7 +67,7 @@ def test_explain_names_the_kv_cache_and_says_when_the_engine_differs(ray_local, 
     assert strict.tolerances["atol"] == 1e-6
 
     # the report's section reads the stored result
-    subprocess.run(bench_cmd("report", str(run)), cwd=ROOT, check=True, capture_output=True, timeout=300)
+    assert CliRunner().invoke(app, ["report", str(run)]).exit_code == 0
     md = (run / "report.md").read_text()
     assert "### Why is this cell lossy" in md and "engine: no move restores lossless" in md
     assert json.loads(explain_path(run, cell.cell_id).read_text())["outcome"] == "engine"

@@ -109,3 +109,32 @@ def test_a_move_that_makes_no_valid_configuration_is_skipped_with_why(backend):
         assert "graphs" in skipped and "graphs" not in names
     else:
         assert "graphs" in names and not skipped
+
+
+def test_the_probe_matrix_holds_the_baseline_and_one_cell_per_moved_set():
+    import pandas as pd
+
+    from orchestrator.explain.probes import ProbeRunner
+    from orchestrator.matrix.cells import expand
+    from orchestrator.matrix.validate import load_matrix, parse_matrix
+    from tests.helpers import ROOT
+
+    m, _ = load_matrix(ROOT / "matrices" / "smoke.yaml")
+    axes = {"model": "tiny", "input_len": 32, "output_len": 16, "mode": "offline", "workload": None}
+    cell = {"cell_id": "c0ffee", "framework": "llamacpp", "quantization": "fp32", "flags": "default",
+            "batch_size": 4, **axes}
+    base = pd.DataFrame([{"framework": "hf", "quantization": "fp32", "flags": "default", "batch_size": b, **axes}
+                         for b in (1, 4)])
+    suspects, _ = find_suspects("llamacpp", {}, "fp32", 4, {"framework": "hf", "quantization": "fp32", "options": {}})
+    runner = ProbeRunner(ROOT, m, cell, base, suspects)
+    sets = [frozenset(), frozenset({"kv_cache_types", "batch_size=1"})]
+    probe_m = parse_matrix(runner.matrix_data(sets))
+    got = {(c.framework, c.flags, c.batch_size): c.options for c in expand(probe_m)}
+    assert got == {("hf", "default", 1): {}, ("hf", "default", 4): {}, ("llamacpp", "xp-as-is", 4): {},
+                   ("llamacpp", "xp-kv_cache_types", 1): {"type_k": "f32", "type_v": "f32"}}
+    # the logit and text layers only, scored as the run scored
+    assert (probe_m.measure.repeats, probe_m.measure.warmup, probe_m.measure.sampling, probe_m.tasks) == (1, 0, None, [])
+    assert probe_m.measure.scoring_prompts == m.measure.scoring_prompts and probe_m.baseline == m.baseline
+    # the same moves make the same cell ids in a later round (the cache across rounds and calls)
+    again = parse_matrix(runner.matrix_data(list(reversed(sets))))
+    assert {c.cell_id for c in expand(again)} == {c.cell_id for c in expand(probe_m)}
