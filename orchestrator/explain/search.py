@@ -116,8 +116,8 @@ def search(suspects: list[str], probe: Prober, max_probes: int = 32) -> Found:
     if not moved_all.restores:
         if moved_all.status != "ok":
             return Found("failed", summary=f"with every suspect moved the cell did not run: {_verdict(moved_all)}")
-        return Found("engine", summary=f"no move restores lossless: with all {len(suspects)} suspects moved the cell is "
-                     f"still {_verdict(moved_all)}, so the engine itself differs")
+        return Found("engine", summary=f"no move restores lossless: with every suspect moved ({', '.join(suspects)}) the "
+                     f"cell is still {_verdict(moved_all)}, so the engine itself differs")
     try:
         smallest = ddmin(suspects, budget)
     except OutOfProbes:
