@@ -52,7 +52,11 @@ def moved_options(adapter: type[Adapter], options: dict[str, Any], suspects: lis
 def find_suspects(framework: str, options: dict[str, Any], quantization: str, batch_size: int,
                   baseline: dict[str, Any]) -> tuple[list[Suspect], dict[str, str]]:
     """(the suspects, {name: why it is not one} for declared ones that cannot be moved). `baseline` holds the
-    baseline cell's framework, options and quantization."""
+    baseline cell's framework, options and quantization.
+
+    The environment is not a suspect yet. Where the env axis (built apart) makes an env pair, its hook is here:
+    a Suspect of kind "environment" moving the cell to the baseline's environment, probed first and alone, so
+    the result says "the environment" before any flag is searched (probes.py would set the probe's env axis)."""
     adapter = ADAPTERS[framework]
     same_engine = baseline["framework"] == framework
     suspects: list[Suspect] = []
