@@ -23,6 +23,16 @@ class LoadFacts(ContractModel):
     memory_pids: list[int] = Field(default_factory=list)   # extra processes to count (engine children)
 
 
+class EnvFacts(ContractModel):
+    """The engine environment a group ran in (an env axis): every installed distribution and its version, the
+    interpreter, and the variables its env definition set. Two of these give a pair's provenance diff."""
+
+    name: str
+    python: str                    # the interpreter's version (sys.version, first word)
+    packages: dict[str, str] = Field(default_factory=dict)   # distribution name (lower case) -> version
+    env_vars: dict[str, str] = Field(default_factory=dict)
+
+
 class _Event(ContractModel):
     t: float = 0.0                 # wall clock (time.time) when emitted
 
@@ -42,6 +52,23 @@ class Loaded(_Event):
     model_fingerprint: str | None = None   # adapters.meters.provenance: the model files' content hash
     host: HostFacts | None = None  # the node's CPU, memory, GPUs, NVIDIA driver
     missing: dict[str, str] = Field(default_factory=dict)   # load-level figure -> why it is null
+    env: EnvFacts | None = None    # an env axis: the environment it loaded in
+
+
+class TurnWait(_Event):
+    """An env pair (GroupSpec.turns): the worker waits for the floor before a phase of engine work, until its
+    supervisor writes a line to its stdin; `timed` phases are granted in the pair's ABBA order."""
+
+    event: Literal["turn_wait"] = "turn_wait"
+    cell_id: str | None            # None: the load
+    phase: Literal["load", "warmup", "timed", "after"]   # after: the logprobs, samples and tasks of the cell
+    repeat: int | None = None      # timed: which repeat
+
+
+class TurnDone(_Event):
+    """The phase a TurnWait asked for has ended: the floor is free."""
+
+    event: Literal["turn_done"] = "turn_done"
 
 
 class GroupUnsupported(_Event):
@@ -85,7 +112,7 @@ class End(_Event):
 
 
 WorkerEvent = Annotated[Union[Started, Loaded, GroupUnsupported, LoadFailed, CellStart, CellDone, CellFailed,
-                              CellUnsupported, End], Field(discriminator="event")]
+                              CellUnsupported, End, TurnWait, TurnDone], Field(discriminator="event")]
 
 
 _EVENT = TypeAdapter(WorkerEvent)

@@ -177,6 +177,8 @@ class CellRecord(CellMetrics):
     energy_j_per_token: float | None = None   # energy_j / output tokens
     energy_source: str | None = None          # which counters: rapl:package-0,... | nvml:N GPU(s)
     duration_s: float | None = None
+    repeat_started_at: list[float] | None = None   # wall clock (epoch s) of each timed repeat's start and end: an env
+    repeat_ended_at: list[float] | None = None     # pair's interleaving is visible in them (None: not recorded)
     notes: list[str] = Field(default_factory=list)
     # serve.search (adapters/serving/slo_search.py). A probe's row: its number, whether it met every SLO, what it
     # missed and each SLO's check. The search's own row: the highest load that met them, the first load

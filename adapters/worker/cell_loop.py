@@ -3,7 +3,11 @@ timed repeats (a fixed count, or `auto`), and the loop that turns each cell into
 
 from __future__ import annotations
 
+import contextlib
+import importlib.metadata
 import os
+import platform
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -18,8 +22,11 @@ from adapters.contract.events import (
     CellFailed,
     CellStart,
     CellUnsupported,
+    EnvFacts,
     GroupUnsupported,
     LoadFailed,
+    TurnDone,
+    TurnWait,
     WorkerEvent,
 )
 from adapters.contract.intervals import relative_half_width
@@ -65,21 +72,61 @@ class LogprobRows:
         return {name: np.concatenate(parts) for name, parts in self.parts.items() if parts}
 
 
+class Turns:
+    """An env pair's turn-taking, the worker's side (GroupSpec.turns): before each phase of engine work a
+    TurnWait event, then a wait for the supervisor's go-ahead (a line on stdin); a TurnDone event after it.
+    Without turns, phases start at once."""
+
+    def __init__(self, events: Events, on: bool):
+        self.events, self.on = events, on
+
+    @contextlib.contextmanager
+    def hold(self, phase: str, cell_id: str | None = None, repeat: int | None = None):
+        if not self.on:
+            yield
+            return
+        self.events.emit(TurnWait(cell_id=cell_id, phase=phase, repeat=repeat))
+        if not sys.stdin.readline():
+            raise RuntimeError("the supervisor closed the turn channel (stdin) of this env pair")
+        try:
+            yield
+        finally:
+            self.events.emit(TurnDone())
+
+
+def env_facts(name: str, env_vars: dict[str, str]) -> EnvFacts:
+    """The environment this interpreter is: every installed distribution's version, the Python version and
+    the env definition's variables (as this process has them)."""
+    packages = {}
+    for dist in importlib.metadata.distributions():
+        dist_name = dist.metadata["Name"]
+        if dist_name and dist_name.lower() not in packages:   # the first on sys.path is the one imported
+            packages[dist_name.lower()] = dist.version
+    return EnvFacts(name=name, python=platform.python_version(), packages=packages,
+                    env_vars={k: os.environ.get(k, "") for k in env_vars})
+
+
 def chunks(items: list, size: int):
     for i in range(0, len(items), size):
         yield items[i:i + size]
 
 
-def timed_repeats(cell: CellSpec, run_one: Callable[[int], TimedRun]) -> tuple[list[TimedRun], float | None]:
+def timed_repeats(cell: CellSpec, run_one: Callable[[int], TimedRun], turns: Turns | None = None,
+                  clock: list[tuple[float, float]] | None = None) -> tuple[list[TimedRun], float | None]:
     """`cell.repeats` timed runs; with `cell.auto`, runs until the output throughput's 95% interval is
     within auto.half_width (at least min_repeats, at most max_repeats or max_s of timed runs; never
-    more than the prompts prepared). Returns the runs and the interval's relative half-width."""
+    more than the prompts prepared). Returns the runs and the interval's relative half-width. Each run
+    waits for its turn (`turns`: an env pair), and its wall-clock start and end go into `clock`."""
     runs: list[TimedRun] = []
     auto = cell.auto
     most = cell.repeats if auto is None else min(cell.repeats, auto.max_repeats)
     spent = 0.0
     while len(runs) < most:
-        run = run_one(len(runs))
+        with turns.hold("timed", cell.cell_id, len(runs)) if turns else contextlib.nullcontext():
+            began = time.time()
+            run = run_one(len(runs))
+            if clock is not None:
+                clock.append((began, time.time()))
         runs.append(run)
         spent += run.end - run.start
         if auto and len(runs) >= auto.min_repeats:

@@ -43,7 +43,9 @@ from adapters.worker.cell_loop import (
     Events,
     LogprobRows,
     Measured,
+    Turns,
     chunks,
+    env_facts,
     load_or_report,
     run_cells,
     timed_repeats,
@@ -138,7 +140,8 @@ def stream_arrivals(cell: CellSpec, lo: int, hi: int) -> list[float]:
 
 
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
-             sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter, stream: bool = False) -> Measured:
+             sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter, stream: bool = False,
+             turns: Turns | None = None) -> Measured:
     def gen(span: tuple[int, int], timed: bool = False):
         lo, hi = span
         lens = cell.output_lens[lo:hi] if cell.output_lens else cell.output_len
@@ -150,13 +153,16 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
     if stream and cell.arrival is not None and not adapter.follows_arrivals:
         raise Unsupported(f"{adapter.name}: this adapter cannot hand a stream's requests to the engine on an "
                           f"arrival schedule ({cell.arrival.kind})")
+    turns = turns or Turns(None, False)
     warm, timed = _spans(cell, stream)
-    for span in warm:
-        gen(span)
+    with turns.hold("warmup", cell.cell_id):
+        for span in warm:
+            gen(span)
     memory.reset_peak()
     spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
     energy.reset()
-    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r], True)))
+    clock: list[tuple[float, float]] = []
+    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r], True)), turns, clock)
     spec = _spec_figures(spec_before, adapter.spec_counters())
     tel, tel_missing = telemetry.figures(
         engine_before, adapter.engine_metrics(), None,
@@ -169,11 +175,20 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
         metrics.missing["peak_mem_bytes"] = why
     metrics.missing.update(tel_missing | joules_missing)
     record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
-                        notes=list(cell.notes), **spec, **tel, **joules)
+                        notes=list(cell.notes), repeat_started_at=[a for a, _ in clock],
+                        repeat_ended_at=[b for _, b in clock], **spec, **tel, **joules)
     if spec and record.spec_acceptance is None:
         record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
     if not spec:
         record.missing.update(NO_SPECULATION)
+    with turns.hold("after", cell.cell_id):
+        logprobs, samples, task_outputs = _after_timing(adapter, cell, record, scoring, sampling, tasks)
+    return Measured(record, logprobs, task_outputs, samples)
+
+
+def _after_timing(adapter: Adapter, cell: CellSpec, record: CellRecord, scoring: ScoringSpec | None,
+                  sampling: SamplingSpec | None, tasks: list[TaskSpec]):
+    """The cell's logprobs, seeded samples and task outputs, after its timings."""
     logprobs = {}
     if scoring:
         try:
@@ -186,7 +201,7 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
             samples = capture_samples(adapter, sampling, cell.batch_size)
         except Unsupported as err:   # the timings and logprobs stand; the samples are null with the reason
             record.missing["samples"] = str(err)
-    return Measured(record, logprobs, run_tasks(adapter, tasks, cell.batch_size), samples)
+    return logprobs, samples, run_tasks(adapter, tasks, cell.batch_size)
 
 
 def _missing_modules(cls: type[Adapter]) -> list[str]:
@@ -231,19 +246,22 @@ def main(spec_path: str, out_dir: str) -> int:
         return serve_group(spec, adapter, events, out, provenance)
 
     memory = MemoryTracker(load.device).start()
-    t0 = time.perf_counter()
-    facts = load_or_report(lambda: adapter.load(load), events, cell_ids)
+    turns = Turns(events, spec.turns)
+    with turns.hold("load"):
+        t0 = time.perf_counter()
+        facts = load_or_report(lambda: adapter.load(load), events, cell_ids)
+        load_s = time.perf_counter() - t0
     if facts is None:
         return 0
-    load_s = time.perf_counter() - t0
     memory.extra_pids = facts.memory_pids
+    env = env_facts(spec.env_name, spec.env_vars) if spec.env_name else None
     events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
-                       **provenance))
+                       env=env, **provenance))
 
     stream = spec.mode == "stream"
     energy = EnergyMeter(load.device)
     run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy,
-                                                stream),
+                                                stream, turns),
               events, out, claims_dir=spec.claims_dir)
     adapter.close()
     memory.stop()

@@ -172,7 +172,7 @@ def cell_row(job: GroupJob, cell: Cell, status: str, reason: str | None = None, 
         "framework": cell.framework, "model": cell.model, "quantization": cell.quantization,
         "flags": cell.flags, "flags_json": cell.options,
         "batch_size": cell.batch_size, "input_len": cell.input_len, "output_len": cell.output_len,
-        "workload": cell.workload, "workload_json": stable_dump(m.workload_of(cell.workload)),
+        "workload": cell.workload, "workload_json": stable_dump(m.workload_of(cell.workload)), "env": cell.env,
         "device": job.device,
         "warmup": m.measure.warmup, "group_tries": job.tries,
         "repeats": None if m.measure.repeats == "auto" else m.measure.repeats,   # a stored cell: as many as it made
@@ -189,7 +189,8 @@ def cell_row(job: GroupJob, cell: Cell, status: str, reason: str | None = None, 
                 "mem_source": loaded.mem_source, "versions": f.versions, "engine_args": _scrubbed(f.engine_args),
                 "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode,
                 "model_fingerprint": loaded.model_fingerprint,
-                "host": loaded.host.model_dump(mode="json") if loaded.host is not None else None}
+                "host": loaded.host.model_dump(mode="json") if loaded.host is not None else None,
+                "env_facts": loaded.env.model_dump(mode="json") if loaded.env is not None else None}
         notes, missing = list(f.notes), dict(loaded.missing)
     if record is not None:
         row |= record.model_dump(exclude={"notes", "missing"})

@@ -14,7 +14,7 @@ from orchestrator.execution.estimate import History
 from orchestrator.execution.node_check import check_nodes
 from orchestrator.execution.preflight import preflight, resolve_models
 from orchestrator.execution.progress import RunProgress
-from orchestrator.execution.spec import GroupJob
+from orchestrator.execution.spec import GroupJob, pair_jobs
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.matrix.cells import Cell, expand, group
 from orchestrator.matrix.models import Matrix
@@ -27,8 +27,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("LOSSLESS_BENCH_CACHE", Path.home() / ".cache" / "lossless-bench"))
 
 
-def framework_python(m: Matrix, framework: str) -> str:
-    """The matrix's interpreter for a framework, else its project venv (.venvs/<fw>), else this one."""
+def framework_python(m: Matrix, framework: str, env: str | None = None) -> str:
+    """The env's interpreter for a framework (env axis), else the matrix's, else its project venv
+    (.venvs/<fw>), else this one. A relative path is taken from here (the driver's working directory)."""
+    own = m.envs[env].python_for(framework) if env is not None and m.envs else None
+    if own:
+        return str(Path(own).absolute()) if Path(own).exists() else own   # (absolute, not resolved: a venv's link)
     if framework in m.run.python:
         return m.run.python[framework]
     venv = PROJECT_ROOT / ".venvs" / framework / "bin" / "python"
@@ -89,7 +93,8 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
         else:   # no model can be had: nothing to start Ray for
             device = "cpu" if m.run.device == "auto" else m.run.device
         jobs = [GroupJob(run_id=store.run_id, group=g, matrix=m, device=device,
-                         python=framework_python(m, g.framework), cache_dir=str(cache_root()))
+                         python=framework_python(m, g.framework, g.env), cache_dir=str(cache_root()),
+                         env_vars=dict(m.envs[g.env].env_vars) if g.env else {})
                 for g in groups]
         checked = preflight(jobs, models)         # the pairs no engine can run: rows now, before any engine
         on_nodes = check_nodes(checked, models) if ray_started else []   # paths only the nodes can have
@@ -106,8 +111,8 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
 
             for job, status, reason in checked.excluded:
                 on_done(job, status_rows(job, status, reason))
-            if checked.runnable:
-                schedule(checked.runnable, on_done, measured, progress)
+            if checked.runnable:   # an env pair runs as one job (orchestrator/execution/spec.py: pair_jobs)
+                schedule(pair_jobs(checked.runnable), on_done, measured, progress)
     stop = None
     try:  # a few large files instead of two per cell (orchestrator/store/compaction.py); crash-safe
         compaction.compact(store)

@@ -157,7 +157,7 @@ def _gpu_group_task(job: GroupJob) -> Rows:
 
 
 def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
-    return [CellResult(cell_row(job, c, status, reason)) for c in job.group.cells]
+    return [CellResult(cell_row(j, c, status, reason)) for j in (job, job.twin) if j is not None for c in j.group.cells]
 
 
 def facts(job: GroupJob) -> GroupFacts:
@@ -198,7 +198,7 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
     if not runnable:
         return
     estimates = estimate_groups([facts(j) for j in runnable], history)
-    works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s), splittable=not _shared_server(j),
+    works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s), splittable=not _shared_server(j) and j.twin is None,
                   load_sigma=e.load_sigma, cell_sigma=tuple(e.cell_sigma)) for j, e in zip(runnable, estimates)]
     run = runnable[0].matrix.run
     dispatcher = Dispatcher(nodes, works, split_groups=run.split_groups, steal_cells=run.steal_cells)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from adapters.contract.specs import (
 from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
 from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
-from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule, stream_schedule
+from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule, pair_key, stream_schedule
 from orchestrator.matrix.models import Matrix, Sampling, Tolerances
 
 # the checkout the engine child imports `adapters` from (its PYTHONPATH), and what rows never show
@@ -47,6 +47,12 @@ class GroupJob:
     ledger: Any = None      # work stealing (orchestrator/execution/ledger.py): the driver's ledger actor, and this part's id
     part_id: str = ""
     board: Any = None       # the driver's progress board (orchestrator/execution/progress.py): PartReports go there
+    env_vars: dict[str, str] = field(default_factory=dict)   # the matrix env's variables, in the engine child's environ
+    twin: "GroupJob | None" = None   # an env pair: the same cells in another env, run on this node, interleaved
+
+    def all_cells(self) -> list[Cell]:
+        """Its cells and its twin's."""
+        return self.group.cells + (self.twin.group.cells if self.twin else [])
 
 
 def load_kind(m: Matrix, cell: Cell) -> str:
@@ -131,7 +137,27 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             **m.serve.model_dump(), endpoint=entry.endpoint, api_key_env=entry.api_key_env,
             # one seed per server (arrivals, request seeds): the first cell's workload's, where workloads differ
             startup_timeout_s=0.95 * m.run.load_timeout_s, seed=getattr(m.workload_of(cells[0].workload), "seed", 0)),
-        tasks=task_specs, sampling=_sampling_spec(sampling, scoring, m.tolerances))
+        tasks=task_specs, sampling=_sampling_spec(sampling, scoring, m.tolerances),
+        env_name=g.env, env_vars=job.env_vars)
+
+
+def pair_jobs(jobs: list[GroupJob]) -> list[GroupJob]:
+    """Jobs whose groups are the same but for their env become pairs: the first (in the order of axes.env)
+    keeps the other as its `twin`, so both run in one Ray task on one node, their timed repeats interleaved.
+    Serve groups, and a third env of the same configuration, stay jobs of their own (run one after another)."""
+    out, partner = [], {}
+    for job in jobs:
+        g = job.group
+        key = (g.framework, g.model, g.quantization, g.flags, g.mode, tuple(sorted(pair_key(c) for c in g.cells)))
+        first = partner.get(key)
+        if g.env is None or g.mode == "serve" or (first is not None and first.twin is not None):
+            out.append(job)
+        elif first is None:
+            partner[key] = job
+            out.append(job)
+        else:
+            first.twin = job
+    return out
 
 
 def _cell_arrival(m: Matrix, cell: Cell, gaps_s: list[float] | None):

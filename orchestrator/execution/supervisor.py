@@ -9,6 +9,7 @@ engine core and workers, a server), before its cells' rows go back to the driver
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import shutil
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from adapters.contract.events import (
     Loaded,
     LoadFailed,
     PartReport,
+    TurnDone,
+    TurnWait,
     parse_event,
 )
 from adapters.contract.processes import die_with_parent
@@ -51,6 +55,7 @@ from orchestrator.execution.spec import (
 )
 from orchestrator.inputs import task_sets
 from orchestrator.inputs.chat import NoChatTemplate
+from orchestrator.matrix.cells import pair_key
 
 POLL_S = 0.05
 
@@ -91,9 +96,82 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+class Floor:
+    """An env pair's turns on one node: one phase of engine work at a time (a load, a cell's warm-up, one timed
+    repeat, a cell's logprobs, samples and tasks), and the timed repeats of each pair of cells in ABBA order:
+    a0 b0 b1 a1 a2 b2 ..., so slow drift of the host falls on both sides alike. A side whose cell has its row
+    (done, failed, crashed) waits for nothing more of it, so the other goes on alone."""
+
+    def __init__(self, tokens: dict[str, tuple]):
+        self.tokens = tokens                    # cell_id -> what its pair shares (cells of both sides)
+        self.lock = threading.Lock()
+        self.holder: tuple[str, TurnWait] | None = None
+        self.done: dict[tuple, int] = {}        # (token, side) -> timed repeats ended
+        self.over: set[tuple] = set()           # (token, side) whose cell has its row
+
+    def take(self, side: str, ask: TurnWait) -> bool:
+        with self.lock:
+            if self.holder is not None:
+                return False
+            token = self.tokens.get(ask.cell_id or "")
+            if ask.phase == "timed" and token is not None and ask.repeat is not None:
+                other = "b" if side == "a" else "a"
+                first = ("a", "b")[ask.repeat % 2]
+                need = ask.repeat + (first == other)
+                if (token, other) not in self.over and self.done.get((token, other), 0) < need:
+                    return False
+            self.holder = (side, ask)
+            return True
+
+    def release(self, side: str) -> None:
+        with self.lock:
+            if self.holder is None or self.holder[0] != side:
+                return
+            ask = self.holder[1]
+            token = self.tokens.get(ask.cell_id or "")
+            if ask.phase == "timed" and token is not None:
+                self.done[token, side] = self.done.get((token, side), 0) + 1
+            self.holder = None
+
+    def cell_over(self, side: str, cell_id: str) -> None:
+        with self.lock:
+            if cell_id in self.tokens:
+                self.over.add((self.tokens[cell_id], side))
+
+
+def _run_pair(job: GroupJob) -> list[CellResult]:
+    """An env pair: both engines loaded side by side (two children), each phase of work taking turns."""
+    sides = {"a": dataclasses.replace(job, twin=None),
+             "b": dataclasses.replace(job.twin, board=job.board, tries=job.tries, part_id=job.part_id, twin=None)}
+    keys = [{pair_key(c) for c in j.group.cells} for j in sides.values()]
+    floor = Floor({c.cell_id: pair_key(c) for j in sides.values() for c in j.group.cells
+                   if pair_key(c) in keys[0] & keys[1]})
+    results: dict[str, list[CellResult]] = {}
+
+    def run(side: str) -> None:
+        try:
+            results[side] = _run_group(sides[side], None, floor, side)
+        except Exception as err:   # never lose a side's rows: each cell says what went wrong
+            why = f"env pair supervisor failed: {type(err).__name__}: {err}"
+            results[side] = [CellResult(cell_row(sides[side], c, "failed", why)) for c in sides[side].group.cells]
+            floor.release(side)
+            for c in sides[side].group.cells:
+                floor.cell_over(side, c.cell_id)
+
+    threads = [threading.Thread(target=run, args=(side,), daemon=True) for side in sides]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results["a"] + results["b"]
+
+
 def run_group(job: GroupJob) -> list[CellResult]:
     """Run every cell of the group; returns exactly one row per cell, but for the cells the driver moved to
-    another node while this part ran (work stealing: their rows come from there)."""
+    another node while this part ran (work stealing: their rows come from there). An env pair (`job.twin`)
+    runs both groups here, interleaved."""
+    if job.twin is not None:
+        return _run_pair(job)
     if job.ledger is None:
         return _run_group(job, None)
     from orchestrator.execution.ledger import PartChannel
@@ -117,7 +195,7 @@ def _tell(job: GroupJob, what: str, cell_id: str | None = None, status: str | No
         job.board = None
 
 
-def _run_group(job: GroupJob, channel) -> list[CellResult]:
+def _run_group(job: GroupJob, channel, floor: Floor | None = None, side: str = "") -> list[CellResult]:
     by_id = {c.cell_id: c for c in job.group.cells}
     results: dict[str, CellResult] = {}
     probes: list[CellResult] = []      # SLO-search probes: rows of their own, stored before their search's
@@ -134,6 +212,8 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
         row = cell_row(job, by_id[cell_id], status, reason, attempt=attempt, loaded=loaded if facts else None,
                        record=record)
         results[cell_id] = CellResult(row, lp, tasks, samples)
+        if floor is not None:
+            floor.cell_over(side, cell_id)
         _tell(job, "end", cell_id, status)
 
     work, loaded = Path(tempfile.gettempdir()) / "bench-no-group", None   # before the first worker: no probes
@@ -150,6 +230,7 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
         spec_all = build_spec(job, remaining, tok, tasks)
         if channel:
             spec_all.claims_dir = channel.claims_dir
+        spec_all.turns = floor is not None and spec_all.mode != "serve"   # an env pair: take turns with the twin
     except NoChatTemplate as err:  # known only here, where a hub model's tokenizer is fetched
         for c in remaining:
             finish(c.cell_id, "unsupported", str(err))
@@ -167,17 +248,24 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
         spec = spec_all.model_copy(update={"cells": [s for s in spec_all.cells if s.cell_id in ids]})
         (work / "spec.json").write_text(spec.model_dump_json())
         log = open(work / "output.log", "wb")
-        env = os.environ | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = os.environ | job.env_vars | {
+            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.Popen([python, "-m", "adapters.worker", str(work / "spec.json"), str(work)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.PIPE if floor is not None else subprocess.DEVNULL,
                                 cwd=work, env=env, preexec_fn=_own_group_dying_with_parent)
         current: str | None = None
         loaded = None
+        asked: TurnWait | None = None   # an env pair: the phase the child waits to start
         _tell(job, "loading")
 
         def handle(ev) -> None:
-            nonlocal current, loaded
-            if isinstance(ev, Loaded):
+            nonlocal current, loaded, asked
+            if isinstance(ev, TurnWait):
+                asked = ev
+            elif isinstance(ev, TurnDone):
+                floor.release(side)
+            elif isinstance(ev, Loaded):
                 loaded = ev
                 _tell(job, "loaded")
                 if channel:
@@ -218,6 +306,14 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
                     deadline = time.monotonic() + m.run.cell_timeout_s
             if exited:
                 break
+            if asked is not None and floor.take(side, asked):
+                try:
+                    proc.stdin.write(b"go\n")
+                    proc.stdin.flush()
+                except OSError:   # the child is gone: its exit is seen next round
+                    pass
+                asked = None      # the wait for the other side's turns is not this cell's time
+                deadline = max(deadline, time.monotonic() + (m.run.cell_timeout_s if current else m.run.load_timeout_s))
             if channel:
                 channel.poll()
             if time.monotonic() > deadline:
@@ -228,6 +324,10 @@ def _run_group(job: GroupJob, channel) -> list[CellResult]:
             _sleep_unless_exits(proc, POLL_S)
         log.close()
         _end_group(proc.pid)
+        if floor is not None:     # a child that ended holding the floor frees it
+            floor.release(side)
+            if proc.stdin:
+                proc.stdin.close()
         tail = _tail(work / "output.log")
         pending = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
         if timed_out:

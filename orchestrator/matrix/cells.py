@@ -40,6 +40,7 @@ class Cell:
                                            # arrival rate; offline, search, a stream at once: None
     search: bool = False                   # a serve cell whose load is searched (serve.search)
     workload: str | None = None            # the named workload it runs (None: the matrix's single workload section)
+    env: str | None = None                 # the named engine environment (matrix envs; None: no env axis)
     cell_id: str = ""
     engine_key: str = ""
 
@@ -57,6 +58,7 @@ class EngineGroup:
     options: dict
     cells: list[Cell]
     mode: str = "offline"
+    env: str | None = None
 
 
 def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
@@ -67,6 +69,8 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     # the serving fields are left out where unset, so ids of cells without them stay as they were
     entry = model.model_dump(exclude={k for k in ("endpoint", "api_key_env") if getattr(model, k) is None})
     engine = {"framework": fw, "model": entry, "quantization": quant, "flags": values["flags"], "options": options}
+    if values["env"] is not None:   # an engine environment: its own engine (ids without the env axis stay as they were)
+        engine["env"] = values["env"]
     serve = values["mode"] == "serve"
     if values["mode"] != "offline":  # only other modes name theirs, so offline ids stay what they were before modes
         engine["mode"] = values["mode"]
@@ -91,7 +95,7 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
                 output_len=values["output_len"], options=options, mode=values["mode"],
                 request_rate=float(values["request_rate"]) if values["request_rate"] is not None else None,
                 search=search,
-                workload=values["workload"], cell_id=_hash(canonical), engine_key=_hash(engine))
+                workload=values["workload"], env=values["env"], cell_id=_hash(canonical), engine_key=_hash(engine))
 
 
 def serve_settings(m: Matrix) -> dict[str, Any]:
@@ -219,9 +223,15 @@ def group(cells: list[Cell]) -> list[EngineGroup]:
         g = groups.get(c.engine_key)
         if g is None:
             g = groups[c.engine_key] = EngineGroup(c.engine_key, c.framework, c.model, c.quantization,
-                                                   c.flags, c.options, [], c.mode)
+                                                   c.flags, c.options, [], c.mode, c.env)
         g.cells.append(c)
     for g in groups.values():
         # small batches first: a crash at a large batch then leaves the small ones measured
         g.cells.sort(key=lambda c: (c.batch_size, c.request_rate or 0, c.input_len, c.output_len))
     return list(groups.values())
+
+
+def pair_key(cell: Cell) -> tuple:
+    """What a cell is but for its env: cells with the same key in two envs are a pair (run interleaved)."""
+    return (cell.framework, cell.model, cell.quantization, cell.flags, cell.batch_size, cell.input_len,
+            cell.output_len, cell.mode, cell.request_rate, cell.search, cell.workload)

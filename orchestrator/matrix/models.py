@@ -17,7 +17,7 @@ from orchestrator.inputs.task_sets import TaskEntry
 from orchestrator.values import shown
 
 AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len", "output_len", "mode", "request_rate",
-        "workload")
+        "workload", "env")
 
 
 MODES = ("offline", "serve", "stream")
@@ -76,6 +76,9 @@ class Axes(_Strict):
                                                               "flight; .inf: a closed loop of batch_size requests")
     workload: list[str] | None = Field(None, min_length=1, description="Names of `workloads` entries, each cell running one "
                                        "(default: every entry, in order); none with a single `workload` section")
+    env: list[str] | None = Field(None, min_length=1, description="Names of `envs` entries: the same cell in each engine "
+                                  "environment (default: every entry, in order); cells that differ only in env run on "
+                                  "one node with their timed repeats interleaved")
 
 
 class SyntheticWorkload(_Strict):
@@ -319,6 +322,20 @@ class Tolerances(_Strict):
                                    "distinguishable'")
 
 
+class EngineEnv(_Strict):
+    """One engine environment of the env axis: its interpreter (one for every framework, or per framework) and
+    environment variables its engine children get."""
+
+    python: str | dict[str, str] = Field(description="The interpreter, e.g. .venvs/vllm-0.31/bin/python, or framework "
+                                         "-> interpreter (a framework it does not name: run.python's, else .venvs/<fw>)")
+    env_vars: dict[str, str] = Field(default_factory=dict, description="Environment variables of its engine children "
+                                     "(e.g. a changed default); recorded in each cell's provenance")
+    cluster_only: bool = Field(False, description="The interpreter exists only on the nodes: not checked by validate")
+
+    def python_for(self, framework: str) -> str | None:
+        return self.python if isinstance(self.python, str) else self.python.get(framework)
+
+
 class Run(_Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpus_per_group: int | Literal["node"] = Field("node", description="'node' gives a CPU group a whole node, so timings are not shared")
@@ -356,6 +373,8 @@ class Matrix(_Strict):
                                "(or give named `workloads` and the `workload` axis instead)")
     workloads: dict[str, Workload] | None = Field(None, description="Named workloads, a `workload` axis of the "
                                                   "matrix: each cell runs the one its axis value names")
+    envs: dict[str, EngineEnv] | None = Field(None, description="Named engine environments, an `env` axis of the "
+                                              "matrix: the same configuration run in each (e.g. two engine versions)")
     measure: Measure = Field(default_factory=Measure)
     baseline: dict[str, Any] = Field(default_factory=lambda: {"framework": "hf", "quantization": "fp32", "flags": DEFAULT_FLAGS,
                                                               "mode": "offline"},
@@ -415,7 +434,9 @@ class Matrix(_Strict):
 
 def axis_values(m: Matrix, axis: str) -> list:
     """An axis' values; the workload axis defaults to every named workload, and is [None] (one cell each)
-    with a single `workload` section."""
+    with a single `workload` section; the env axis likewise with `envs` ([None]: no env axis)."""
     if axis == "workload":
         return list(m.axes.workload or m.workloads or [None])
+    if axis == "env":
+        return list(m.axes.env or m.envs or [None])
     return getattr(m.axes, axis)

@@ -177,6 +177,7 @@ def _check_semantics(m: Matrix) -> list[str]:
     for fw in m.run.python:
         if fw not in ADAPTERS:
             problems.append(f"run.python.{fw}: unknown framework {shown(fw)} (known: {_known(frameworks)})")
+    problems += _env_problems(m, frameworks)
     for section in ("include", "exclude"):
         for i, rule in enumerate(getattr(m, section)):
             problems += _check_rule(m, rule, f"{section}[{i}]", need_all=(section == "include"))
@@ -186,6 +187,28 @@ def _check_semantics(m: Matrix) -> list[str]:
         problems += _search_problems(m)
     problems += _arrival_problems(m)
     problems += _workload_problems(m)
+    return problems
+
+
+def _env_problems(m: Matrix, frameworks) -> list[str]:
+    """The env axis names `envs` entries; each env's interpreter exists here (unless cluster_only), so a
+    missing one is said before any engine starts."""
+    problems = []
+    for i, name in enumerate(m.axes.env or ()):
+        if not m.envs or name not in m.envs:
+            problems.append(f"axes.env[{i}]: unknown env {shown(name)} (defined in envs: {_known(m.envs or ()) or 'none'})")
+    for name, env in (m.envs or {}).items():
+        pythons = [(f"envs.{name}.python", env.python)] if isinstance(env.python, str) else \
+            [(f"envs.{name}.python.{fw}", p) for fw, p in env.python.items()]
+        for path, python in pythons:
+            fw = path.rsplit(".", 1)[1]
+            if not isinstance(env.python, str) and fw not in ADAPTERS:
+                problems.append(f"{path}: unknown framework {shown(fw)} (known: {_known(frameworks)})")
+            elif not env.cluster_only and not Path(python).exists():
+                problems.append(f"{path}: interpreter {shown(python)} does not exist (create it, e.g. `bench env "
+                                f"{name} --pip PACKAGE==VERSION`, or set cluster_only: true where only the nodes have it)")
+    if m.envs is not None and not m.envs:
+        problems.append("envs: no env named (give at least two, or leave envs out)")
     return problems
 
 
@@ -392,6 +415,8 @@ def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
         return f"unknown mode {shown(v)} (known: {_known(MODES)})"
     if axis == "request_rate" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
         return f"expected a positive number of requests/s (.inf: a closed loop), got {shown(v)}"
+    if axis == "env" and (not m.envs or v not in m.envs):
+        return f"unknown env {shown(v)} (defined in envs: {_known(m.envs or ()) or 'none'})"
     if axis == "workload" and (not m.workloads or v not in m.workloads):
         return f"unknown workload {shown(v)} (defined in workloads: {_known(m.workloads or ()) or 'none'})"
     if axis == "flags":

@@ -41,6 +41,8 @@ DRIVER_COLUMNS: dict[str, pa.DataType] = {
     "load": pa.string(),                # batch (offline static batch) | stream | closed | constant | poisson | gamma | ramp | trace
     "endpoint": pa.string(),            # serve: the given server's base URL; null when the cell started its own
     "workload": pa.string(),            # the named workload (matrix workloads); null: the single workload section
+    "env": pa.string(),                 # the named engine environment (matrix envs); null: no env axis
+    "env_facts": pa.string(),           # that environment's packages, interpreter and variables (EnvFacts)
     "device": pa.string(),
     "node_id": pa.string(),             # the Ray node that ran the cell
     "status": pa.string(),              # ok | unsupported | failed | crashed | timeout
@@ -66,7 +68,7 @@ DRIVER_COLUMNS: dict[str, pa.DataType] = {
 # a CellRecord field (adapters/contract/records.py says what each figure is).
 CELL_COLUMNS = (
     "run_id", "cell_id", "engine_key", "framework", "model", "quantization", "flags", "flags_json", "batch_size",
-    "input_len", "output_len", "mode", "request_rate", "load", "endpoint", "workload", "device", "node_id", "status",
+    "input_len", "output_len", "mode", "request_rate", "load", "endpoint", "workload", "env", "device", "node_id", "status",
     "reason", "batch_mode", "load_s", "warmup", "repeats", "repeats_halfwidth",
     "spec_draft_tokens", "spec_accepted_tokens", "spec_acceptance",
     "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_hit_rate", "preemptions", "kv_cache_usage_max",
@@ -80,9 +82,9 @@ CELL_COLUMNS = (
     "scheduled_ms", "sent_ms",
     "engine_ttft_ms", "engine_ttft_ms_p50", "engine_ttft_agrees", "peak_mem_bytes", "load_peak_mem_bytes",
     "mem_source", "kv_budget_bytes", "versions", "model_fingerprint", "host", "engine_args", "notes", "missing",
-    "attempt", "group_tries", "started_at", "duration_s", "search_id", "search_variable", "search_probe",
+    "attempt", "group_tries", "started_at", "duration_s", "repeat_started_at", "repeat_ended_at", "search_id", "search_variable", "search_probe",
     "search_meets", "search_checks", "search_missed", "search_max", "search_fail", "search_probes", "search_slos",
-    "workload_json",
+    "workload_json", "env_facts",
 )
 
 _SCALARS = {int: pa.int64(), float: _f64, bool: pa.bool_(), str: pa.string()}
@@ -120,7 +122,7 @@ CELLS_SCHEMA = pa.schema([(c, DRIVER_COLUMNS[c] if c in DRIVER_COLUMNS else _REC
 
 # The cells columns that hold JSON text. Only the store writes them (from dicts and lists) and reads
 # them back (json_value, json_object): no other module parses or encodes a JSON column.
-JSON_COLUMNS = ("flags_json", "versions", "host", "engine_args", "workload_json",
+JSON_COLUMNS = ("flags_json", "versions", "host", "engine_args", "workload_json", "env_facts",
                 *(c for c, (_, json_text) in _RECORD.items() if json_text))
 
 
