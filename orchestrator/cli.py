@@ -14,12 +14,14 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from orchestrator.environments.create import env_cmd
 from orchestrator.explain.command import explain_cmd
 from orchestrator.matrix.models import MatrixError
 from orchestrator.report.console import (
     against_table,
     changes_lines,
     compare_table,
+    env_pair_lines,
     err,
     history_table,
     matrix_table,
@@ -100,6 +102,7 @@ app = _Bench(add_completion=False, no_args_is_help=True, cls=_Commands,
 model_app = typer.Typer(no_args_is_help=True, help="Built-in models.")
 app.add_typer(model_app, name="model")
 app.command("explain")(explain_cmd)   # the culprit search; its body: orchestrator/explain/command.py
+app.command("env")(env_cmd)   # orchestrator/environments/create.py
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -472,7 +475,9 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             sv = analyse_sampling(run_dir, baseline=selector, tolerances=tol)
             df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
             df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
-            main, lines = (compare_table if wide else compact.compare_compact)(df), []
+            from orchestrator.judge.cross_run import env_pairs
+
+            main, lines = (compare_table if wide else compact.compare_compact)(df), env_pair_lines(env_pairs(run_dir, df))
         tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
                   *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
         alpha = (tol or RunStore(run_dir).read_manifest().tolerances).task_alpha

@@ -47,7 +47,8 @@ def run_settings(manifest: Manifest, baseline: dict | None, tolerances: Toleranc
 
 # The cells columns the analysis returns; per-request lists and JSON blobs stay in the store.
 _CELL_COLUMNS = [c for c in CELLS_SCHEMA.names if c not in (
-    "flags_json", "workload_json", "ttft_ms", "tpot_ms", "e2e_ms", "engine_ttft_ms", "versions", "engine_args")]
+    "flags_json", "workload_json", "ttft_ms", "tpot_ms", "e2e_ms", "engine_ttft_ms", "versions", "engine_args",
+    "env_facts")]
 
 
 @contextlib.contextmanager

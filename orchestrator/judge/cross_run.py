@@ -45,7 +45,7 @@ SPEED = (
 )
 # provenance compared between the two cells of a pair (JSON columns are compared key by key)
 _PROVENANCE = ("model_fingerprint", "versions", "engine_args", "host", "workload_json", "flags_json", "device",
-               "mem_source", "batch_mode")
+               "mem_source", "batch_mode", "env_facts")
 
 
 # facts of how a run went rather than what ran (a conversion found in the cache or made anew)
@@ -260,3 +260,24 @@ def _add_changes(df: pd.DataFrame, new_root: Path, old_root: Path) -> None:
             changed.append("; ".join(provenance_changes(po.loc[base].to_dict(), pn.loc[cid].to_dict()))
                            or "nothing recorded changed")
     df["changed"] = changed
+
+
+def env_pairs(run_dir: str | Path, df: pd.DataFrame) -> pd.DataFrame:
+    """The env pairs among a run's verdicts (`analyse`): each cell judged against the same configuration in
+    another env (e.g. baseline env: old), with its speed-up, interval, n and test (paired where the two took
+    turns: orchestrator/judge/speed.py) and what changed between the two environments (provenance_changes:
+    packages, env variables, library versions, engine arguments as resolved, the host and driver)."""
+    if "env" not in df or not df.env.notna().any():
+        return pd.DataFrame()
+    env_of = df.set_index("cell_id").env
+    rows = df[df.env.notna() & df.baseline_cell_id.notna() & (df.cell_id != df.baseline_cell_id)].copy()
+    rows["baseline_env"] = rows.baseline_cell_id.map(env_of)
+    rows = rows[rows.baseline_env.notna() & (rows.baseline_env != rows.env)]
+    if rows.empty:
+        return pd.DataFrame()
+    prov = provenance_columns(Path(run_dir))
+    rows["changed"] = [[c for c in provenance_changes(prov.loc[b].to_dict(), prov.loc[c].to_dict())
+                        if not c.startswith("env_facts.name:")] for b, c in zip(rows.baseline_cell_id, rows.cell_id)]
+    return rows[["cell_id", "baseline_cell_id", "framework", "model", "quantization", "flags", "batch_size",
+                 "input_len", "output_len", "env", "baseline_env", "speedup", "speedup_lo", "speedup_hi",
+                 "speedup_n_cell", "speedup_n_base", "speed_test", "speed_call", "changed"]].reset_index(drop=True)

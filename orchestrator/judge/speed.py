@@ -5,6 +5,11 @@ speedup_n_base repeats (0: none); speed_call = faster / slower where the interva
 holds 1, "no difference" only when it also lies within 1 / (1 + speed_tolerance) .. 1 + speed_tolerance
 (the test could have seen a change of the tolerance's size), else "not distinguishable" (a change of that
 size may hide in the noise); null without an interval; ttft_ratio; mem_saving = 1 - peak_mem / the other's.
+
+An env pair (a cell and its baseline the same configuration in two matrix envs, their timed repeats taken in
+turns on one node: repeat_started_at / repeat_ended_at never overlap) is paired: the interval is the t
+interval of the mean log ratio of repeat i to the baseline's repeat i (n pairs, n - 1 degrees of freedom), so
+host drift that falls on both sides of a pair drops out. `speed_test` says which test each interval is.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from adapters.contract.intervals import log_ratio_intervals
+from adapters.contract.intervals import log_mean_intervals, log_ratio_intervals
 from orchestrator.values import finite
 
 
@@ -53,6 +58,41 @@ def speed_call(lo: np.ndarray, hi: np.ndarray, tolerance: float) -> list:
             for a, b in zip(lo, hi)]
 
 
+PAIRED, WELCH = "paired t", "Welch t"
+
+
+def took_turns(a_start, a_end, b_start, b_end) -> bool:
+    """Whether two cells' timed repeats ran in turns: as many on each side, wall-clock times recorded, and no
+    repeat of one overlapping a repeat of the other."""
+    spans = [list(zip(_runs(s), _runs(e))) for s, e in ((a_start, a_end), (b_start, b_end))]
+    if len(spans[0]) < 2 or len(spans[0]) != len(spans[1]):
+        return False
+    return not any(s1 < e2 and s2 < e1 for s1, e1 in spans[0] for s2, e2 in spans[1])
+
+
+def paired_intervals(num_runs: list, den_runs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(center, lo, hi) of the 95% t interval of the geometric mean of num_i / den_i, the paired ratio."""
+    center, lo, hi = (np.full(len(num_runs), np.nan) for _ in range(3))
+    groups: dict[int, list[int]] = {}
+    for i, (n, d) in enumerate(zip(num_runs, den_runs)):
+        if len(n) >= 2 and len(n) == len(d):
+            groups.setdefault(len(n), []).append(i)
+    for idx in groups.values():
+        ratios = np.stack([num_runs[i] for i in idx]) / np.stack([den_runs[i] for i in idx])
+        center[idx], lo[idx], hi[idx] = log_mean_intervals(ratios, 0.95)
+    return center, lo, hi
+
+
+def env_paired(df: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
+    """Which rows and their baselines are an env pair that took turns (see the module's docstring)."""
+    if "env" not in df or "repeat_started_at" not in df:
+        return np.zeros(len(df), bool)
+    return np.array([isinstance(e, str) and isinstance(be, str) and e != be and m == "exact"
+                     and took_turns(s, t, bs, bt) for e, be, m, s, t, bs, bt in zip(
+                         df.env, base.env, df.baseline_match, df.repeat_started_at, df.repeat_ended_at,
+                         base.repeat_started_at, base.repeat_ended_at)], bool)
+
+
 def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     b = cells.set_index("cell_id").reindex(df.baseline_cell_id)
     df["speedup"] = [ratio(x, y) for x, y in zip(df.output_tok_s, b.output_tok_s)]
@@ -60,6 +100,12 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     df["mem_saving"] = [1 - ratio(x, y) for x, y in zip(df.peak_mem_bytes, b.peak_mem_bytes)]
     ok = df.speedup.notna().to_numpy()
     num = [_runs(x) if k else _runs(None) for x, k in zip(df.output_tok_s_runs, ok)]
-    _, lo, hi, n_cell, n_base = speed_intervals(num, [_runs(x) for x in b.output_tok_s_runs])
+    den = [_runs(x) for x in b.output_tok_s_runs]
+    _, lo, hi, n_cell, n_base = speed_intervals(num, den)
+    paired = env_paired(df, b) & (n_cell > 0)
+    if paired.any():   # the paired ratio (its center: the geometric mean of the ratios, the same as Welch's)
+        _, p_lo, p_hi = paired_intervals([num[i] for i in np.flatnonzero(paired)], [den[i] for i in np.flatnonzero(paired)])
+        lo[paired], hi[paired] = p_lo, p_hi
     df["speedup_lo"], df["speedup_hi"], df["speedup_n_cell"], df["speedup_n_base"] = lo, hi, n_cell, n_base
     df["speed_call"] = speed_call(lo, hi, tolerance)
+    df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if p else WELCH for a, z, p in zip(lo, hi, paired)]

@@ -26,7 +26,7 @@ _VERDICT = {"identical": "bold green", "lossless": "green", "near-lossless": "ye
 _LAYER = {"no change": "green", "not distinguishable": "yellow", "improved": "cyan", "regressed": "bold red",
           "identical": "bold green", "same distribution": "green", "sampler differs": "magenta",
           "different": "bold red", "n/a": "dim"}
-_PARTS = ("framework", "model", "quantization", "flags", "workload", "load")
+_PARTS = ("framework", "model", "quantization", "flags", "env", "workload", "load")
 
 
 def _finite(v) -> bool:
@@ -48,11 +48,13 @@ def _labels(df: pd.DataFrame) -> tuple[list[str], str]:
     parts = []
     for r in records:
         wl = r.get("workload")
+        env = r.get("env")
         parts.append({"framework": str(r["framework"]), "model": str(r["model"]), "quantization": str(r["quantization"]),
-                      "flags": str(r["flags"]), "workload": wl if isinstance(wl, str) else "",
+                      "flags": str(r["flags"]), "env": f"env {env}" if isinstance(env, str) else "",
+                      "workload": wl if isinstance(wl, str) else "",
                       "load": _load(r)})
     varying = [p for p in _PARTS if len({x[p] for x in parts}) > 1]
-    shared = [parts[0][p] if p == "load" else f"{p} {parts[0][p]}" for p in _PARTS
+    shared = [parts[0][p] if p in ("load", "env") else f"{p} {parts[0][p]}" for p in _PARTS
               if p not in varying and parts and parts[0][p]]
     names = ["/".join(x[p] for p in varying if p not in ("workload", "load") and x[p])
              + "".join(f" [{x['workload']}]" for p in varying if p == "workload" and x["workload"])

@@ -98,11 +98,18 @@ def _workload(r) -> str:
     return escape(v) if isinstance(v, str) else "-"
 
 
+def _flags(r) -> str:
+    """The flag set, and ' env NAME' for a cell of a named engine environment (matrix envs)."""
+    get = r.get if isinstance(r, dict) else lambda k: getattr(r, k, None)
+    env = get("env")
+    return f"{get('flags')}" + (f" env {env}" if isinstance(env, str) else "")
+
+
 def _config(r: dict) -> str:
-    """framework/model/quantization/flags, and ' [workload]' for a cell of a named workload."""
+    """framework/model/quantization/flags (' env NAME'), and ' [workload]' for a cell of a named workload."""
     wl = r.get("workload")
     # escaped: rich would read '[name]' as markup
-    return escape(f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}" + (f" [{wl}]" if isinstance(wl, str) else ""))
+    return escape(f"{r['framework']}/{r['model']}/{r['quantization']}/{_flags(r)}" + (f" [{wl}]" if isinstance(wl, str) else ""))
 
 
 def _telemetry_columns(df) -> list[str]:
@@ -138,12 +145,12 @@ def summary_table(df, title: str) -> Table:
                 "errors" if serve else None, "reason"):
         if col:
             table.add_column(col, overflow="fold")
-    df = df.sort_values(["framework", "model", "quantization", "flags", *(["workload"] if named else []), "mode",
-                         "batch_size", "request_rate"], na_position="first")
+    df = df.sort_values(["framework", "model", "quantization", "flags", *(["workload"] if named else []),
+                         *(["env"] if "env" in df else []), "mode", "batch_size", "request_rate"], na_position="first")
     for r in df.itertuples():
         color = "green" if r.status == "ok" else ("yellow" if r.status == "unsupported" else "red")
         reason = r.reason.splitlines()[0][:80] if isinstance(r.reason, str) and r.reason else ""
-        head = [r.framework, r.model, r.quantization, r.flags] + ([_workload(r)] if named else []) + (
+        head = [r.framework, r.model, r.quantization, _flags(r)] + ([_workload(r)] if named else []) + (
             [r.mode, load_label(r.mode, r.batch_size, r.request_rate, r.load)] if serve else [str(r.batch_size)])
         tail = [_fmt(r.errors, ".0f")] if serve else []
         table.add_row(*head,
@@ -163,7 +170,8 @@ def matrix_table(title: str, cells: list) -> Table:
         if col:
             table.add_column(col)
     for c in cells:
-        table.add_row(c.cell_id, c.framework, c.model, c.quantization, c.flags, *([escape(c.workload)] if named else []),
+        table.add_row(c.cell_id, c.framework, c.model, c.quantization, _flags({"flags": c.flags, "env": c.env}),
+                      *([escape(c.workload)] if named else []),
                       c.mode, str(c.batch_size), "search" if c.search else _rate(c.request_rate), str(c.input_len),
                       str(c.output_len))
     return table
@@ -222,7 +230,7 @@ def compare_table(df: pd.DataFrame) -> Table:
         speed = "" if not finite(r["speedup"]) else \
             f"{r['speedup']:.2f}x [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}] {call}".rstrip()
         greedy = "" if not finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
-        t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), str(r["flags"]),
+        t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), _flags(r),
                   *[_workload(r) for _ in named], load,
                   f"[{_STYLE[r['verdict']]}]{r['verdict']}[/]", num(r["kl_mean"]), num(r["max_abs"]),
                   num(r["noise_max_abs"]), num(r["top1"], ".3f"), greedy, num(r["ppl_rel"], "+.2g"),
@@ -345,6 +353,28 @@ def changes_lines(df: pd.DataFrame) -> list[str]:
             groups.setdefault(change, []).append(cell)
     return ["what changed:"] + [f"  {change}  ({len(cells)} cell(s): {', '.join(cells[:4])}"
                                 f"{', ...' if len(cells) > 4 else ''})" for change, cells in groups.items()]
+
+
+def env_pair_lines(pairs: pd.DataFrame) -> list[str]:
+    """`bench compare` of a run with an env axis: per env pair, NEW/OLD output tok/s with its 95% interval, n
+    and test, the call, and what differs between the two environments (orchestrator/judge/cross_run.py)."""
+    from orchestrator.values import finite
+
+    if pairs.empty:
+        return []
+    out = ["env pairs (output tok/s, the cell's env over its baseline's):"]
+    for r in pairs.to_dict("records"):
+        cell = f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']} batch {r['batch_size']}"
+        if finite(r["speedup_lo"]) and finite(r["speedup_hi"]):
+            n = (f"n={int(r['speedup_n_cell'])} pairs" if r["speed_test"] == "paired t"
+                 else f"n={int(r['speedup_n_cell'])}/{int(r['speedup_n_base'])}")
+            speed = (f"{r['speedup']:.3f} [{r['speedup_lo']:.3f}, {r['speedup_hi']:.3f}] {n}, {r['speed_test']}: "
+                     f"{r['speed_call']}")
+        else:
+            speed = "no interval (fewer than 2 timed repeats on a side, or a side did not run)"
+        out.append(f"  {cell}: {r['env']}/{r['baseline_env']} = {speed}")
+        out += [f"    changed: {c}" for c in r["changed"]] or ["    changed: nothing recorded differs"]
+    return out
 
 
 def history_table(df: pd.DataFrame, title: str) -> Table:

@@ -325,7 +325,7 @@ def test_policy_validation(tmp_path):
         load_policy(path)
     assert err.value.problems == [
         "rules[0].match: Value error, unknown axis 'framwork' (known: framework, model, quantization, "
-        "batch_size, flags, input_len, output_len, mode, request_rate, workload)",
+        "batch_size, flags, input_len, output_len, mode, request_rate, workload, env)",
         "rules[0].must_be: Input should be 'identical', 'lossless' or 'near-lossless'",
     ]
     path.write_text("rules:\n  - match: {batch_size: big, quantization: []}\n    must_be: lossless\n")

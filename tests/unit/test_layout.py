@@ -25,11 +25,12 @@ RULES: dict[str, set[str]] = {
     f"{O}.store": {f"{O}.values", f"{O}.matrix", f"{A}.base", f"{A}.contract"},
     f"{O}.execution": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", A, f"{A}.base", f"{A}.contract"},
     f"{O}.judge": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", A, f"{A}.base", f"{A}.contract"},
+    f"{O}.environments": {f"{O}.values"},
     f"{O}.report": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", f"{O}.judge"},
     f"{O}.explain": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", f"{O}.execution", f"{O}.judge", A,
                      f"{A}.base", f"{A}.contract"},
     f"{O}.cli": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", f"{O}.execution", f"{O}.judge",
-                 f"{O}.report", f"{O}.explain", A, f"{A}.base", f"{A}.contract"},
+                 f"{O}.report", f"{O}.explain", f"{O}.environments", A, f"{A}.base", f"{A}.contract"},
     f"{O}": set(),
     A: {f"{A}.base"},                                  # the registry
     f"{A}.contract": set(),
