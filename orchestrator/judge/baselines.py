@@ -25,6 +25,8 @@ from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.matrix.validate import pydantic_problems
 
 CONFIG_AXES = ("framework", "model", "quantization", "flags", "mode")
+# what a baseline must match besides: the engine environment (matrix envs; None without the env axis)
+BASELINE_AXES = (*CONFIG_AXES, "env")
 
 
 INT_AXES = ("batch_size", "input_len", "output_len")
@@ -82,7 +84,7 @@ def resolve_baselines(cells: pd.DataFrame, comparable: pd.DataFrame, selector: d
     """For each cell: the baseline cell_id (or None) and how it was chosen."""
     by_config: dict[tuple, list] = {}
     for c in comparable[[*AXES, "cell_id"]].itertuples(index=False):   # the columns it reads: fast at 100k
-        by_config.setdefault(tuple(axis_value(a, getattr(c, a)) for a in CONFIG_AXES), []).append(c)
+        by_config.setdefault(tuple(axis_value(a, getattr(c, a)) for a in BASELINE_AXES), []).append(c)
     sel = {k: axis_value(k, v) for k, v in selector.items()}
     cache: dict[tuple, tuple] = {}
     chosen = []
@@ -92,7 +94,7 @@ def resolve_baselines(cells: pd.DataFrame, comparable: pd.DataFrame, selector: d
             want["request_rate"] = None   # a served cell's offline baseline has no arrival rate
         key = tuple(want.values())
         if key not in cache:
-            cache[key] = _pick_baseline(by_config.get(tuple(want[a] for a in CONFIG_AXES), []), want, sel)
+            cache[key] = _pick_baseline(by_config.get(tuple(want[a] for a in BASELINE_AXES), []), want, sel)
         chosen.append(cache[key])
     return [c[0] for c in chosen], [c[1] for c in chosen]
 
@@ -102,7 +104,7 @@ def _pick_baseline(cands: list, want: dict, sel: dict) -> tuple[str | None, str]
     # scores the same prompts: exact, else batch 1, else the smallest batch (own lengths first)
     cands = [c for c in cands if all(axis_value(a, getattr(c, a)) == sel[a] for a in LOAD_AXES if a in sel)]
     if not cands:
-        shown = [a for a in AXES if a in sel or (a in CONFIG_AXES and want[a] not in (None, "offline"))]
+        shown = [a for a in AXES if a in sel or (a in BASELINE_AXES and want[a] not in (None, "offline"))]
         named = ", ".join(f"{a}={want[a]}" for a in shown)
         return None, f"no ok baseline cell with logprobs for {named}"
 

@@ -10,7 +10,7 @@ orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same con
         rules:
           - match: {framework: vllm, quantization: [fp16, bf16]}   # list: each value must be present
             must_be: lossless                                     # identical | lossless | near-lossless
-            max_slowdown: 0.05            # --against: output tokens/s may not drop by more than 5%
+            max_slowdown: 0.05            # --against (or an env pair: match env): output tokens/s may not drop by more than 5%
             max_ttft_p99_increase: 0.10   # --against: TTFT p99 may not rise by more than 10%
             max_memory_increase: 0.05     # --against: peak memory may not rise by more than 5%
             task: {name: tiny-ending, min_ratio: 0.99, no_regression: true}   # the task layer
@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orchestrator.judge.baselines import CONFIG_AXES, INT_AXES, axis_value
 from orchestrator.judge.logits import VERDICTS
+from orchestrator.judge.speed import PAIRED
 from orchestrator.matrix.cells import load_label
 from orchestrator.matrix.models import AXES, MatrixError
 from orchestrator.matrix.validate import pydantic_problems
@@ -120,7 +121,8 @@ class Rule(BaseModel):
     model_config = ConfigDict(extra="forbid")
     match: dict[str, Any] = Field(default_factory=dict, description="Axis values (a list: any of them, each required)")
     must_be: Literal["identical", "lossless", "near-lossless"] | None = None
-    max_slowdown: float | None = Field(None, ge=0, lt=1, description="--against: most output tokens/s may drop")
+    max_slowdown: float | None = Field(None, ge=0, lt=1, description="--against, or an env pair (match: {env: ...}): "
+                                       "most output tokens/s may drop")
     max_ttft_p99_increase: float | None = Field(None, ge=0, description="--against: most TTFT p99 may rise")
     max_memory_increase: float | None = Field(None, ge=0, description="--against: most peak memory may rise")
     require_run_noise: bool = Field(False, description="--against: a speed bound fails as 'cannot judge' where no "
@@ -195,7 +197,8 @@ class Check:
 
 
 def _where(r: dict) -> str:
-    return "/".join(str(r[a]) for a in CONFIG_AXES if r[a] != "offline") + " " + (
+    env = f" env {r['env']}" if isinstance(r.get("env"), str) else ""
+    return "/".join(str(r[a]) for a in CONFIG_AXES if r[a] != "offline") + env + " " + (
         load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load"))
         if r["mode"] in ("serve", "stream") else f"batch={r['batch_size']}")
 
@@ -226,6 +229,23 @@ def _speed_check(r: dict, bound: str, limit: float, require_run_noise: bool) -> 
     ok = lo <= 1 + limit
     return ok, f"{shown}: " + (f"wholly above x{1 + limit:.3f}" if not ok else f"below x{1 + limit:.3f}"
                                if hi <= 1 + limit else f"not wholly above x{1 + limit:.3f} (within the noise)")
+
+
+def _env_speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
+    """A speed bound within one run: an env pair's cell against its baseline env (orchestrator/judge/speed.py:
+    their repeats took turns, so the paired interval holds the host's drift); other cells cannot be judged."""
+    what = SPEED_BOUNDS[bound][1]
+    if r.get("speed_test") != PAIRED:
+        return False, (f"cannot judge {what} within one run: not an env pair whose repeats took turns "
+                       "(compare with a stored run: --against OLD_RUN)")
+    if bound != "max_slowdown":
+        return False, f"cannot judge {what} within one run: an env pair bounds output tokens/s only (max_slowdown)"
+    ratio, lo, hi = r["speedup"], r["speedup_lo"], r["speedup_hi"]
+    shown = (f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {int(r['speedup_n_cell'])} pairs, paired t, "
+             f"env {r.get('env')} over its baseline's)")
+    ok = hi >= 1 - limit
+    return ok, f"{shown}: " + (f"wholly below x{1 - limit:.3f}" if not ok else f"above x{1 - limit:.3f}"
+                               if lo >= 1 - limit else f"not wholly below x{1 - limit:.3f} (within the noise)")
 
 
 def error_interval(errors: int, sent: int, level: float = 0.95) -> tuple[float, float]:
@@ -309,9 +329,9 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
     checks: list[Check] = []
     rank = {v: i for i, v in enumerate(VERDICTS)}
     for i, rule in enumerate(policy.rules):
-        if rule.speed_bounds() and not against:
+        if rule.speed_bounds() and not against and "env" not in rule.match:
             raise PolicyError([f"rules[{i}]: {', '.join(rule.speed_bounds())} compare with a stored run: "
-                               "give --against OLD_RUN"])
+                               "give --against OLD_RUN (or match an env of an env pair: match: {env: new})"])
         wants = {a: [axis_value(a, x) for x in (v if isinstance(v, list) else [v])] for a, v in rule.match.items()}
         have = list(zip(*[[axis_value(a, x) for x in df[a]] for a in wants])) if wants else [()] * len(df)
         hit = np.array([all(h in w for h, w in zip(row, wants.values())) for row in have], dtype=bool)
@@ -337,6 +357,8 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
             for bound, limit in rule.speed_bounds().items():
                 if r.get("only_in"):
                     ok, msg = False, r["verdict_reason"]
+                elif not against:   # an env pair, within one run
+                    ok, msg = _env_speed_check(r, bound, limit)
                 else:
                     ok, msg = _speed_check(r, bound, limit, rule.require_run_noise)
                 checks.append(Check(i, f"{bound} {limit:g}", cell, r["cell_id"], ok, msg))
