@@ -477,7 +477,8 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
             df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
             from orchestrator.judge.cross_run import env_pairs
 
-            main, lines = (compare_table if wide else compact.compare_compact)(df), env_pair_lines(env_pairs(run_dir, df))
+            main = (compare_table if wide else compact.compare_compact)(df)
+            lines = env_pair_lines(env_pairs(run_dir, df))
         tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
                   *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
         alpha = (tol or RunStore(run_dir).read_manifest().tolerances).task_alpha

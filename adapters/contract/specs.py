@@ -227,7 +227,8 @@ class GroupSpec(ContractModel):
     tasks: list[TaskSpec] = Field(default_factory=list)    # run by every cell after its timings and logprobs
     sampling: SamplingSpec | None = None                   # seeded samples, after the logprobs
     claims_dir: str | None = None    # set: a cell runs only if this worker claims it there first (adapters.contract.claims.claim_cell)
-    turns: bool = False              # an env pair (adapters.contract.events.TurnWait): each phase of engine work waits for
-                                     # the supervisor's go-ahead, a line on stdin, so the pair's timed repeats interleave
+    # an env pair (adapters.contract.events.TurnWait): each phase of engine work waits for the supervisor's
+    # go-ahead, a line on stdin, so the pair's timed repeats interleave
+    turns: bool = False
     env_name: str | None = None      # the matrix env this group runs in: the worker describes the env (EnvFacts)
     env_vars: dict[str, str] = Field(default_factory=dict)   # the variables that env's definition sets (in its environ)

@@ -104,8 +104,10 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     _, lo, hi, n_cell, n_base = speed_intervals(num, den)
     paired = env_paired(df, b) & (n_cell > 0)
     if paired.any():   # the paired ratio (its center: the geometric mean of the ratios, the same as Welch's)
-        _, p_lo, p_hi = paired_intervals([num[i] for i in np.flatnonzero(paired)], [den[i] for i in np.flatnonzero(paired)])
+        at = np.flatnonzero(paired)
+        _, p_lo, p_hi = paired_intervals([num[i] for i in at], [den[i] for i in at])
         lo[paired], hi[paired] = p_lo, p_hi
     df["speedup_lo"], df["speedup_hi"], df["speedup_n_cell"], df["speedup_n_base"] = lo, hi, n_cell, n_base
     df["speed_call"] = speed_call(lo, hi, tolerance)
-    df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if p else WELCH for a, z, p in zip(lo, hi, paired)]
+    df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if p else WELCH
+                        for a, z, p in zip(lo, hi, paired)]

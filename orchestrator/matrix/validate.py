@@ -196,7 +196,8 @@ def _env_problems(m: Matrix, frameworks) -> list[str]:
     problems = []
     for i, name in enumerate(m.axes.env or ()):
         if not m.envs or name not in m.envs:
-            problems.append(f"axes.env[{i}]: unknown env {shown(name)} (defined in envs: {_known(m.envs or ()) or 'none'})")
+            known = _known(m.envs or ()) or "none"
+            problems.append(f"axes.env[{i}]: unknown env {shown(name)} (defined in envs: {known})")
     for name, env in (m.envs or {}).items():
         pythons = [(f"envs.{name}.python", env.python)] if isinstance(env.python, str) else \
             [(f"envs.{name}.python.{fw}", p) for fw, p in env.python.items()]

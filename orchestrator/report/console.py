@@ -109,7 +109,8 @@ def _config(r: dict) -> str:
     """framework/model/quantization/flags (' env NAME'), and ' [workload]' for a cell of a named workload."""
     wl = r.get("workload")
     # escaped: rich would read '[name]' as markup
-    return escape(f"{r['framework']}/{r['model']}/{r['quantization']}/{_flags(r)}" + (f" [{wl}]" if isinstance(wl, str) else ""))
+    return escape(f"{r['framework']}/{r['model']}/{r['quantization']}/{_flags(r)}"
+                  + (f" [{wl}]" if isinstance(wl, str) else ""))
 
 
 def _telemetry_columns(df) -> list[str]:

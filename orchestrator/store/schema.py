@@ -82,7 +82,8 @@ CELL_COLUMNS = (
     "scheduled_ms", "sent_ms",
     "engine_ttft_ms", "engine_ttft_ms_p50", "engine_ttft_agrees", "peak_mem_bytes", "load_peak_mem_bytes",
     "mem_source", "kv_budget_bytes", "versions", "model_fingerprint", "host", "engine_args", "notes", "missing",
-    "attempt", "group_tries", "started_at", "duration_s", "repeat_started_at", "repeat_ended_at", "search_id", "search_variable", "search_probe",
+    "attempt", "group_tries", "started_at", "duration_s", "repeat_started_at", "repeat_ended_at", "search_id",
+    "search_variable", "search_probe",
     "search_meets", "search_checks", "search_missed", "search_max", "search_fail", "search_probes", "search_slos",
     "workload_json", "env_facts",
 )
