@@ -36,7 +36,7 @@ test: setup env-vllm browser lmdeploy-src llama-cpp-src env-pair-wheel
 test-fast: setup lmdeploy-src llama-cpp-src
 	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q -m "not slow"
 
-# The env axis' test (tests/e2e/test_env_axis.py) builds a second environment that differs from .venv in one
+# The env axis' test (tests/e2e/test_env_axis_run.py) builds a second environment that differs from .venv in one
 # package, offline, from this wheel (`bench env old --pip tqdm==$(ENV_PAIR_TQDM) --no-index --find-links .cache/wheels`)
 ENV_PAIR_TQDM := 4.67.1
 env-pair-wheel: .cache/wheels/tqdm-$(ENV_PAIR_TQDM)-py3-none-any.whl

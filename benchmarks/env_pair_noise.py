@@ -20,7 +20,7 @@ Per condition and method: the median relative width of the 95% interval ((hi - l
 of the ratio itself over the rounds (sd of log ratio: what the interval should cover), and how many
 intervals hold 1. Output: a Markdown table (and --json FILE: every round's numbers).
 
-    python benchmarks/env_pair_noise.py --rounds 3                     # quiet and busy, ~8 min on 2 cores
+    python benchmarks/env_pair_noise.py --rounds 4                     # quiet and busy, ~12 min on 2 cores
     python benchmarks/env_pair_noise.py --rounds 4 --conditions busy --busy-period 0.3 3
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -171,5 +170,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    random.seed(0)
     main()

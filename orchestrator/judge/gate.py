@@ -330,8 +330,10 @@ def evaluate(df: pd.DataFrame, policy: Policy, against: bool, tasks: pd.DataFram
     rank = {v: i for i, v in enumerate(VERDICTS)}
     for i, rule in enumerate(policy.rules):
         if rule.speed_bounds() and not against and "env" not in rule.match:
+            envs = "env" in df and df["env"].notna().any()   # a run with env pairs: they are bounded within it
             raise PolicyError([f"rules[{i}]: {', '.join(rule.speed_bounds())} compare with a stored run: "
-                               "give --against OLD_RUN (or match an env of an env pair: match: {env: new})"])
+                               "give --against OLD_RUN" + (" (or match the env of an env pair: match: {env: NAME})"
+                                                          if envs else "")])
         wants = {a: [axis_value(a, x) for x in (v if isinstance(v, list) else [v])] for a, v in rule.match.items()}
         have = list(zip(*[[axis_value(a, x) for x in df[a]] for a in wants])) if wants else [()] * len(df)
         hit = np.array([all(h in w for h, w in zip(row, wants.values())) for row in have], dtype=bool)

@@ -1,6 +1,6 @@
 """The env axis without engines: expansion and ids, validation with YAML paths, the interpreter per env, env
 pairs as one job, the supervisor's turn-taking (ABBA), the paired speed interval and the baseline selector
-(tests/e2e/test_env_axis.py runs two real environments)."""
+(tests/e2e/test_env_axis_run.py runs two real environments)."""
 
 from __future__ import annotations
 
