@@ -4,7 +4,7 @@ offline; one run of the built-in tiny model through transformers in both environ
 new]`) loads both engines side by side and takes the timed repeats in turns, ABBA (the wall-clock times in
 the rows show it); `bench compare` gives the paired NEW/OLD ratio with n, interval and test, and the
 provenance diff that names the changed package and the env's variable; `bench gate` bounds the pair's
-slowdown within the one run."""
+slowdown within the one run. And a pair whose one side dies at start: the other runs alone."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -109,3 +110,28 @@ def test_gate_bounds_the_pairs_slowdown_within_one_run(env_run, tmp_path):
     proc = subprocess.run(bench_cmd("gate", str(d / "run"), "--policy", str(other)), cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1 and "an env pair bounds output tokens/s only" in proc.stdout + proc.stderr, proc.stdout
+
+
+def test_a_side_that_dies_holds_the_other_up_in_nothing(ray_local, tiny_model, tmp_path):
+    """One env's interpreter exits at once: its cells are crashed rows, and the other env's run alone (the
+    floor waits for no turn of a side whose cells have their rows)."""
+    from orchestrator.execution.runner import run_matrix
+
+    dead = tmp_path / "dead-python"
+    dead.write_text("#!/bin/sh\necho 'this interpreter dies at start' >&2\nexit 3\n")
+    dead.chmod(0o755)
+    matrix = {"name": "env-axis-dead", "models": {"tiny": "builtin:tiny"},
+              "envs": {"old": {"python": str(dead)}, "new": {"python": sys.executable}},
+              "axes": {"framework": ["hf"], "model": ["tiny"], "batch_size": [1], "input_len": [16],
+                       "output_len": [4], "env": ["old", "new"]},
+              "measure": {"warmup": 1, "repeats": 2, "scoring_prompts": 1, "scoring_len": 16, "greedy_tokens": 2,
+                          "score_repeats": 1, "top_k": 2},
+              "baseline": {"framework": "hf", "env": "old"},
+              "run": {"cell_timeout_s": 120, "load_timeout_s": 120}}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(matrix))
+    started = time.monotonic()
+    cells = run_matrix(tmp_path / "m.yaml", tmp_path / "run", quiet=True).read_cells().set_index("env")
+    assert time.monotonic() - started < 100   # no timeout waited out
+    assert cells.loc["old", "status"] == "crashed" and "exited with code 3" in cells.loc["old", "reason"]
+    assert cells.loc["new", "status"] == "ok", cells.loc["new", "reason"]
+    assert len(cells.loc["new", "repeat_started_at"]) == 2
