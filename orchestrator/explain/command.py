@@ -48,6 +48,12 @@ def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool) -> list[dict
     return [row]
 
 
+def _env(row) -> str | None:
+    """The row's engine environment (the env axis), None without one."""
+    env = row.get("env") if hasattr(row, "get") else None
+    return env if isinstance(env, str) else None
+
+
 def explain_cell(run_dir: Path, df: pd.DataFrame, row: Any, max_probes: int, address: str | None,
                  console: Console, quiet: bool, tolerances: Tolerances | None = None) -> ExplainResult:
     """Search one cell's culprits (judged with `tolerances`, default the run's); stores and returns the result."""
@@ -73,7 +79,8 @@ def explain_cell(run_dir: Path, df: pd.DataFrame, row: Any, max_probes: int, add
     options = matrix.engine_options(cell["framework"], cell["flags"])
     suspects, skipped = find_suspects(cell["framework"], options, cell["quantization"], int(cell["batch_size"]),
                                       {"framework": base["framework"], "quantization": base["quantization"],
-                                       "options": matrix.engine_options(base["framework"], base["flags"])})
+                                       "options": matrix.engine_options(base["framework"], base["flags"]),
+                                       "env": _env(base)}, _env(cell))
     if tolerances is not None:   # the probes are judged as the cell was (their ids do not depend on it: reused)
         matrix = matrix.model_copy(update={"tolerances": tolerances})
     runner = ProbeRunner(run_dir, matrix, cell, baseline_rows, suspects, address, console, quiet)

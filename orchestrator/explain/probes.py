@@ -59,18 +59,20 @@ class ProbeRunner:
     def run_dir(self) -> Path:
         return self.folder / PROBES_DIR
 
-    def _config(self, moved: frozenset[str]) -> tuple[str, str, int, dict[str, Any]]:
-        """(flag-set name, quantization, batch size, options) of a probe."""
+    def _config(self, moved: frozenset[str]) -> tuple[str, str, int, dict[str, Any], str | None]:
+        """(flag-set name, quantization, batch size, options, env) of a probe."""
         chosen = [self.suspects[n] for n in self.order if n in moved]
         flags = [s.name for s in chosen if s.kind == "flag"]
-        quant, batch = self.cell["quantization"], int(self.cell["batch_size"])
+        quant, batch, env = self.cell["quantization"], int(self.cell["batch_size"]), self.cell.get("env")
         for s in chosen:
             if s.kind == "quantization":
                 quant = s.moved_value["quantization"]
             elif s.kind == "batch_size":
                 batch = int(s.moved_value["batch_size"])
+            elif s.kind == "environment":
+                env = s.moved_value["env"]
         options = moved_options(ADAPTERS[self.cell["framework"]], self.options, chosen)
-        return "xp-" + ("+".join(flags) if flags else "as-is"), normalize_quantization(quant), batch, options
+        return "xp-" + ("+".join(flags) if flags else "as-is"), normalize_quantization(quant), batch, options, env
 
     def matrix_data(self, sets: list[frozenset[str]]) -> dict[str, Any]:
         """The probe matrix (as YAML data) holding the baseline's cells and a probe per set."""
@@ -83,12 +85,14 @@ class ProbeRunner:
             flags.setdefault(bfw, {})[bflags] = m.flag_sets(bfw)[bflags]
         include = []
         for moved in sets:
-            name, quant, batch, options = self._config(moved)
+            name, quant, batch, options, env = self._config(moved)
             flags.setdefault(fw, {})[name] = options
             rule = {"framework": fw, "model": c["model"], "quantization": quant, "batch_size": batch, "flags": name,
                     "input_len": int(c["input_len"]), "output_len": int(c["output_len"]), "mode": c["mode"]}
             if c.get("workload"):
                 rule["workload"] = c["workload"]
+            if env is not None:
+                rule["env"] = env
             include.append(rule)
         # the baseline's own axes (a selector may fix its model or batch; it may have fallen back to other lengths)
         axes: dict[str, Any] = {
@@ -98,6 +102,8 @@ class ProbeRunner:
             "mode": [str(base["mode"])]}
         if isinstance(base.get("workload"), str):
             axes["workload"] = [base["workload"]]
+        if isinstance(base.get("env"), str):   # an env axis: the baseline's env (probes name theirs)
+            axes["env"] = [base["env"]]
         measure = {k: v for k, v in data.get("measure", {}).items() if k != "sampling"}
         models = {name: data["models"][name] for name in dict.fromkeys([c["model"], str(base["model"])])}
         data |= {"name": f"explain-{c['cell_id']}", "models": models,
@@ -137,10 +143,10 @@ class ProbeRunner:
         run_matrix(path, self.run_dir, self.address, console=self.console, quiet=True)
         wall = time.monotonic() - started
         judged = analyse(self.run_dir).drop_duplicates("cell_id").set_index("cell_id")
-        ids = {(c.framework, c.flags, c.quantization, c.batch_size): c.cell_id for c in expand(m)}
+        ids = {(c.framework, c.flags, c.quantization, c.batch_size, c.env): c.cell_id for c in expand(m)}
         for moved, phase in new:
-            name, quant, batch, _ = self._config(moved)
-            cid = ids.get((self.cell["framework"], name, quant, batch))
+            name, quant, batch, _, env = self._config(moved)
+            cid = ids.get((self.cell["framework"], name, quant, batch, env))
             probe = Probe(index=len(self.probes), round=self.rounds, phase=phase,
                           moved=[n for n in self.order if n in moved], cell_id=cid, flags=name,
                           quantization=quant, batch_size=batch, round_wall_s=round(wall, 1), reused=cid in stored)

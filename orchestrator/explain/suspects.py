@@ -50,17 +50,22 @@ def moved_options(adapter: type[Adapter], options: dict[str, Any], suspects: lis
 
 
 def find_suspects(framework: str, options: dict[str, Any], quantization: str, batch_size: int,
-                  baseline: dict[str, Any]) -> tuple[list[Suspect], dict[str, str]]:
+                  baseline: dict[str, Any], env: str | None = None) -> tuple[list[Suspect], dict[str, str]]:
     """(the suspects, {name: why it is not one} for declared ones that cannot be moved). `baseline` holds the
-    baseline cell's framework, options and quantization.
+    baseline cell's framework, options, quantization and env (the env axis: None without one).
 
-    The environment is not a suspect yet. Where the env axis (built apart) makes an env pair, its hook is here:
-    a Suspect of kind "environment" moving the cell to the baseline's environment, probed first and alone, so
-    the result says "the environment" before any flag is searched (probes.py would set the probe's env axis)."""
+    A cell in another engine environment than its baseline's (an env pair, or any two envs) has the
+    environment as a suspect too, first: so the result tells "the environment" (its packages, interpreter and
+    variables) apart from the flags, and a set of both where only both together restore."""
     adapter = ADAPTERS[framework]
     same_engine = baseline["framework"] == framework
     suspects: list[Suspect] = []
     skipped: dict[str, str] = {}
+    base_env = baseline.get("env")
+    if env is not None and base_env is not None and env != base_env:
+        suspects.append(Suspect(name=f"env={base_env}", kind="environment", cell_value={"env": env},
+                                moved_value={"env": base_env},
+                                why="the engine environment: its packages, interpreter and variables"))
     for flag in adapter.numerics_flags:
         target = _target(flag, same_engine, baseline.get("options") or {})
         have = _effective(adapter, options, flag.reference)

@@ -23,10 +23,11 @@ Outcome = Literal[
 
 
 class Suspect(BaseModel):
-    """One change the search may make: an adapter's NumericsFlag, batch size 1 or the quantization."""
+    """One change the search may make: an adapter's NumericsFlag, batch size 1, the quantization, or (for a cell
+    of an env pair) the engine environment."""
 
     name: str
-    kind: Literal["flag", "batch_size", "quantization"]   # a hook: an env pair adds "environment" here
+    kind: Literal["flag", "batch_size", "quantization", "environment"]
     cell_value: dict[str, Any] = Field(default_factory=dict)      # field -> the cell's value (None: the default)
     moved_value: dict[str, Any] = Field(default_factory=dict)     # field -> the value a probe moves it to
     why: str = ""

@@ -138,3 +138,38 @@ def test_the_probe_matrix_holds_the_baseline_and_one_cell_per_moved_set():
     # the same moves make the same cell ids in a later round (the cache across rounds and calls)
     again = parse_matrix(runner.matrix_data(list(reversed(sets))))
     assert {c.cell_id for c in expand(again)} == {c.cell_id for c in expand(probe_m)}
+
+
+def test_an_env_pair_suspects_the_environment_apart_from_the_flags():
+    """A cell in another engine environment than its baseline's: the environment is a suspect of its own (first),
+    and a probe that moves it is the same configuration in the baseline's env, beside flag moves in the cell's."""
+    import sys
+
+    import pandas as pd
+
+    from orchestrator.explain.probes import ProbeRunner
+    from orchestrator.matrix.cells import expand
+    from orchestrator.matrix.validate import parse_matrix
+    from tests.helpers import ROOT
+
+    base_opts = {"framework": "llamacpp", "quantization": "fp32", "options": {"type_k": "f32", "type_v": "f32"}}
+    suspects, _ = find_suspects("llamacpp", {}, "fp32", 1, base_opts | {"env": "old"}, env="new")
+    assert [s.name for s in suspects][:1] == ["env=old"] and suspects[0].kind == "environment"
+    assert "kv_cache_types" in [s.name for s in suspects]
+    same_env, _ = find_suspects("llamacpp", {}, "fp32", 1, base_opts | {"env": "new"}, env="new")
+    assert "env=old" not in [s.name for s in same_env] and [s.kind for s in same_env] == ["flag"] * len(same_env)
+
+    m = parse_matrix({
+        "models": {"tiny": "builtin:tiny"},
+        "axes": {"framework": ["llamacpp"], "model": ["tiny"], "env": ["old", "new"], "flags": ["default", "f32_kv"]},
+        "envs": {"old": {"python": sys.executable}, "new": {"python": sys.executable}},
+        "flags": {"llamacpp": {"f32_kv": {"type_k": "f32", "type_v": "f32"}}}})
+    axes = {"model": "tiny", "input_len": 32, "output_len": 16, "mode": "offline", "workload": None}
+    cell = {"cell_id": "c0ffee", "framework": "llamacpp", "quantization": "fp32", "flags": "default", "batch_size": 1,
+            "env": "new", **axes}
+    base = pd.DataFrame([{"framework": "llamacpp", "quantization": "fp32", "flags": "f32_kv", "batch_size": 1,
+                          "env": "old", **axes}])
+    runner = ProbeRunner(ROOT, m, cell, base, suspects)
+    probe_m = parse_matrix(runner.matrix_data([frozenset(), frozenset({"env=old"}), frozenset({"kv_cache_types"})]))
+    got = {(c.flags, c.env) for c in expand(probe_m)}
+    assert got == {("f32_kv", "old"), ("xp-as-is", "new"), ("xp-as-is", "old"), ("xp-kv_cache_types", "new")}
