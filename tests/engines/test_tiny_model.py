@@ -1,6 +1,6 @@
 """The built-in tiny model: deterministic, loadable by HF loaders, actually trained, cached. Each build
-trains it with torch here (tens of seconds); the cache's bookkeeping without a build:
-unit/test_tiny_model_cache.py."""
+trains it with torch here (tens of seconds), so this module builds once (through an empty cache) and holds that
+build to the session's; the cache's bookkeeping without a build: unit/test_tiny_model_cache.py."""
 
 import json
 import time
@@ -34,14 +34,22 @@ def tiny(cache_root):
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen2(cache_root):
-    return _built(cache_root, "tiny-qwen2")
+def tiny_qwen2(cache_dir):
+    """The session's (tests/engines/test_llamacpp.py builds it there first): its build is not this module's to time."""
+    return tiny_model.resolve_builtin("tiny-qwen2", cache_dir)
 
 
-def test_build_is_deterministic(tiny, tmp_path):
-    again = tiny_model.build_tiny_model(tmp_path / "again", "llama")
+def test_build_is_deterministic(tiny, tiny_model_of_the_session):
+    """Two builds, bytes equal: this module's, through an empty cache, and the session's (built by another test,
+    or an earlier session under the same cache key)."""
+    assert tiny != tiny_model_of_the_session
     for name in ("model.safetensors", "tokenizer.json", "config.json", "generation_config.json"):
-        assert (again / name).read_bytes() == (tiny / name).read_bytes(), name
+        assert (tiny_model_of_the_session / name).read_bytes() == (tiny / name).read_bytes(), name
+
+
+@pytest.fixture
+def tiny_model_of_the_session(tiny_model):
+    return tiny_model
 
 
 def test_checkpoint_files_and_config(tiny):
