@@ -148,9 +148,13 @@ def pair_jobs(jobs: list[GroupJob]) -> list[GroupJob]:
     out, partner = [], {}
     for job in jobs:
         g = job.group
-        key = (g.framework, g.model, g.quantization, g.flags, g.mode, tuple(sorted(pair_key(c) for c in g.cells)))
+        if g.env is None or g.mode == "serve":
+            out.append(job)
+            continue
+        # sorted by their text: a key holds None beside numbers (a stream at once beside one at a rate)
+        key = (g.framework, g.model, g.quantization, g.flags, g.mode, tuple(sorted(map(repr, map(pair_key, g.cells)))))
         first = partner.get(key)
-        if g.env is None or g.mode == "serve" or (first is not None and first.twin is not None):
+        if first is not None and first.twin is not None:
             out.append(job)
         elif first is None:
             partner[key] = job

@@ -178,3 +178,24 @@ def test_a_baseline_env_is_the_same_configuration_in_that_env():
     for cid, base, h in zip(rows.cell_id, chosen, how):
         assert h == "exact" and by_id.env[base] == "old" and by_id.framework[base] == "hf"
         assert by_id.batch_size[base] == by_id.batch_size[cid]
+
+
+def test_groups_whose_cells_mix_none_and_numbers_pair_and_pass():
+    """A stream at once beside the same stream at a rate (request_rate None and 40.0 in one group): the pairing
+    key sorts without comparing None to a number, with and without an env axis."""
+    import sys
+
+    from orchestrator.execution.spec import GroupJob, pair_jobs
+    from orchestrator.matrix.cells import expand, group
+    from orchestrator.matrix.validate import parse_matrix
+
+    for envs in ({}, {"envs": {"old": {"python": sys.executable}, "new": {"python": sys.executable}}}):
+        m = parse_matrix({"models": {"tiny": "builtin:tiny"}, **envs,
+                          "axes": {"framework": ["vllm"], "model": ["tiny"], "mode": ["stream"],
+                                   "request_rate": [float("inf"), 40.0]}})
+        groups = group(expand(m))
+        jobs = [GroupJob(run_id="r", group=g, matrix=m, device="cpu", python=sys.executable, cache_dir="/tmp")
+                for g in groups]
+        paired = pair_jobs(jobs)
+        assert len(paired) == (1 if envs else len(groups)) and all(len(j.group.cells) == 2 for j in paired)
+        assert (paired[0].twin is not None) == bool(envs)
