@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from adapters.base import normalize_quantization
+from adapters.contract.arrivals import RATED
 from orchestrator.matrix.models import AXES, Matrix, MatrixError, SyntheticWorkload, axis_values, stable_dump
 
 
@@ -118,12 +119,12 @@ def _applies(m: Matrix, point: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _point(m: Matrix, values: dict[str, Any]) -> dict[str, Any]:
-    rate = values["request_rate"]
-    if values["mode"] == "offline" or (values["mode"] == "stream" and (rate is None or math.isinf(rate)
-                                                                       or own_schedule(m, values["workload"]))):
-        values["request_rate"] = None  # a static batch, a stream submitted at once or on a schedule of its own
-    elif values["mode"] == "stream":
-        pass                           # a stream whose requests arrive at the rate, in serve.arrival's shape
+    if values["mode"] == "stream":
+        # the rate stays only where it sets the arrivals (serve.arrival's shape); at once, a ramp or a trace: None
+        if stream_schedule(m, values["workload"], values["request_rate"]) not in RATED:
+            values["request_rate"] = None
+    elif values["mode"] == "offline":
+        values["request_rate"] = None  # a static batch has no arrival rate
     elif m.serve.search is not None:
         values["request_rate"] = None  # the search chooses it
         if m.serve.search.variable == "concurrency":   # and the concurrency: one search per configuration
