@@ -15,7 +15,9 @@ and is judged by `analyse_sampling`, as `bench compare` prints it. Each configur
   engines        llama.cpp fp32 f32-KV against hf: llama.cpp applies top-p before temperature, so its
                  served samples may differ while the model does not; the verdict must not call it a model
                  difference, and must name the sampler difference
-It prints one table per part and writes each verdict table as CSV under --out.
+Every sample is scored by each comparison's baseline engine (hf's after the run, llama.cpp fp32 f32-KV's by
+`rescore_run`), so both sides are judged under one model. It prints one table per part and writes each
+verdict table as CSV under --out.
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.execution.runner import run_matrix  # noqa: E402
+from orchestrator.execution.runner import rescore_run, run_matrix  # noqa: E402
 from orchestrator.judge.sampling_verdicts import analyse_sampling  # noqa: E402
 
 EXACT_KV = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
-SHOW = ["framework", "quantization", "flags", "samples_n", "dist_seeds_cell", "dist_seeds_base", "dist_shift",
-        "dist_p", "dist_level", "dist_detectable", "first_p", "model_verdict", "served_verdict", "sampling_verdict",
-        "seeds_needed"]
+SHOW = ["framework", "quantization", "flags", "samples_n", "dist_seeds_cell", "dist_seeds_base", "dist_scored_by",
+        "dist_shift", "dist_shift_own", "dist_p", "dist_level", "dist_detectable", "model_test", "model_p", "first_p",
+        "model_verdict", "served_verdict", "sampling_verdict", "seeds_needed"]
 
 
 def matrix(offsets: int, seeds: int) -> dict:
@@ -91,7 +93,12 @@ def main() -> None:
     alarms.to_csv(out / "false_alarms.csv", index=False)
 
     for tag, ref in (("at fixed seeds", "f32_kv"), ("at seeds: auto", "f32_kv_auto")):
-        power = analyse_sampling(root, baseline={"framework": "llamacpp", "quantization": "fp32", "flags": ref})
+        selector = {"framework": "llamacpp", "quantization": "fp32", "flags": ref}
+        if not a.reuse:   # the run rescored everything with hf's engine (its matrix's baseline): this one's too
+            t0 = time.perf_counter()
+            rescore_run(root, selector)
+            print(f"rescored by llama.cpp fp32 {ref}: {time.perf_counter() - t0:.0f} s")
+        power = analyse_sampling(root, baseline=selector)
         want = ("default", "f32_kv") if ref == "f32_kv" else ("default_auto", "f32_kv_auto")
         power = power[(power.framework == "llamacpp") & power["flags"].isin(want)
                       & ~((power.quantization == "fp32") & (power["flags"] == ref))]

@@ -444,7 +444,7 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
     import pandas as pd
 
     from orchestrator.judge.analysis import analyse
-    from orchestrator.judge.baselines import parse_selector, parse_tolerances
+    from orchestrator.matrix.baselines import parse_selector, parse_tolerances
     from orchestrator.judge.sampling_verdicts import analyse_sampling, compare_sampling_runs
     from orchestrator.judge.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
     from orchestrator.report import compact
@@ -568,7 +568,7 @@ def history(results: Path = typer.Argument(..., exists=True, file_okay=False, he
                                                 "(default: RESULTS/history.html)")) -> None:
     """Every run under a results root: per configuration, speed and quality over time, one point per run,
     with the provenance change at each step."""
-    from orchestrator.judge.baselines import parse_selector
+    from orchestrator.matrix.baselines import parse_selector
     from orchestrator.judge.history import history as read_history
     from orchestrator.report.history_html import write_history_html
 

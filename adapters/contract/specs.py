@@ -176,6 +176,22 @@ class SamplingSpec(ContractModel):
     auto_level: float = 0.005
 
 
+class RescoredSample(ContractModel):
+    prompt_index: int              # into RescoreSpec.prompts
+    tokens: list[int]              # the sampled ids, as another cell's engine drew them
+
+
+class RescoreSpec(ContractModel):
+    """The baseline's engine scoring seeded samples that other cells (and the baseline itself) drew: for each
+    sample, teacher forced after its prompt, each sampled token's raw logprob and the `top_k` most likely
+    tokens at its position (adapters.worker.rescoring); `batch_size` sequences per engine call. No cell runs."""
+
+    prompts: list[list[int]]
+    samples: list[RescoredSample]
+    top_k: int
+    batch_size: int = 8
+
+
 class GenerationTaskSpec(ContractModel):
     """Greedy completions of each prompt, `max_tokens` each (EOS ignored: the driver cuts the text at
     EOS and the stop strings, which for greedy decoding is what stopping there would have given)."""
@@ -226,6 +242,7 @@ class GroupSpec(ContractModel):
     serve: ServeSpec | None = None
     tasks: list[TaskSpec] = Field(default_factory=list)    # run by every cell after its timings and logprobs
     sampling: SamplingSpec | None = None                   # seeded samples, after the logprobs
+    rescore: RescoreSpec | None = None    # no cells: the engine scores other cells' samples (rescored.npz)
     claims_dir: str | None = None    # set: a cell runs only if this worker claims it there first (adapters.contract.claims.claim_cell)
     # an env pair (adapters.contract.events.TurnWait): each phase of engine work waits for the supervisor's
     # go-ahead, a line on stdin, so the pair's timed repeats interleave

@@ -5,7 +5,8 @@ this package, numpy, pydantic and psutil; its input is an `adapters.contract.spe
 the engine once, then for each cell runs the warm-up and timed batches, the logprob capture, the seeded
 samples (measure.sampling) and the group's tasks (adapters.worker.task_runner), and writes for each cell
 `<cell_id>.json` (the measurements, an `adapters.contract.records.CellRecord`), `<cell_id>.npz` (the logprob
-rows), `<cell_id>.samples.npz` and `<cell_id>.tasks.json` (the task outputs). Progress goes to
+rows), `<cell_id>.samples.npz` and `<cell_id>.tasks.json` (the task outputs); a spec with `rescore` runs no cell:
+its engine scores other cells' samples into `rescored.npz` (adapters.worker.rescoring). Progress goes to
 `events.jsonl`, one typed event per line, so the parent can tell which cell was running when a crash or
 a hang happened. Serve cells (`adapters.worker.served_cells`) start the engine's server here instead of
 loading the engine.
@@ -50,6 +51,7 @@ from adapters.worker.cell_loop import (
     run_cells,
     timed_repeats,
 )
+from adapters.worker.rescoring import rescore, write_rescored
 from adapters.worker.task_runner import run_tasks
 
 
@@ -258,6 +260,11 @@ def main(spec_path: str, out_dir: str) -> int:
     events.emit(Loaded(load_s=load_s, load_peak_mem_bytes=memory.peak()[0], mem_source=memory.source, facts=facts,
                        env=env, **provenance))
 
+    if spec.rescore is not None:   # no cells: the baseline's engine scores other cells' samples
+        write_rescored(out, rescore(adapter, spec.rescore))
+        adapter.close()
+        events.emit(End())
+        return 0
     stream = spec.mode == "stream"
     energy = EnergyMeter(load.device)
     run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy,

@@ -11,12 +11,11 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator.execution.estimate import History
-from orchestrator.execution.node_check import check_nodes
-from orchestrator.execution.preflight import preflight, resolve_models
+from orchestrator.execution.preflight import check_nodes, preflight, resolve_models
 from orchestrator.execution.progress import RunProgress
 from orchestrator.execution.spec import GroupJob, pair_jobs
 from orchestrator.execution.supervisor import PROJECT_ROOT
-from orchestrator.matrix.cells import Cell, expand, group
+from orchestrator.matrix.cells import Cell, EngineGroup, expand, group
 from orchestrator.matrix.models import Matrix
 from orchestrator.matrix.validate import load_matrix
 from orchestrator.store import compaction, manifest
@@ -59,6 +58,44 @@ def run_matrix(matrix_path: str | Path, run_dir: str | Path | None = None, addre
     return store
 
 
+def group_job(m: Matrix, store: RunStore, g: EngineGroup, device: str) -> GroupJob:
+    return GroupJob(run_id=store.run_id, group=g, matrix=m, device=device, python=framework_python(m, g.framework, g.env),
+                    cache_dir=str(cache_root()), env_vars=dict(m.envs[g.env].env_vars) if g.env else {})
+
+
+def rescore_run(run_dir: str | Path, selector: dict, address: str | None = None, console: Console | None = None) -> None:
+    """A stored run's samples scored by the engine of another baseline than its matrix's (`selector`, as
+    `bench compare --baseline` takes it), so the sampling layer judged against that baseline compares both
+    sides under one model too; rows beside the run's own (rescored.parquet holds any number of scorers)."""
+    store = RunStore(run_dir)
+    m = store.read_manifest().matrix
+    if m is None:
+        raise ValueError(f"{run_dir}: its stored matrix does not load with this version; it cannot be rescored")
+    with store.writing():
+        _rescore(m, store, expand(m), address, console or Console(stderr=True), False, selector)
+
+
+def _rescore(m: Matrix, store: RunStore, cells: list[Cell], address: str | None, console: Console, quiet: bool,
+             selector: dict | None = None) -> None:
+    """The baseline's engines score the cells' samples (orchestrator/execution/rescore.py): after every cell,
+    also on a resumed run whose cells were all stored before (Ray starts only where something is to score)."""
+    if m.measure.sampling is None or (selector is None and not m.measure.sampling.rescore):
+        return
+    from orchestrator.execution.rescore import plan, rescore_samples
+    from orchestrator.execution.scheduler import cluster_device, init_ray
+
+    todo = plan(store, m.baseline if selector is None else selector)
+    if not todo:
+        return
+    init_ray(address, log_file=store.root / RUN_LOG)
+    device = cluster_device() if m.run.device == "auto" else m.run.device
+    if not quiet:
+        console.print(f"rescoring {sum(len(t) for t in todo.values())} samples with the baseline's engine "
+                      f"({len(todo)} engine load{'s' if len(todo) > 1 else ''})")
+    for line in rescore_samples(m, store, todo, cells, lambda c: group_job(m, store, group([c])[0], device)):
+        console.print(f"[yellow]{line}[/yellow]")
+
+
 RUN_LOG = "run.log"   # in the run dir: Ray's own log lines (its warnings included), kept off the terminal
 
 
@@ -92,10 +129,7 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
             device = cluster_device() if m.run.device == "auto" else m.run.device
         else:   # no model can be had: nothing to start Ray for
             device = "cpu" if m.run.device == "auto" else m.run.device
-        jobs = [GroupJob(run_id=store.run_id, group=g, matrix=m, device=device,
-                         python=framework_python(m, g.framework, g.env), cache_dir=str(cache_root()),
-                         env_vars=dict(m.envs[g.env].env_vars) if g.env else {})
-                for g in groups]
+        jobs = [group_job(m, store, g, device) for g in groups]
         checked = preflight(jobs, models)         # the pairs no engine can run: rows now, before any engine
         on_nodes = check_nodes(checked, models) if ray_started else []   # paths only the nodes can have
         for line in [*checked.messages(), *on_nodes]:
@@ -113,6 +147,11 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
                 on_done(job, status_rows(job, status, reason))
             if checked.runnable:   # an env pair runs as one job (orchestrator/execution/spec.py: pair_jobs)
                 schedule(pair_jobs(checked.runnable), on_done, measured, progress)
+    try:
+        _rescore(m, store, cells, address, console, quiet)
+    except Exception as e:   # the cells stand; the sampling layer judges each sample by its own engine, and says so
+        console.print(f"[yellow]rescoring the samples failed ({type(e).__name__}: {e}); the sampling layer scores "
+                      f"each sample by the engine that drew it[/yellow]")
     stop = None
     try:  # a few large files instead of two per cell (orchestrator/store/compaction.py); crash-safe
         compaction.compact(store)

@@ -36,6 +36,7 @@ from adapters.contract.events import (
 )
 from adapters.contract.processes import die_with_parent
 from adapters.contract.records import CellRecord
+from adapters.contract.specs import GroupSpec
 from orchestrator.execution.prompts import Tokenizer
 from orchestrator.execution.rows import (
     CellResult,
@@ -344,6 +345,36 @@ def _run_group(job: GroupJob, channel, floor: Floor | None = None, side: str = "
         shutil.rmtree(work, ignore_errors=True)
         remaining = [c for c in remaining if c.cell_id not in results and c.cell_id not in gone]
     return probes + [results[c.cell_id] for c in job.group.cells if c.cell_id not in gone]
+
+
+def run_child(job: GroupJob, spec: GroupSpec, timeout_s: float) -> tuple[Path, str | None]:
+    """One engine child for a spec that runs no cell (the baseline's engine rescoring samples), waited for
+    at most `timeout_s`, its process group ended after it: (its work dir, for the caller to read and remove;
+    None, or why it did not finish: not supported, its load failed, it crashed or timed out, with its output's
+    tail)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-child-"))
+    (work / "spec.json").write_text(spec.model_dump_json())
+    env = os.environ | job.env_vars | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
+    with open(work / "output.log", "wb") as log:
+        proc = subprocess.Popen([job.python or sys.executable, "-m", "adapters.worker", str(work / "spec.json"),
+                                 str(work)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work,
+                                env=env, preexec_fn=_own_group_dying_with_parent)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            timed_out = True
+    _end_group(proc.pid)
+    events, _ = _read_events(work / "events.jsonl", 0)
+    said = [ev for ev in events if isinstance(ev, (GroupUnsupported, LoadFailed))]
+    if said:
+        return work, with_traceback(said[0])
+    if proc.returncode or not any(ev.event == "end" for ev in events):
+        how = f"killed after {timeout_s:g} s" if timed_out else _describe_exit(proc.returncode)
+        return work, f"engine process {how}; last output:\n{_tail(work / 'output.log')}"
+    return work, None
 
 
 def _end_group(pgid: int, wait_s: float = 10.0) -> list[int]:

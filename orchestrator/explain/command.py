@@ -141,7 +141,7 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
     try:
         tol = None
         if tolerances:
-            from orchestrator.judge.baselines import parse_tolerances
+            from orchestrator.matrix.baselines import parse_tolerances
             from orchestrator.store.run_store import RunStore
 
             tol = parse_tolerances(tolerances, RunStore(run).read_manifest().tolerances)

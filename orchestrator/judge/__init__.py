@@ -1,5 +1,6 @@
 """Verdicts from stored runs alone (no engine runs here): the logit and text layers against a
-baseline and its noise floor (analysis.py, baselines.py, logits.py, speed.py), the task layer
+baseline and its noise floor (analysis.py, logits.py, speed.py; which cell is whose baseline:
+orchestrator/matrix/baselines.py), the task layer
 (task_verdicts.py, task_stats.py), the sampling layer (sampling_verdicts.py, sampling_stats.py), a
 run against a stored one (cross_run.py), the gate's policy (gate.py), SLO searches read back
 (searches.py), capacity planning (plan.py), history over runs (history.py) and `bench

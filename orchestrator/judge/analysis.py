@@ -6,7 +6,7 @@ Parquet alone (no engine is involved, so it can be re-run with other settings):
                      tolerances=parse_tolerances(tol, base=None) if tol else None)
         rich.print(compare_table(df))          # orchestrator/report/console.py; df.to_parquet(...) keeps every column
 
-Which cell is whose baseline: orchestrator/judge/baselines.py; the logit and text metrics and the
+Which cell is whose baseline: orchestrator/matrix/baselines.py; the logit and text metrics and the
 verdict words: orchestrator/judge/logits.py; the speed figures: orchestrator/judge/speed.py.
 `bench gate` checks these verdicts against a policy file: orchestrator/judge/gate.py.
 Without arguments the baseline selector and the tolerances come from manifest.json ("matrix").
@@ -22,7 +22,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from orchestrator.judge.baselines import CONFIG_AXES, noise_pairs, resolve_baselines
+from orchestrator.matrix.baselines import CONFIG_AXES, noise_pairs, resolve_baselines
 from orchestrator.judge.logits import NOISE_METRICS, journal_layouts, judge, pair_metrics, reference_rows
 from orchestrator.judge.speed import add_speed
 from orchestrator.matrix.models import AXES, Matrix, Tolerances

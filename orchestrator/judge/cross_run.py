@@ -28,7 +28,7 @@ import pandas as pd
 
 from adapters.contract.intervals import run_noise
 from orchestrator.judge.analysis import cells_logprob_files, duckdb_connection, read_run_cells, run_settings
-from orchestrator.judge.baselines import CONFIG_AXES, axis_value, noise_pairs
+from orchestrator.matrix.baselines import CONFIG_AXES, axis_value, noise_pairs
 from orchestrator.judge.logits import journal_layouts, judge, pair_metrics, reference_rows
 from orchestrator.judge.speed import speed_call, speed_intervals
 from orchestrator.matrix.models import AXES, Tolerances

@@ -52,7 +52,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from orchestrator.judge.baselines import CONFIG_AXES, INT_AXES, axis_value
+from orchestrator.matrix.baselines import CONFIG_AXES, INT_AXES, axis_value
 from orchestrator.judge.logits import VERDICTS
 from orchestrator.judge.speed import PAIRED
 from orchestrator.matrix.cells import load_label

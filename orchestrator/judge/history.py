@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from orchestrator.judge.analysis import analyse
-from orchestrator.judge.baselines import axis_value
+from orchestrator.matrix.baselines import axis_value
 from orchestrator.judge.cross_run import provenance_changes, provenance_columns
 from orchestrator.matrix.models import AXES
 from orchestrator.store.runs import list_runs

@@ -20,6 +20,10 @@ first token     the first sampled token of each prompt against the distribution 
                 error: 16 draws over tens of tokens leave expected counts far below chi-square's
                 asymptotics), combined over prompts by Bonferroni (valid under any dependence; Fisher's
                 method would need independent prompts, which common random numbers rule out).
+whole sample    where the baseline's engine scored the cell's samples teacher forced (its top-k at every
+                position): every sampled token against the baseline's distribution after the cell's own
+                sampler, by its randomized probability integral transform (`whole_sample_test`); the first
+                token's test over every position of every sample.
 """
 
 from __future__ import annotations
@@ -201,6 +205,56 @@ def first_token_test(dists: dict[int, tuple[np.ndarray, np.ndarray] | str], draw
     if not ps:
         return None
     return FirstTokenTest(n=n, prompts=len(ps), p_value=min(1.0, len(ps) * min(ps)), outside=outside, skipped=skipped)
+
+
+@dataclass
+class WholeSampleTest:
+    n: int                                  # positions tested
+    samples: int                            # samples they come from
+    p_value: float
+    mean_pit: float                         # 0.5 under the null; above: the cell draws less likely tokens
+    outside: int = 0                        # draws of tokens the baseline's distribution after the sampler never keeps
+    skipped: int = 0                        # positions not tested: distribution unknown, or one token kept
+    test: str = ("whole sample: each sampled token's randomized PIT under the baseline's teacher-forced "
+                 "distribution after the cell's sampler; mean against U(0,1), z")
+
+
+def whole_sample_test(positions, order: tuple[str, ...], settings: dict, seed: int = SEED) -> WholeSampleTest | None:
+    """`positions`: per sample, its (candidate ids [T, K], their raw logprobs [T, K], drawn ids [T]), the
+    baseline's engine scoring the sample teacher forced. At each position the baseline's next-token
+    distribution after the cell's sampler (`sampler_probs`, the cell engine's order) ranks the kept tokens by
+    probability; the drawn token's randomized PIT (a uniform point of its cumulative interval) is U(0,1) when the
+    cell draws from that distribution, and the PITs of one sample are independent (each is uniform given
+    the tokens before it), so their mean has an exact null. A draw outside the kept tokens counts as PIT 1
+    (the far end), not as impossible: an engine whose logits differ by rounding may keep a boundary token
+    the baseline's cut leaves out. Positions whose distribution is not known from the stored candidates, or
+    that keep one token (no information), are skipped: which ones depends only on the sample's earlier tokens,
+    so skipping keeps the null. None where no position can be tested."""
+    rng = np.random.default_rng(seed)
+    pits, outside, skipped, samples = [], 0, 0, 0
+    for ids, lps, drawn in positions:
+        used = False
+        for t in range(len(drawn)):
+            kept, q, why = sampler_probs(np.asarray(ids[t]), np.asarray(lps[t]), order=order, **settings)
+            if why or len(kept) < 2:
+                skipped += 1
+                continue
+            hit = np.flatnonzero(kept == drawn[t])
+            if not len(hit):
+                outside += 1
+                pits.append(1.0)
+            else:
+                j = int(hit[0])
+                pits.append(float(q[:j].sum() + rng.random() * q[j]))
+            used = True
+        samples += used
+    if not pits:
+        return None
+    n = len(pits)
+    mean = float(np.mean(pits))
+    z = (mean - 0.5) / math.sqrt(1.0 / (12.0 * n))
+    return WholeSampleTest(n=n, samples=samples, p_value=float(math.erfc(abs(z) / math.sqrt(2.0))), mean_pit=mean,
+                           outside=outside, skipped=skipped)
 
 
 # ------------------------------------------------------------------ two samplers' semantics

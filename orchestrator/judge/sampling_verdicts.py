@@ -12,11 +12,19 @@ Per cell, against its baseline (the baseline config's cell, as the other layers 
                   level = tolerances.sampling_alpha / (tests run) (Bonferroni):
                   dist_*    the seed-level permutation test on each sample's mean raw logprob: the
                             distribution as served, the model and the sampler's implementation together
-                            (served_verdict);
-                  first_*   the first sampled token of each prompt against the baseline's next-token
-                            logprobs after the cell's sampler in the cell engine's own order: the cell's draws
-                            against the baseline's model, whatever the two samplers do (n/a, why, where the
-                            baseline stored too few candidates to know that distribution; model_verdict);
+                            (served_verdict); both sides' samples scored by the baseline's engine, teacher
+                            forced after the run's cells (rescored.parquet: dist_scored_by "baseline engine"),
+                            so one model grades both; else each under the engine that drew it ("own engine",
+                            dist_rescore_reason says why; across runs always); dist_shift_own: the shift the
+                            engines' own logprobs show;
+                  whole_*   where the baseline's engine scored the samples with its candidates: every
+                            sampled token against the baseline's distribution after the cell's sampler in the
+                            cell engine's own order (sampling_stats.whole_sample_test): the cell's draws
+                            against the baseline's model, whatever the two samplers do (model_verdict);
+                  first_*   the first sampled token of each prompt against the baseline's stored next-token
+                            logprobs, the same way: the model test where no rescoring is (n/a, why, where the
+                            baseline stored too few candidates to know that distribution); model_test, model_p:
+                            the one that decides;
                   dist_verdict  different: the model test finds a difference, or the served one does and the
                                 two engines sample alike or the cell was asked for other sampler
                                 settings (a flag set's `sampling`: settings_changed); sampler differs: only the served test finds one and
@@ -29,6 +37,7 @@ Per cell, against its baseline (the baseline config's cell, as the other layers 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -38,12 +47,19 @@ from adapters import ADAPTERS
 from adapters.contract.seed_power import sample_statistic, seeds_to_detect
 from adapters.contract.specs import SamplerSettings
 from orchestrator.judge.analysis import run_settings
-from orchestrator.judge.sampling_stats import first_token_test, order_difference, permutation_test, sampler_probs
+from orchestrator.judge.sampling_stats import (
+    first_token_test,
+    order_difference,
+    permutation_test,
+    sampler_probs,
+    whole_sample_test,
+)
 from orchestrator.judge.seed_promises import seed_promise
 from orchestrator.judge.task_verdicts import layer_cells, with_baselines, with_old_partners
 from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.store.manifest import Manifest
 from orchestrator.store.run_store import RunStore
+from orchestrator.store.rescored_file import read_rescored
 from orchestrator.store.schema import json_object
 
 SAMPLING_VERDICTS = ("identical", "same distribution", "not distinguishable", "sampler differs", "different", "n/a")
@@ -118,11 +134,42 @@ def _sampler_difference(framework: str, base_framework: str | None, settings: Sa
                if kept else ""))
 
 
-def _samples(root: Path) -> pd.DataFrame:
+def _samples(root: Path, rescored: bool = True) -> pd.DataFrame:
+    """The stored samples with `stat` (each sample's mean raw logprob under the engine that drew it) and, with
+    `rescored`, `r_stat` under the baseline's engine (rescored.parquet: `r_scorer` its engine_key, `r_reason`
+    why a sample was not scored), matched on the sample's ids."""
     t = RunStore(root).read_samples().to_pandas()
     t["stat"] = [sample_statistic(x) for x in t.logprobs]
     t["ids"] = [tuple(x) for x in t.token_ids]
-    return t
+    if not rescored:
+        return t
+    r = read_rescored(root).to_pandas()
+    r = pd.DataFrame({"cell_id": r.cell_id, "prompt_index": r.prompt_index, "seed": r.seed,
+                      "ids": [tuple(x) for x in r.token_ids], "r_scorer": r.scorer_engine_key, "r_reason": r.reason,
+                      "r_stat": [math.nan if x is None else sample_statistic(x) for x in r.logprobs],
+                      "r_topk_ids": r.topk_ids, "r_topk_logprobs": r.topk_logprobs, "repeat": 0}).drop_duplicates(["cell_id", "prompt_index", "seed", "ids"], keep="last")
+    return t.merge(r, on=["cell_id", "prompt_index", "seed", "ids", "repeat"], how="left")
+
+
+NOT_RESCORED = ("the baseline's engine did not score these samples (measure.sampling.rescore off, or a run "
+                "stored before rescoring)")
+
+
+def _scored_by(b0: pd.DataFrame, first: pd.DataFrame, base_cell: dict | None) -> tuple[str, str | None]:
+    """The per-sample statistic the served test compares: `r_stat` where the baseline's own engine scored both
+    sides' samples (one model's probabilities), else `stat` (each sample under the engine that drew it) and why."""
+    if "r_stat" not in b0:
+        return "stat", "across runs each sample is scored by the engine that drew it (two runs' scorers may differ)"
+    both = pd.concat([b0, first])
+    key = (base_cell or {}).get("engine_key")
+    if key is not None and (both.r_scorer == key).all() and np.isfinite(both.r_stat.to_numpy(float)).all():
+        return "r_stat", None
+    said = both.r_reason.dropna()
+    if len(said):
+        return "stat", f"the baseline's engine could not score them: {said.iloc[0].splitlines()[0][:300]}"
+    if both.r_scorer.notna().all():
+        return "stat", "the run's rescoring used its matrix's baseline engine, not this baseline's"
+    return "stat", NOT_RESCORED
 
 
 def _cells(root: Path) -> pd.DataFrame:
@@ -152,9 +199,18 @@ def _seeds_needed(first: pd.DataFrame, tol: Tolerances, level: float) -> int | N
                            tol.sampling_shift, level)
 
 
-def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str | None,
+def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_cell: dict | None,
                   settings: SamplerSettings | None, changed: str | None, tol: Tolerances) -> str:
     """Both tests and the distribution verdict into `row`; returns the reason's distribution part."""
+    base_fw = (base_cell or {}).get("framework")
+    col, not_rescored = _scored_by(b0, first, base_cell)
+    own = None
+    if col == "r_stat":    # the shift each engine's own logprobs show, beside it (a shift they hide is a finding)
+        own = permutation_test(b0.stat.to_numpy(), b0.prompt_index.to_numpy(), b0.seed.to_numpy(),
+                               first.stat.to_numpy(), first.prompt_index.to_numpy(), first.seed.to_numpy()).shift
+        b0, first = b0.assign(stat=b0.r_stat), first.assign(stat=first.r_stat)
+    row |= {"dist_scored_by": "baseline engine" if col == "r_stat" else "own engine", "dist_shift_own": own,
+            "dist_rescore_reason": not_rescored}
     test = permutation_test(b0.stat.to_numpy(), b0.prompt_index.to_numpy(), b0.seed.to_numpy(),
                             first.stat.to_numpy(), first.prompt_index.to_numpy(), first.seed.to_numpy())
     row |= {"dist_shift": test.shift, "dist_p": test.p_value, "dist_n_base": test.n_base,
@@ -162,16 +218,22 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str
             "dist_test": test.test}
     row |= _first_token(b0, first, row["framework"], base_fw, settings)
     kept = row.pop("kept_differs", [])
-    tests = [x for x in (test.p_value, row.get("first_p")) if x is not None and np.isfinite(x)]
+    # the model test: every sampled token where the baseline's engine scored the samples with candidates,
+    # else the first token alone
+    row |= _whole_sample(first, row["framework"], settings) if col == "r_stat" else \
+        {"whole_reason": "the baseline's engine did not score the samples"}
+    row["model_test"] = "whole sample" if "whole_p" in row else "first token" if "first_p" in row else None
+    row["model_p"] = row.get("whole_p", row.get("first_p"))
+    tests = [x for x in (test.p_value, row["model_p"]) if x is not None and np.isfinite(x)]
     level = tol.sampling_alpha / max(len(tests), 1)
     mde = test.detectable_shift(level)
     row |= {"dist_level": level, "dist_detectable": mde, "seeds_needed": _seeds_needed(first, tol, level)}
     served = test.p_value < level if np.isfinite(test.p_value) else False
-    model = row.get("first_p") is not None and row["first_p"] < level
+    model = row.get("model_p") is not None and row["model_p"] < level
     row["sampler_note"] = _sampler_difference(row["framework"], base_fw, settings, kept)
     row["settings_changed"] = changed
     row["served_verdict"] = "different" if served else "n/a" if not np.isfinite(mde) else         "no difference" if mde <= tol.sampling_shift else "not distinguishable"
-    row["model_verdict"] = "n/a" if row.get("first_p") is None else "different" if model else "no difference found"
+    row["model_verdict"] = "n/a" if row.get("model_p") is None else "different" if model else "no difference found"
     # asked to sample otherwise (a flag set's override): a served difference is the answer, not the engines'
     if model or (served and (changed or not row["sampler_note"])):
         row["dist_verdict"] = "different"
@@ -189,7 +251,7 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str
     if changed:
         word += f" (sampler settings against the baseline's: {changed})"
     if verdict == "sampler differs":
-        word += f": {row['sampler_note']}; the served distributions differ, the model's first token does not"
+        word += f": {row['sampler_note']}; the served distributions differ, the model test does not"
     elif verdict in ("same distribution", "not distinguishable"):
         word += (f": no difference at n={test.n_cell} ({test.seeds_cell} seeds); it could see a shift of "
                  f"{mde:.3g} nats/token (80% power), " + ("within" if mde <= tol.sampling_shift else "more than")
@@ -200,17 +262,42 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_fw: str
                     else ""))
         if row["sampler_note"]:
             word += f"; note: {row['sampler_note']}"
+    scored = (f"under the baseline's engine, teacher forced ({own:+.4f} under each engine's own logprobs)"
+              if col == "r_stat" else f"under each engine's own logprobs: {not_rescored}")
     out = (f"{word} (each test at {level:.3g}: served two-sample p={test.p_value:.3g}, shift {test.shift:+.4f} "
-           f"nats/token, {test.n_cell} vs {test.n_base} samples, {test.seeds_cell} vs {test.seeds_base} seeds, "
-           f"{test.test}; ")
+           f"nats/token {scored}, {test.n_cell} vs {test.n_base} samples, {test.seeds_cell} vs {test.seeds_base} "
+           f"seeds, {test.test}; ")
+    if "whole_p" in row:
+        out += (f"model whole sample p={row['whole_p']:.3g}, {row['whole_n']} tokens of {row['whole_samples']} samples, "
+                f"mean PIT {row['whole_mean_pit']:.3f}" + (f", {row['whole_outside']} outside the baseline's kept "
+                                                           f"tokens" if row["whole_outside"] else "")
+                + f", {row['whole_test']}; beside it, ")
+    else:
+        out += "model " + (f"(whole sample n/a: {row['whole_reason']}) " if col == "r_stat" else "")
     if "first_p" in row:
-        out += (f"model first token p={row['first_p']:.3g}, {row['first_n']} draws over {row['first_prompts']} "
+        out += (f"first token p={row['first_p']:.3g}, {row['first_n']} draws over {row['first_prompts']} "
                 f"prompt(s)" + (f", {row['first_outside']} outside the baseline's kept tokens"
                                 if row["first_outside"] else "") + f", {row['first_test']}"
                 + (f"; {row['first_reason']}" if row.get("first_reason") else "") + ")")
     else:
-        out += f"model first token n/a: {row['first_reason']})"
+        out += f"first token n/a: {row['first_reason']})"
     return out
+
+
+def _whole_sample(first: pd.DataFrame, framework: str, settings: SamplerSettings | None) -> dict:
+    """The whole-sample model test's columns (whole_*), or whole_reason saying why it did not run."""
+    order = _order(framework)
+    if settings is None or order is None:
+        return {"whole_reason": "no sampler settings" if settings is None else f"{framework}'s sampler order is not known"}
+    if any(x is None or not len(x) or not len(x[0]) for x in first.r_topk_ids):
+        return {"whole_reason": "the baseline's engine gave no candidates (k = 0)"}
+    t = whole_sample_test(((np.stack(list(i)), np.stack(list(lp)), np.asarray(d))
+                           for i, lp, d in zip(first.r_topk_ids, first.r_topk_logprobs, first.ids)),
+                          order, settings.model_dump())
+    if t is None:
+        return {"whole_reason": "no position's distribution is known from the stored candidates"}
+    return {"whole_p": t.p_value, "whole_n": t.n, "whole_samples": t.samples, "whole_mean_pit": t.mean_pit,
+            "whole_outside": t.outside, "whole_skipped": t.skipped, "whole_test": t.test}
 
 
 def _seed_by_seed(row: dict, c: dict, b0: pd.DataFrame, first: pd.DataFrame, base: pd.DataFrame,
@@ -267,7 +354,7 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
         base_cell = base_by_id.get(c["baseline_cell_id"])
         settings = _sampler(manifest, c)
         changed = _settings_change(settings, _sampler(base_manifest, base_cell))
-        dist = _distribution(row, b0, first, (base_cell or {}).get("framework"), settings, changed, tol)
+        dist = _distribution(row, b0, first, base_cell, settings, changed, tol)
         seed = _seed_by_seed(row, c, b0, first, base, base_cell)
         row["sampling_verdict"] = "identical" if row["seed_verdict"] == "identical" else row["dist_verdict"]
         row["sampling_reason"] = f"{seed}; distribution: {dist}; repeatable within the cell: " + (
@@ -297,5 +384,5 @@ def compare_sampling_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.Da
     _, tol = run_settings(manifest, {}, tolerances)
     new = with_old_partners(new_root, old_root, pairs).merge(_cells(new_root)[["cell_id", "versions"]],
                                                               on="cell_id", how="left")
-    return sampling_verdicts(new, _samples(new_root), _samples(old_root), _cells(old_root), tol, manifest,
+    return sampling_verdicts(new, _samples(new_root, False), _samples(old_root, False), _cells(old_root), tol, manifest,
                              RunStore(old_root).read_manifest())

@@ -27,7 +27,7 @@ import pandas as pd
 from orchestrator.inputs.task_metrics import aggregate
 from orchestrator.inputs.task_sets import BINARY_METRICS
 from orchestrator.judge.analysis import run_settings
-from orchestrator.judge.baselines import resolve_baselines
+from orchestrator.matrix.baselines import resolve_baselines
 from orchestrator.judge.task_stats import TOLERANCE, paired_change, score_interval
 from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.store.run_store import RunStore

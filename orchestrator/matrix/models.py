@@ -181,8 +181,11 @@ def stable_dump(section: BaseModel) -> dict:
     """A workload or measure section as cell ids hash it: fields newer than cell ids only where set."""
     new = _NEW_WORKLOAD_FIELDS | _NEW_MEASURE_FIELDS
     out = {k: v for k, v in section.model_dump().items() if not (k in new and v == new[k])}
-    if isinstance(out.get("sampling"), dict) and out["sampling"].get("auto_seeds") == SeedsAuto().model_dump():
-        out["sampling"] = {k: v for k, v in out["sampling"].items() if k != "auto_seeds"}
+    if isinstance(out.get("sampling"), dict):
+        # rescore is the run's step after its cells, not what a cell measures: never in an id
+        default_auto = out["sampling"].get("auto_seeds") == SeedsAuto().model_dump()
+        out["sampling"] = {k: v for k, v in out["sampling"].items()
+                           if k != "rescore" and not (k == "auto_seeds" and default_auto)}
     return out
 
 
@@ -217,6 +220,9 @@ class Sampling(_Strict):
     next_top_k: int = Field(128, ge=0, description="Candidates stored for each prompt's next token, which the "
                             "first sampled token is tested against (vLLM caps it at its max_logprobs option, 128); "
                             "0: no first-token test")
+    rescore: bool = Field(True, description="After the cells, the baseline's engine scores every cell's samples "
+                          "(teacher forced), so the distribution test judges both sides under one model's "
+                          "probabilities; false: each sample is scored by the engine that drew it")
 
 
 class Measure(_Strict):

@@ -286,9 +286,9 @@ def sampling_table(sv: pd.DataFrame) -> Table:
 
     t = Table(title="Sampling layer (seeded samples against the baseline)", show_lines=False)
     for col in ("configuration", "batch", "samples", "repeatable", "seed by seed", "shift nats/tok", "p",
-                "first-token p", "verdict", "seeds to detect", "why"):
+                "model test p", "verdict", "seeds to detect", "why"):
         t.add_column(col, justify="right" if col in ("batch", "samples", "repeatable", "shift nats/tok", "p",
-                                                     "first-token p", "seeds to detect") else "left", overflow="fold")
+                                                     "model test p", "seeds to detect") else "left", overflow="fold")
     for r in sv.to_dict("records"):
         seed = r.get("seed_verdict") or "n/a"
         if seed != "n/a" and finite(r.get("seed_identical")):
@@ -298,10 +298,19 @@ def sampling_table(sv: pd.DataFrame) -> Table:
                   f"{r['repeatable']:.0%}" if finite(r.get("repeatable")) else "",
                   seed, format(r["dist_shift"], "+.4f") if finite(r.get("dist_shift")) else "",
                   format(r["dist_p"], ".3g") if finite(r.get("dist_p")) else "",
-                  f"{r['first_p']:.3g} (n {int(r['first_n'])})" if finite(r.get("first_p")) else "n/a",
+                  _model_p(r),
                   f"[{_SAMPLING_STYLE[v]}]{v}[/]",
                   str(int(r["seeds_needed"])) if finite(r.get("seeds_needed")) else "", _sampling_why(r, v))
     return t
+
+
+def _model_p(r: dict) -> str:
+    """The model test's p: every sampled token (the baseline's engine rescored them), else the first token."""
+    from orchestrator.values import finite
+
+    if finite(r.get("whole_p")):
+        return f"{r['whole_p']:.3g} (n {int(r['whole_n'])})"
+    return f"{r['first_p']:.3g} (1st, n {int(r['first_n'])})" if finite(r.get("first_p")) else "n/a"
 
 
 def _sampling_why(r: dict, verdict: str) -> str:

@@ -64,6 +64,15 @@ def _two(r: dict) -> str:
             f"{int(r['dist_n_base'])} ({int(r['dist_seeds_cell'])} vs {int(r['dist_seeds_base'])} seeds)")
 
 
+def _model(r: dict) -> str:
+    """The model test: every sampled token where the baseline's engine rescored them, else the first token."""
+    if finite(r.get("whole_p")):
+        out = f" ({int(r['whole_outside'])} outside)" if r.get("whole_outside") else ""
+        return (f"whole sample p={r['whole_p']:.3g}, {int(r['whole_n'])} tokens of {int(r['whole_samples'])} samples, "
+                f"mean PIT {r['whole_mean_pit']:.3f}{out}")
+    return "first token " + _first(r)
+
+
 def _first(r: dict) -> str:
     if not finite(r.get("first_p")):
         return f"n/a: {first_line(r.get('first_reason'), 160)}" if isinstance(r.get("first_reason"), str) else ""
@@ -88,7 +97,7 @@ def columns() -> list[tuple[str, str, Callable[[dict], Any], Callable[[dict], st
          lambda r: f"{r['repeatable']:.0%}" if finite(r.get("repeatable")) else "", "n"),
         ("seed", "seed by seed", lambda r: r.get("seed_identical"), _seed, ""),
         ("two", "two-sample test", lambda r: r.get("dist_p"), _two, ""),
-        ("first", "first-token test", lambda r: r.get("first_p"), _first, ""),
+        ("model", "model test", lambda r: r.get("model_p"), _model, ""),
         ("verdict", "verdict", lambda r: rank.get(r.get("sampling_verdict"), 9), lambda r: r.get("sampling_verdict") or "n/a",
          "verdict"),
         ("need", "seeds to detect", lambda r: r.get("seeds_needed"), _need, "n"),
@@ -101,12 +110,15 @@ def explanation(layer: SamplingLayer) -> str:
             f"its seeds): the share identical to the baseline's sample of the same seed, and where the others first "
             f"differ; 'not promised' where the engine's documentation does not promise it (seed_promises.py). "
             f"Two tests of the distribution: the two-sample test (a permutation of seeds on each sample's mean raw "
-            f"logprob, centred per prompt: n samples, the shift in nats/token) and the first-token test (each "
-            f"prompt's first sampled token against the baseline's next-token logprobs after the cell's sampler: "
-            f"G-tests with simulated nulls, Bonferroni over prompts), each at {layer.alpha:g} / (tests run) "
-            f"(sampling_alpha, Bonferroni over the tests). The two-sample test sees the distribution as served (model "
-            f"and sampler together), the first-token test the model under the cell's own sampler: different where "
-            f"the first-token test finds a difference, or the two-sample test does and the engines sample alike; "
+            f"logprob, centred per prompt, both sides' samples scored by the baseline's engine where it rescored "
+            f"them after the run: n samples, the shift in nats/token) and the model test (each sampled token against "
+            f"the baseline's teacher-forced distribution after the cell's own sampler: the mean of its randomized "
+            f"PITs against U(0,1); where nothing was rescored, each prompt's first sampled token against the "
+            f"baseline's next-token logprobs: G-tests with simulated nulls, Bonferroni over prompts), each at "
+            f"{layer.alpha:g} / (tests run) (sampling_alpha, Bonferroni over the tests). The two-sample test sees the "
+            f"distribution as served (model and sampler together), the model test the model under the cell's own "
+            f"sampler: different where the model test finds a difference, or the two-sample test does and the "
+            f"engines sample alike; "
             f"sampler differs where only the two-sample test does and the engines' samplers give another "
             f"distribution at these settings; not distinguishable where no test finds one but the two-sample test "
             f"could not have seen a shift of {layer.shift:g} nats/token (sampling_shift) with 80% power; else same "

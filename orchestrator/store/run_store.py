@@ -51,7 +51,7 @@ from orchestrator.store.schema import (
 )
 
 
-def _atomic_write_table(table: pa.Table, path: Path, options: dict | None = None) -> None:
+def atomic_write_table(table: pa.Table, path: Path, options: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
     os.close(fd)
@@ -139,10 +139,10 @@ class RunStore:
         for name, table in (("logprobs", logprobs), ("tasks", tasks), ("samples", samples)):
             path, side = self.side_path(name, fw, cid), SIDE_TABLES[name]
             if table is not None and table.num_rows:
-                _atomic_write_table(table.cast(side.schema), path, side.write_options)
+                atomic_write_table(table.cast(side.schema), path, side.write_options)
             else:
                 path.unlink(missing_ok=True)
-        _atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
+        atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
 
     @contextlib.contextmanager
     def writing(self):

@@ -1,4 +1,4 @@
-"""The preflight on a cluster (orchestrator/execution/node_check.py): model paths the driver does not have are
+"""The preflight on a cluster (orchestrator/execution/preflight.py): model paths the driver does not have are
 asked of every node, on real Ray nodes on this machine (ray.cluster_utils.Cluster: the head and one more; a
 raylet that does not register within Ray's fixed 30 s fails a test, and each one more made that likelier).
 The nodes share this disk, so which node lacks a path cannot differ here: the nodes' own answers are checked
@@ -12,7 +12,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from orchestrator.execution.node_check import NodeFindings, apply_findings, ask_nodes
+from orchestrator.execution.preflight import NodeFindings, apply_findings, ask_nodes
 from orchestrator.execution.preflight import Preflight, resolve_model
 from orchestrator.execution.runner import run_matrix
 from orchestrator.matrix.models import ModelEntry

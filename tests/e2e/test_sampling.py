@@ -17,6 +17,7 @@ import yaml
 from orchestrator.execution.runner import run_matrix
 from orchestrator.judge.analysis import analyse
 from orchestrator.judge.sampling_verdicts import analyse_sampling
+from orchestrator.store.rescored_file import read_rescored
 from orchestrator.store.run_store import RunStore
 from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
 
@@ -122,6 +123,52 @@ def test_a_flag_set_that_narrows_top_p_is_different_from_its_baseline(sampling_r
     assert narrow.dist_shift > 0
 
 
+def test_the_baseline_engine_scored_every_cells_samples(sampling_run, tiny_model):
+    """After the cells, hf (the matrix's baseline) scored every sampled cell's repeat-0 samples, teacher forced,
+    in one engine load; the reference is transformers called directly on the same ids."""
+    store, cells, samples = sampling_run
+    r = read_rescored(store.root).to_pandas()
+    first = samples[samples.repeat == 0]
+    assert r.reason.isna().all(), r.reason.dropna().unique()
+    assert set(r.scorer_cell_id) == {_id(cells, "hf")} and len(r) == len(first) == 64 * (len(cells) - 1)
+    both = first.merge(r, on=["cell_id", "prompt_index", "seed"], suffixes=("", "_r"), validate="one_to_one")
+    assert len(both) == len(first) and all(list(a) == list(b) for a, b in zip(both.token_ids, both.token_ids_r))
+    assert {len(k) for x in both.topk_ids for k in x} == {128}     # measure.sampling.next_top_k candidates a token
+    # hf's own samples come back with the logprobs it drew them with; vLLM's (the same fp32 model) within float noise
+    for fw in ("hf", "vllm"):
+        m = both[both.cell_id == _id(cells, fw)]
+        gap = np.abs(np.stack(m.logprobs.to_list()) - np.stack(m.logprobs_r.to_list())).max()
+        assert gap < 1e-3, (fw, gap)
+    # the reference: the model's forward pass in transformers, on the prompt followed by llama.cpp's samples
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from adapters.contract.tokenizer import Tokenizer
+    from orchestrator.execution.prompts import scoring_prompts
+
+    prompts = scoring_prompts(store.read_manifest().matrix.measure, Tokenizer(str(tiny_model)))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32).eval()
+    lc = both[both.cell_id == _id(cells, "llamacpp")].head(8)
+    for p, ids, got in zip(lc.prompt_index, lc.token_ids, lc.logprobs_r):
+        seq = torch.tensor([prompts[p] + list(ids)])
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(seq).logits[0].float(), -1)
+        want = lp[len(prompts[p]) - 1:-1].gather(1, torch.tensor(list(ids))[:, None])[:, 0].numpy()
+        assert np.abs(np.asarray(got) - want).max() < 1e-4
+    # the distribution test compares those figures; nothing left to score (a resumed run rescores nothing)
+    from orchestrator.execution.rescore import plan
+
+    sv = analyse_sampling(store.root).set_index("cell_id")
+    assert set(sv.dist_scored_by) == {"baseline engine"} and sv.dist_rescore_reason.isna().all()
+    assert all("under the baseline's engine, teacher forced" in x for x in sv.sampling_reason)
+    assert plan(store, store.read_manifest().matrix.baseline) == {}
+    # another baseline than the matrix's: each engine's own logprobs, and why
+    other = analyse_sampling(store.root, baseline={"framework": "vllm", "batch_size": 1})
+    other = other[other.baseline_cell_id.notna()]
+    assert len(other) >= 4 and set(other.dist_scored_by) == {"own engine"}
+    assert all("not this baseline's" in x for x in other.dist_rescore_reason)
+
+
 @pytest.mark.parametrize("framework", ["hf", "vllm"])
 def test_seeds_are_identical_inside_a_batch(sampling_run, framework):
     """A seed's samples whatever else runs beside it (hf: per-request generators; vLLM promises it):
@@ -183,7 +230,8 @@ def test_gate_sampling_rules_and_the_report_panel(sampling_run, tmp_path):
     html, md = html_path.read_text(), md_path.read_text()
     panel = html[html.index('<h2 id="sampling">'):]
     panel = panel[:panel.index("<h2", 5)]
-    assert panel.count("<tr title=") == len(cells) - 1 and "first-token test" in panel and "seeds to detect" in panel
+    assert panel.count("<tr title=") == len(cells) - 1 and "seeds to detect" in panel
+    assert "model test" in panel and "whole sample p=" in panel       # every token, the baseline's engine rescoring
     section = md[md.index("### Sampling"):].split("\n### ")[0]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "/tiny/" in line]
     assert len(rows) == len(cells) - 1 and all("p=" in line for line in rows)

@@ -167,7 +167,7 @@ def test_two_workloads_in_one_run(workload_store, tiny_model, tmp_path):
 
     from orchestrator.cli import app
     from orchestrator.judge.analysis import analyse
-    from orchestrator.judge.baselines import parse_selector
+    from orchestrator.matrix.baselines import parse_selector
     from orchestrator.report.write import write_report
 
     cells = workload_store.read_cells()

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from orchestrator.judge.analysis import analyse
-from orchestrator.judge.baselines import parse_selector, parse_tolerances
+from orchestrator.matrix.baselines import parse_selector, parse_tolerances
 from orchestrator.judge.gate import Policy, PolicyError, gate, load_policy
 from orchestrator.judge.speed import speed_call
 from orchestrator.matrix.models import Tolerances

@@ -14,7 +14,7 @@ from adapters.contract.events import TurnWait
 from orchestrator.execution.runner import framework_python
 from orchestrator.execution.spec import GroupJob, pair_jobs
 from orchestrator.execution.supervisor import Floor
-from orchestrator.judge.baselines import resolve_baselines
+from orchestrator.matrix.baselines import resolve_baselines
 from orchestrator.judge.speed import PAIRED, WELCH, add_speed, paired_intervals, speed_intervals, took_turns
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.validate import parse_matrix

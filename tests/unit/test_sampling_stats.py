@@ -13,6 +13,7 @@ from orchestrator.judge.sampling_stats import (
     order_difference,
     permutation_test,
     sampler_probs,
+    whole_sample_test,
 )
 from orchestrator.judge.seed_promises import PROMISES, promise_for, seed_promise
 
@@ -123,6 +124,52 @@ def test_first_token_test_level_and_power():
                          {0: np.zeros(4, int), 1: np.zeros(4, int)})
     assert t.prompts == 1 and "beyond" in t.skipped[1]
 
+
+
+def _samples(rng, n_samples, n_tokens, order, noise=0.0, vocab=40, k=32, settings=None):
+    """Sequences drawn token by token by a sampler in `order` from a model whose logits at each position are
+    the baseline's plus `noise`; returns what the baseline's engine would store teacher forced: its top-k
+    (ids, raw logprobs) at each position and the drawn ids."""
+    settings = settings or {"temperature": 0.8, "top_p": 0.9}
+    out = []
+    for _ in range(n_samples):
+        ids, lps, drawn = [], [], []
+        for _ in range(n_tokens):
+            logits = rng.normal(0, 2.0, vocab)
+            base = logits - np.log(np.exp(logits).sum())
+            cell = base + rng.normal(0, noise, vocab) if noise else base
+            cell = cell - np.log(np.exp(cell).sum())
+            top = np.argsort(-base)[:k]
+            kept, q, why = sampler_probs(np.arange(vocab), cell, order=order, **settings)
+            assert why is None
+            drawn.append(int(rng.choice(kept, p=q)))
+            ids.append(top)
+            lps.append(base[top].astype(np.float32))
+        out.append((np.stack(ids), np.stack(lps), np.array(drawn)))
+    return out
+
+
+def test_whole_sample_test_holds_its_level_and_sees_a_model_change():
+    rng = np.random.default_rng(11)
+    settings = {"temperature": 0.8, "top_k": 0, "top_p": 0.9, "min_p": 0.0}
+    hf, llamacpp = ("temperature", "top_k", "top_p", "min_p"), ("top_k", "top_p", "min_p", "temperature")
+    # the null: the cell draws from the baseline's model after its own sampler (here llama.cpp's order)
+    ps = np.array([whole_sample_test(_samples(rng, 8, 8, llamacpp, settings=settings), llamacpp, settings, seed=r).p_value
+                   for r in range(200)])
+    assert (ps < 0.05).sum() <= 200 * 0.05 + 3 * (200 * 0.05 * 0.95) ** 0.5
+    assert 0.3 < np.mean(ps) < 0.7                                   # about uniform
+    # logits moved (noise 1.0 nats on every token): found on 16 samples of 16 tokens
+    moved = whole_sample_test(_samples(rng, 16, 16, hf, noise=1.0, settings=settings), hf, settings)
+    assert moved.p_value < 0.001 and moved.mean_pit > 0.5 and moved.n + moved.skipped == 256
+    # a token outside the baseline's kept ones is the far end of the scale (PIT 1), not an impossibility
+    one = _samples(rng, 1, 4, hf, settings=settings)
+    ids, lps, drawn = one[0]
+    drawn = drawn.copy()
+    drawn[0] = ids[0][-1]           # the least likely candidate: outside a 0.9 nucleus
+    t = whole_sample_test([(ids, lps, drawn)], hf, settings)
+    assert t.outside == 1 and 0 < t.p_value <= 1
+    # no position with a known distribution: None
+    assert whole_sample_test([(ids[:, :1], lps[:, :1], drawn)], hf, settings) is None
 
 
 def test_detectable_shift_is_what_the_test_finds_with_80_percent_power():

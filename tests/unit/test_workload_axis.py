@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from orchestrator.judge.baselines import parse_selector
+from orchestrator.matrix.baselines import parse_selector
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.validate import parse_matrix
 from orchestrator.store.run_store import RunStore, cell_row
