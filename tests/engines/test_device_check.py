@@ -20,3 +20,6 @@ def test_device_check_script_runs_the_worker_and_its_checks_on_cpu(tmp_path, tin
     for run in ("cpu-fp32", "cpu-fp32-again", "cpu-bf16"):
         assert (tmp_path / run / "b1.json").exists() and (tmp_path / run / "b4.npz").exists(), run
     assert "greedy tokens identical" in out and "max |dlogprob|" in out
+    # the rescoring child, twice: every sample scored, the two alike
+    assert (tmp_path / "rescore-cpu" / "rescored.npz").exists() and (tmp_path / "rescore-cpu-again" / "rescored.npz").exists()
+    assert "rescore cpu-again vs cpu: max |dlogprob|" in out

@@ -7,7 +7,9 @@ Checks, and exits 1 on any failure (0 when every check passed; 2 when it cannot 
   above zero; nothing unmeasured is a number (`missing` names every null);
 - timings are synchronised: per request TTFT > 0 and TTFT <= e2e, ITL gaps all positive;
 - CUDA fp32 logprobs equal the CPU's within FP32_MAX_ABS with the same greedy tokens, and bf16 stays
-  within BF16_MAX_ABS of them.
+  within BF16_MAX_ABS of them;
+- the rescoring child (a spec with `rescore` and no cells: the baseline's engine scoring other cells' samples,
+  teacher forced) writes every sample's scores, and CUDA fp32's equal the CPU's within FP32_MAX_ABS.
 
 `--cpu-only` runs the same checks with the CPU alone (fp32 twice), so the script itself is tested
 where there is no GPU (tests/engines/test_device_check.py). Run it through tests/gpu/device_check.sh.
@@ -30,7 +32,15 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.contract.events import CellDone, Loaded, parse_event
 from adapters.contract.records import CellRecord
-from adapters.contract.specs import CellSpec, GroupSpec, LoadSpec, ModelSpec, ScoringSpec
+from adapters.contract.specs import (
+    CellSpec,
+    GroupSpec,
+    LoadSpec,
+    ModelSpec,
+    RescoredSample,
+    RescoreSpec,
+    ScoringSpec,
+)
 
 FP32_MAX_ABS = 5e-3      # CUDA vs CPU kernels: reduction order only
 BF16_MAX_ABS = 0.5       # bf16 against fp32 on the tiny model
@@ -127,6 +137,32 @@ def compare(check: Checks, name: str, a: dict, b: dict, max_abs: float, top1: fl
             check(same_greedy, f"{name} {cid}: greedy tokens identical")
 
 
+def rescored(model: str, device: str, vocab: int, work: Path) -> dict[str, np.ndarray] | None:
+    """The rescoring child on `device`: 8 made-up samples of 16 tokens after 4 prompts, top 8 candidates."""
+    rng = np.random.default_rng(5)
+    spec = GroupSpec(load=LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=model), quantization="fp32",
+                                   device=device), cells=[],
+                     rescore=RescoreSpec(prompts=_prompts(4, 32, vocab, 7), top_k=8, batch_size=4, samples=[
+                         RescoredSample(prompt_index=i % 4, tokens=rng.integers(3, vocab, 16).tolist())
+                         for i in range(8)]))
+    run_worker(spec, work)
+    path = work / "rescored.npz"
+    return dict(np.load(path)) if path.exists() else None
+
+
+def check_rescoring(check: Checks, model: str, vocab: int, work: Path, gpu: str) -> None:
+    print("rescoring:")
+    runs = {"cpu": "cpu", gpu if gpu != "cpu" else "cpu-again": gpu}
+    got = {name: rescored(model, d, vocab, work / f"rescore-{name}") for name, d in runs.items()}
+    for name, a in got.items():
+        check(a is not None and a["logprobs"].shape == (8, 16) and a["topk_ids"].shape == (8, 16, 8)
+              and bool(np.isfinite(a["logprobs"]).all()), f"rescore on {name}: every sample's 16 tokens scored, top 8 each")
+    (a, b), other = got.values(), list(got)[1]
+    if a is not None and b is not None:
+        diff = float(np.max(np.abs(b["logprobs"] - a["logprobs"])))
+        check(diff <= FP32_MAX_ABS, f"rescore {other} vs cpu: max |dlogprob| {diff:.2e} <= {FP32_MAX_ABS:g}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-only", action="store_true", help="no GPU: check the script itself on the CPU")
@@ -158,6 +194,7 @@ def main() -> int:
     print("logprobs:")
     compare(check, f"{names[1]} vs {names[0]}", runs[names[1]], runs[names[0]], FP32_MAX_ABS, 1.0)
     compare(check, f"{names[2]} vs {names[0]}", runs[names[2]], runs[names[0]], BF16_MAX_ABS, BF16_TOP1)
+    check_rescoring(check, model, vocab, work, gpu)
     print(f"\n{'FAILED: ' + str(len(check.failed)) + ' check(s)' if check.failed else 'all checks passed'}")
     return 1 if check.failed else 0
 
