@@ -134,21 +134,38 @@ def _sampler_difference(framework: str, base_framework: str | None, settings: Sa
                if kept else ""))
 
 
-def _samples(root: Path, rescored: bool = True) -> pd.DataFrame:
-    """The stored samples with `stat` (each sample's mean raw logprob under the engine that drew it) and, with
-    `rescored`, `r_stat` under the baseline's engine (rescored.parquet: `r_scorer` its engine_key, `r_reason`
-    why a sample was not scored), matched on the sample's ids."""
+def _samples(root: Path) -> pd.DataFrame:
+    """The stored samples with `stat`: each sample's mean raw logprob under the engine that drew it."""
     t = RunStore(root).read_samples().to_pandas()
     t["stat"] = [sample_statistic(x) for x in t.logprobs]
     t["ids"] = [tuple(x) for x in t.token_ids]
-    if not rescored:
-        return t
+    return t
+
+
+_SAMPLE_KEY = ["cell_id", "prompt_index", "seed", "ids"]
+
+
+def _rescored(root: Path) -> pd.DataFrame:
+    """rescored.parquet's rows by scorer (`r_scorer`: its engine_key): `r_stat` under the scorer, its
+    candidates, `r_reason` why a sample was not scored; matched to samples on their ids."""
     r = read_rescored(root).to_pandas()
-    r = pd.DataFrame({"cell_id": r.cell_id, "prompt_index": r.prompt_index, "seed": r.seed,
-                      "ids": [tuple(x) for x in r.token_ids], "r_scorer": r.scorer_engine_key, "r_reason": r.reason,
-                      "r_stat": [math.nan if x is None else sample_statistic(x) for x in r.logprobs],
-                      "r_topk_ids": r.topk_ids, "r_topk_logprobs": r.topk_logprobs, "repeat": 0}).drop_duplicates(["cell_id", "prompt_index", "seed", "ids"], keep="last")
-    return t.merge(r, on=["cell_id", "prompt_index", "seed", "ids", "repeat"], how="left")
+    return pd.DataFrame({"cell_id": r.cell_id, "prompt_index": r.prompt_index, "seed": r.seed,
+                         "ids": [tuple(x) for x in r.token_ids], "r_scorer": r.scorer_engine_key, "r_reason": r.reason,
+                         "r_stat": [math.nan if x is None else sample_statistic(x) for x in r.logprobs],
+                         "r_topk_ids": r.topk_ids, "r_topk_logprobs": r.topk_logprobs})
+
+
+def _with_scores(b0: pd.DataFrame, first: pd.DataFrame, rescored: pd.DataFrame | None, base_cell: dict | None):
+    """Both sides' repeat-0 samples with the baseline's engine's scores of them where it scored them (any
+    scorer's reason where none did); unchanged without rescored rows (across runs)."""
+    if rescored is None:
+        return b0, first
+    cells = rescored.cell_id.isin([*b0.cell_id.unique(), *first.cell_id.unique()])
+    mine = rescored[cells & (rescored.r_scorer == (base_cell or {}).get("engine_key"))]
+    if mine.empty:   # no row of this baseline's engine: another scorer's reason, or none
+        mine = rescored[cells].drop(columns=["r_stat", "r_topk_ids", "r_topk_logprobs"])
+    mine = mine.drop_duplicates(_SAMPLE_KEY, keep="last")
+    return b0.merge(mine, on=_SAMPLE_KEY, how="left"), first.merge(mine, on=_SAMPLE_KEY, how="left")
 
 
 NOT_RESCORED = ("the baseline's engine did not score these samples (measure.sampling.rescore off, or a run "
@@ -158,11 +175,11 @@ NOT_RESCORED = ("the baseline's engine did not score these samples (measure.samp
 def _scored_by(b0: pd.DataFrame, first: pd.DataFrame, base_cell: dict | None) -> tuple[str, str | None]:
     """The per-sample statistic the served test compares: `r_stat` where the baseline's own engine scored both
     sides' samples (one model's probabilities), else `stat` (each sample under the engine that drew it) and why."""
-    if "r_stat" not in b0:
+    if "r_scorer" not in b0:
         return "stat", "across runs each sample is scored by the engine that drew it (two runs' scorers may differ)"
     both = pd.concat([b0, first])
     key = (base_cell or {}).get("engine_key")
-    if key is not None and (both.r_scorer == key).all() and np.isfinite(both.r_stat.to_numpy(float)).all():
+    if "r_stat" in both and (both.r_scorer == key).all() and np.isfinite(both.r_stat.to_numpy(float)).all():
         return "r_stat", None
     said = both.r_reason.dropna()
     if len(said):
@@ -330,9 +347,10 @@ def _seed_by_seed(row: dict, c: dict, b0: pd.DataFrame, first: pd.DataFrame, bas
 
 def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: pd.DataFrame,
                       base_cells: pd.DataFrame, tol: Tolerances, manifest: Manifest,
-                      base_manifest: Manifest) -> pd.DataFrame:
+                      base_manifest: Manifest, rescored: pd.DataFrame | None = None) -> pd.DataFrame:
     """`cells`: cell_id, axes, status, versions, baseline_cell_id (a cell of the baseline run, whose
-    settings `base_manifest` holds). One row per ok cell with samples."""
+    settings `base_manifest` holds); `rescored`: the run's samples as its baselines' engines scored them (None
+    across runs). One row per ok cell with samples."""
     by_cell = {cid: g for cid, g in samples.groupby("cell_id", sort=False)}
     by_base = {cid: g for cid, g in base_samples.groupby("cell_id", sort=False)}
     base_by_id = base_cells.set_index("cell_id").to_dict("index")
@@ -350,8 +368,8 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
             rows.append(row | {"seed_verdict": "n/a", "dist_verdict": "n/a", "sampling_reason":
                                c.get("baseline_match") or "the baseline cell has no samples"})
             continue
-        b0 = base[base.repeat == 0]
         base_cell = base_by_id.get(c["baseline_cell_id"])
+        b0, first = _with_scores(base[base.repeat == 0], first, rescored, base_cell)
         settings = _sampler(manifest, c)
         changed = _settings_change(settings, _sampler(base_manifest, base_cell))
         dist = _distribution(row, b0, first, base_cell, settings, changed, tol)
@@ -373,7 +391,7 @@ def analyse_sampling(run_dir: str | Path, baseline: dict | None = None, toleranc
     selector, tol = run_settings(manifest, baseline, tolerances)
     samples = _samples(root)
     cells = with_baselines(_cells(root), samples.cell_id, selector, "samples")
-    return sampling_verdicts(cells, samples, samples, cells, tol, manifest, manifest)
+    return sampling_verdicts(cells, samples, samples, cells, tol, manifest, manifest, _rescored(root))
 
 
 def compare_sampling_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.DataFrame,
@@ -384,5 +402,5 @@ def compare_sampling_runs(new_dir: str | Path, old_dir: str | Path, pairs: pd.Da
     _, tol = run_settings(manifest, {}, tolerances)
     new = with_old_partners(new_root, old_root, pairs).merge(_cells(new_root)[["cell_id", "versions"]],
                                                               on="cell_id", how="left")
-    return sampling_verdicts(new, _samples(new_root, False), _samples(old_root, False), _cells(old_root), tol, manifest,
+    return sampling_verdicts(new, _samples(new_root), _samples(old_root), _cells(old_root), tol, manifest,
                              RunStore(old_root).read_manifest())
