@@ -49,6 +49,7 @@ def plan(store: RunStore, selector: dict) -> dict[str, pd.DataFrame]:
     done = read_rescored(store.root, [*KEY, "token_ids", "logprobs"]).to_pandas()
     done = done[done.logprobs.notna()]
     scored = set(zip(*(done[k] for k in KEY), (tuple(t) for t in done.token_ids)))
+    by_cell = dict(tuple(samples.groupby("cell_id", sort=False)))
     out: dict[str, pd.DataFrame] = {}
     scorers: dict[str, str] = {}      # one loaded engine per baseline engine: its first baseline cell scores
     for cid, base in zip(sampled.cell_id, sampled.baseline_cell_id):
@@ -56,7 +57,7 @@ def plan(store: RunStore, selector: dict) -> dict[str, pd.DataFrame]:
             continue
         key = by_id.engine_key[base]
         scorer = scorers.setdefault(key, base)
-        mine = samples[samples.cell_id == cid]
+        mine = by_cell[cid]
         todo = [(key, cid, p, s, tuple(t)) not in scored for p, s, t in zip(mine.prompt_index, mine.seed, mine.token_ids)]
         if any(todo):
             out[scorer] = pd.concat([out.get(scorer), mine[todo]], ignore_index=True)
