@@ -64,6 +64,15 @@ POLL_S = 0.05
 STDERR_TAIL_CHARS = 2000
 
 
+def _start_worker(job: GroupJob, python: str, work: Path, log, stdin) -> subprocess.Popen:
+    """`python -m adapters.worker work/spec.json work`, in its own process group that dies with this process,
+    the project importable, the job's env variables set, its output into `log`."""
+    env = os.environ | job.env_vars | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([python, "-m", "adapters.worker", str(work / "spec.json"), str(work)], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=stdin, cwd=work, env=env,
+                            preexec_fn=_own_group_dying_with_parent)
+
+
 def _own_group_dying_with_parent() -> None:
     os.setsid()          # its own process group: a kill of the group takes the engine's helpers too
     die_with_parent()    # and it must not outlive its Ray worker
@@ -249,12 +258,7 @@ def _run_group(job: GroupJob, channel, floor: Floor | None = None, side: str = "
         spec = spec_all.model_copy(update={"cells": [s for s in spec_all.cells if s.cell_id in ids]})
         (work / "spec.json").write_text(spec.model_dump_json())
         log = open(work / "output.log", "wb")
-        env = os.environ | job.env_vars | {
-            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.Popen([python, "-m", "adapters.worker", str(work / "spec.json"), str(work)],
-                                stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.PIPE if floor is not None else subprocess.DEVNULL,
-                                cwd=work, env=env, preexec_fn=_own_group_dying_with_parent)
+        proc = _start_worker(job, python, work, log, subprocess.PIPE if floor is not None else subprocess.DEVNULL)
         current: str | None = None
         loaded = None
         asked: TurnWait | None = None   # an env pair: the phase the child waits to start
@@ -354,11 +358,8 @@ def run_child(job: GroupJob, spec: GroupSpec, timeout_s: float) -> tuple[Path, s
     tail)."""
     work = Path(tempfile.mkdtemp(prefix="bench-child-"))
     (work / "spec.json").write_text(spec.model_dump_json())
-    env = os.environ | job.env_vars | {"PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")])}
     with open(work / "output.log", "wb") as log:
-        proc = subprocess.Popen([job.python or sys.executable, "-m", "adapters.worker", str(work / "spec.json"),
-                                 str(work)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work,
-                                env=env, preexec_fn=_own_group_dying_with_parent)
+        proc = _start_worker(job, job.python or sys.executable, work, log, subprocess.DEVNULL)
         timed_out = False
         try:
             proc.wait(timeout=timeout_s)
