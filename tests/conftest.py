@@ -147,3 +147,28 @@ def write_matrix(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def served_run(ray_local, tiny_model, cache_dir, tmp_path_factory):
+    """One run of tests/helpers.py's served_matrix, read by e2e/test_serve.py (the synthetic workload) and
+    e2e/test_chat_run.py (the chat workload): their cells share one vLLM server, one llama.cpp server and the
+    offline loads. The "ep" model's server (someone else's: llama.cpp on the fp32 GGUF) runs for the run only;
+    whether the run left it running is recorded before it is stopped (no engine outlives a test module)."""
+    from types import SimpleNamespace
+
+    from adapters.engines.gguf_convert import gguf_for
+    from orchestrator.execution.runner import run_matrix
+    from orchestrator.judge.analysis import analyse
+    from tests.helpers import served_matrix, start_llamacpp
+
+    d = tmp_path_factory.mktemp("served-run")
+    ep = start_llamacpp(str(gguf_for(str(tiny_model), "fp32", cache_dir)[0]), d / "ep.log")
+    try:
+        (d / "m.yaml").write_text(yaml.safe_dump(served_matrix(ep.url)))
+        store = run_matrix(d / "m.yaml", d / "run")
+        ep_alive = ep.proc.poll() is None
+    finally:
+        ep.stop()
+    return SimpleNamespace(store=store, cells=store.read_cells(), verdicts=analyse(store.root).set_index("cell_id"),
+                           ep_url=ep.url, ep_alive=ep_alive)

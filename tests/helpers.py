@@ -269,3 +269,47 @@ def md_table(md: str, heading: str) -> list[list[str]]:
             break
         rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
     return rows
+
+
+# -- the served run: one `bench run` that e2e/test_serve.py and e2e/test_chat_run.py both read -------
+# (tests/conftest.py's session fixture `served_run`). Its two workloads share each engine's load and server:
+# one vLLM server (and one llama.cpp server) serves the synthetic load points and the chat conversations.
+
+SERVE_REQUESTS, SERVE_REPEATS, SERVE_IN, SERVE_OUT = 8, 2, 16, 8
+CHAT_WARMUP, CHAT_BATCH, CHAT_IN_CAP, CHAT_OUT_CAP = 1, 2, 320, 8
+CHAT_WORKLOAD = {"kind": "sharegpt", "path": SHAREGPT, "multi_turn": True, "think_time_s": 0.02, "chat": True}
+
+
+def served_matrix(endpoint: str) -> dict:
+    """`synthetic` (test_serve): every framework offline and served at three load points, and "ep", a server
+    someone else runs (`endpoint`: nothing is started for it); `chat` (test_chat_run): the ShareGPT file as chat,
+    served by vLLM and llama.cpp, offline through llama.cpp (batch 2) and transformers (batch 1: it takes one
+    output length per batch, so each turn gets its reply's length)."""
+    chat = {"workload": "chat", "model": "tiny", "request_rate": float("inf"), "input_len": CHAT_IN_CAP,
+            "output_len": CHAT_OUT_CAP}
+    return {
+        "name": "served",
+        "models": {"tiny": "builtin:tiny", "ep": {"source": "builtin:tiny", "endpoint": endpoint}},
+        "axes": {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny", "ep"], "quantization": ["fp32"],
+                 "mode": ["offline", "serve"], "batch_size": [1, 4], "request_rate": [float("inf"), 8.0],
+                 "input_len": [SERVE_IN], "output_len": [SERVE_OUT], "workload": ["synthetic"]},
+        "workloads": {"synthetic": {"kind": "synthetic"}, "chat": CHAT_WORKLOAD},
+        # vLLM eager (no torch.compile at start, as every other vLLM test runs it); the compiled path is the smoke matrix's
+        "flags": {"llamacpp": {"default": KV_F32}, "vllm": {"default": {"enforce_eager": True}}},
+        "exclude": [{"mode": "serve", "request_rate": 8.0, "batch_size": 1},
+                    {"model": "ep", "framework": ["hf", "vllm"]}, {"model": "ep", "batch_size": 4}],
+        # vLLM offline would add an engine group (~half a minute) for the path llama.cpp's batch-2 cell covers
+        "include": [chat | {"framework": "vllm", "mode": "serve", "batch_size": CHAT_BATCH},
+                    chat | {"framework": "llamacpp", "mode": "serve", "batch_size": CHAT_BATCH},
+                    chat | {"framework": "llamacpp", "mode": "offline", "batch_size": CHAT_BATCH},
+                    chat | {"framework": "hf", "mode": "offline", "batch_size": 1}],
+        "serve": {"requests": SERVE_REQUESTS, "time_limit_s": 120, "request_timeout_s": 120, "slo_ttft_ms": 60000},
+        "measure": {"warmup": CHAT_WARMUP, "repeats": SERVE_REPEATS, "scoring_prompts": 3, "scoring_len": 24,
+                    "greedy_tokens": 8, "score_repeats": 2, "top_k": 8},
+        # each served cell against its own engine offline
+        "baseline": {"model": "tiny", "mode": "offline"},
+        # the task layer through the servers: 20 choice items (teacher-forced prompt logprobs by id)
+        "tasks": [{"kind": "choice", "name": "ending20", "limit": 20,
+                   "path": str(ROOT / "orchestrator/inputs/data/tasks/tiny-ending.jsonl")}],
+        "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
+    }

@@ -12,45 +12,28 @@ import re
 import subprocess
 
 import pytest
-import yaml
 
 from orchestrator.execution.prompts import Tokenizer, timing_requests
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.matrix.models import MatrixError, ShareGptWorkload
 from orchestrator.matrix.validate import parse_matrix
-from tests.helpers import MSGS, ROOT, SHAREGPT, bench_cmd, chat_matrix, without_template
+from tests.helpers import (CHAT_BATCH, CHAT_IN_CAP, CHAT_OUT_CAP, CHAT_WARMUP, MSGS, ROOT, SERVE_REPEATS,
+                           SERVE_REQUESTS, SHAREGPT, bench_cmd, chat_matrix, without_template)
 
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
-WARMUP, REPEATS, SERVED, BATCH, IN_CAP, OUT_CAP = 1, 2, 8, 2, 320, 8
-
-MATRIX = {
-    "name": "chat-test",
-    "models": {"tiny": "builtin:tiny"},
-    "axes": {"framework": ["vllm", "llamacpp"], "model": ["tiny"], "mode": ["offline", "serve"],
-             "batch_size": [BATCH], "input_len": [IN_CAP], "output_len": [OUT_CAP]},
-    # vLLM offline would add an engine group (~half a minute) for the path llama.cpp's batch-2 cell covers
-    "exclude": [{"framework": "vllm", "mode": "offline"}],
-    # transformers takes one output length per batch: batch 1 gives each turn its reply's length
-    "include": [{"framework": "hf", "mode": "offline", "batch_size": 1}],
-    "flags": {"vllm": {"default": {"enforce_eager": True}}},
-    "workload": {"kind": "sharegpt", "path": SHAREGPT, "multi_turn": True, "think_time_s": 0.02, "chat": True},
-    "measure": {"warmup": WARMUP, "repeats": REPEATS, "scoring_prompts": 2, "scoring_len": 24, "greedy_tokens": 4,
-                "score_repeats": 1, "top_k": 4},
-    "serve": {"requests": SERVED, "time_limit_s": 90, "capture_logprobs": False},
-    "baseline": {"framework": "hf", "mode": "offline", "batch_size": 1},
-    "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
-}
+WARMUP, REPEATS, SERVED, BATCH, IN_CAP, OUT_CAP = (CHAT_WARMUP, SERVE_REPEATS, SERVE_REQUESTS, CHAT_BATCH, CHAT_IN_CAP,
+                                                   CHAT_OUT_CAP)
 
 
 @pytest.fixture(scope="module")
-def chat_run(ray_local, tiny_model, tmp_path_factory):
-    from orchestrator.execution.runner import run_matrix
-
-    d = tmp_path_factory.mktemp("chat-run")
-    (d / "m.yaml").write_text(yaml.safe_dump(MATRIX))
-    store = run_matrix(d / "m.yaml", d / "run")
-    return store.read_cells().set_index(["framework", "mode"])
+def chat_run(served_run):
+    """The chat workload of the session's served run (tests/helpers.py served_matrix, shared with e2e/test_serve.py:
+    its cells share that run's vLLM and llama.cpp servers): served by vLLM and llama.cpp, offline through llama.cpp
+    at batch 2 and transformers at batch 1 (vLLM offline would add an engine group for the path llama.cpp's
+    batch-2 cell covers)."""
+    cells = served_run.cells
+    return cells[cells.workload == "chat"].set_index(["framework", "mode"])
 
 
 def _timed(tiny_model, mode: str, batch: int, per_run: int):

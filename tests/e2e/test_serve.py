@@ -8,7 +8,6 @@ unit/test_endpoint_diff.py; vLLM's server flags through its own parser: engines/
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -30,7 +29,8 @@ from adapters.engines.llamacpp import LlamacppAdapter
 from adapters.serving import load_generator, server_process
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.judge.endpoint_diff import diff_endpoints, format_diff_report
-from tests.helpers import API, KV_F32, ROOT, bench_cmd, start_llamacpp
+from tests.helpers import (API, KV_F32, ROOT, SERVE_IN, SERVE_OUT, SERVE_REPEATS, SERVE_REQUESTS, bench_cmd,
+                           start_llamacpp)
 
 PROMPTS = ["The river ran", "Once upon a time", "In the morning the", "She said that",
            "The old clock", "At night the wind"]
@@ -221,44 +221,16 @@ def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
 
 # ------------------------------------------------------------------ mode: serve in a matrix run
 
-REQUESTS, REPEATS, IN, OUT = 8, 2, 16, 8
-SERVE_MATRIX = {
-    "name": "serve-test",
-    "models": {"tiny": "builtin:tiny"},
-    "axes": {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny", "ep"], "quantization": ["fp32"],
-             "mode": ["offline", "serve"], "batch_size": [1, 4], "request_rate": [math.inf, 8.0],
-             "input_len": [IN], "output_len": [OUT]},
-    # vLLM eager (no torch.compile at start, as every other vLLM test runs it): its two engines (offline and
-    # the server) start ~20 s sooner each, more on a cold compile cache; the compiled path is the smoke matrix's
-    "flags": {"llamacpp": {"default": KV_F32}, "vllm": {"default": {"enforce_eager": True}}},
-    "exclude": [{"mode": "serve", "request_rate": 8.0, "batch_size": 1},
-                {"model": "ep", "framework": ["hf", "vllm"]}, {"model": "ep", "batch_size": 4}],
-    "serve": {"requests": REQUESTS, "time_limit_s": 120, "request_timeout_s": 120, "slo_ttft_ms": 60000},
-    "measure": {"warmup": 1, "repeats": REPEATS, "scoring_prompts": 3, "scoring_len": 24, "greedy_tokens": 8,
-                "score_repeats": 2, "top_k": 8},
-    # each served cell against its own engine offline
-    "baseline": {"model": "tiny", "mode": "offline"},
-    # the task layer through the servers: 20 choice items (teacher-forced prompt logprobs by id)
-    "tasks": [{"kind": "choice", "name": "ending20", "path": str(PROJECT_ROOT / "orchestrator/inputs/data/tasks/tiny-ending.jsonl"),
-               "limit": 20}],
-    "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
-}
+REQUESTS, REPEATS, IN, OUT = SERVE_REQUESTS, SERVE_REPEATS, SERVE_IN, SERVE_OUT
 
 
 @pytest.fixture(scope="module")
-def serve_run(ray_local, servers, tiny_model, tmp_path_factory):
-    from orchestrator.execution.runner import run_matrix
-    from orchestrator.judge.analysis import analyse
-
-    d = tmp_path_factory.mktemp("serve-run")
-    data = copy.deepcopy(SERVE_MATRIX)
-    # "ep": a server someone else runs (here: the module's f32 llama.cpp server); nothing is started for it
-    data["models"]["ep"] = {"source": str(tiny_model), "endpoint": servers["f32_a"].url}
-    (d / "m.yaml").write_text(yaml.safe_dump(data))
-    store = run_matrix(d / "m.yaml", d / "run")
-    cells = store.read_cells()
-    verdicts = analyse(store.root).set_index("cell_id")
-    return store, cells, verdicts
+def serve_run(served_run):
+    """The synthetic workload of the session's served run (tests/helpers.py served_matrix: every framework
+    offline and served, each served cell against its own engine offline, the ending20 task through the servers;
+    its chat workload is e2e/test_chat_run.py's). "ep": a server someone else runs (nothing is started for it)."""
+    cells = served_run.cells
+    return served_run.store, cells[cells.workload == "synthetic"].reset_index(drop=True), served_run.verdicts
 
 
 def _served(cells, framework, model="tiny"):
@@ -365,14 +337,14 @@ def test_tasks_through_the_server_score_as_offline(serve_run):
         assert tv.loc[r.cell_id].task_verdict == "no change"
 
 
-def test_endpoint_model_is_served_but_not_started(serve_run, servers):
+def test_endpoint_model_is_served_but_not_started(serve_run, served_run):
     _, cells, verdicts = serve_run
     (r,) = _served(cells, "llamacpp", model="ep").itertuples()
     assert r.status == "ok", r.reason
-    assert r.endpoint == servers["f32_a"].url and json.loads(r.engine_args)["endpoint"] == servers["f32_a"].url
+    assert r.endpoint == served_run.ep_url and json.loads(r.engine_args)["endpoint"] == served_run.ep_url
     assert pd.isna(r.load_s) and pd.isna(r.peak_mem_bytes) and r.mem_source == "not measured (endpoint)"
     assert "nothing was started or stopped" in r.notes
-    assert servers["f32_a"].proc.poll() is None        # still running: nobody stopped it
+    assert served_run.ep_alive             # still running when the run had ended: nobody stopped it
     assert verdicts.loc[r.cell_id].greedy_match == 1.0
 
 
