@@ -172,3 +172,23 @@ def served_run(ray_local, tiny_model, cache_dir, tmp_path_factory):
         ep.stop()
     return SimpleNamespace(store=store, cells=store.read_cells(), verdicts=analyse(store.root).set_index("cell_id"),
                            ep_url=ep.url, ep_alive=ep_alive)
+
+
+@pytest.fixture(scope="session")
+def vllm_scripts(tiny_model, cache_dir, tmp_path_factory):
+    """Every script registered with tests/helpers.py's vllm_script (engines/test_sampling_engines.py's,
+    engines/test_gguf_converter.py's), run at once in .venvs/vllm: name -> its CompletedProcess. All of them
+    have ended (their process groups killed) before any test reads one, so no engine outlives a module."""
+    import json
+
+    from tests.helpers import VLLM_SCRIPTS, run_engine_scripts
+
+    d = tmp_path_factory.mktemp("vllm-scripts")
+    python = ROOT / ".venvs" / "vllm" / "bin" / "python"
+    jobs = {}
+    for name, build in VLLM_SCRIPTS.items():
+        text, cfg = build(tiny_model, cache_dir)
+        (d / f"{name}.py").write_text(text)
+        jobs[name] = [str(python), str(d / f"{name}.py"), json.dumps(cfg)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return run_engine_scripts(jobs, d, 1500, env=env, cwd=ROOT)

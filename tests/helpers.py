@@ -47,23 +47,63 @@ def bench_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "orchestrator.cli", *args]
 
 
-def run_engine_script(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run for a script that starts an engine in its own process (vLLM's engine core): in a
-    process group of its own, which is SIGKILLed whole when the script ends or times out, so the
-    engine's processes never outlive it (subprocess.run's timeout kills the script alone)."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **kwargs)
+# -- vLLM scripts (engines/test_sampling_engines.py, engines/test_gguf_converter.py) -----------------------
+# Each of those modules registers the script it runs in .venvs/vllm (@vllm_script); tests/conftest.py's session
+# fixture `vllm_scripts` runs every registered one at once. A vLLM engine start is mostly one core importing
+# vLLM (~11 s of CPU a process: the script, its engine core, its worker), so two scripts side by side use both
+# cores of a 2-core host: 114 s for these two, 167 s one after the other. Only the modules collected register.
+
+VLLM_SCRIPTS: dict = {}
+
+
+def vllm_script(name: str):
+    """Register `build(tiny_model, cache_dir) -> (script text, cfg)`: the script runs as
+    `.venvs/vllm/bin/python SCRIPT JSON(cfg)` when the first test asks `vllm_scripts` for any script."""
+    def register(build):
+        VLLM_SCRIPTS[name] = build
+        return build
+    return register
+
+
+def run_engine_scripts(jobs: dict[str, list[str]], workdir: Path, timeout: float,
+                       **kwargs) -> dict[str, subprocess.CompletedProcess]:
+    """Scripts that start engines in processes of their own (vLLM's engine core and workers), run at once: each
+    in a process group of its own (its output in files under workdir), all waited for, and each group SIGKILLed
+    whole when its script ends or the shared timeout passes (a timeout alone would kill the script, not the
+    engine's processes), so no engine process outlives them."""
+    import time
+
+    procs = {}
+    for name, argv in jobs.items():
+        out, err = open(workdir / f"{name}.out", "w+"), open(workdir / f"{name}.err", "w+")
+        procs[name] = (argv, subprocess.Popen(argv, stdout=out, stderr=err, text=True, start_new_session=True,
+                                              **kwargs), out, err)
+    deadline, results = time.monotonic() + timeout, {}
     try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"timed out after {timeout:g}s"
+        for name, (argv, proc, out, err) in procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                late = ""
+            except subprocess.TimeoutExpired:
+                late = f"timed out after {timeout:g}s"
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+            out.seek(0)
+            err.seek(0)
+            results[name] = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read() + late)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        for argv, proc, out, err in procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+            out.close()
+            err.close()
+    return results
 
 
 BUILTIN_TASK_NAMES = ["tiny-lastword", "tiny-continue", "tiny-ending"]   # unit/test_task_stats.py, e2e/test_tasks.py

@@ -26,14 +26,13 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from adapters.contract.specs import LoadSpec, ModelSpec
-from tests.helpers import ROOT, needs_llama
+from tests.helpers import ROOT, needs_llama, vllm_script
 from tests.tiny_archs import ARCHS, resolve_arch
 
 needs_hf = pytest.mark.skipif(
@@ -197,16 +196,17 @@ def test_conversion_is_cached_by_content(tiny_model, tmp_path):
     assert not hit3 and changed != first
 
 
-@pytest.fixture(scope="module")
-def vllm_rows(cache_dir, tiny_model, tmp_path_factory) -> dict:
+@vllm_script("gguf_archs")
+def _vllm_job(tiny_model, cache_dir):
     models = {arch: resolve_arch(arch, cache_dir, tiny_model) for arch in VLLM_ARCHS}
-    script = tmp_path_factory.mktemp("vllm_archs") / "vllm_archs.py"
-    script.write_text(VLLM_SCRIPT)
-    cfg = {"models": {a: str(m) for a, m in models.items()}, "options": VLLM_CPU, "vocab": 512,
-           "prompts": {a: prompts(m) for a, m in models.items()}}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([str(VLLM_PY), str(script), json.dumps(cfg)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=1500)
+    return VLLM_SCRIPT, {"models": {a: str(m) for a, m in models.items()}, "options": VLLM_CPU, "vocab": 512,
+                         "prompts": {a: prompts(m) for a, m in models.items()}}
+
+
+@pytest.fixture(scope="module")
+def vllm_rows(vllm_scripts) -> dict:
+    """The script's rows (conftest's vllm_scripts runs it beside engines/test_sampling_engines.py's)."""
+    proc = vllm_scripts["gguf_archs"]
     out = {}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):

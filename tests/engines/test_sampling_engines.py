@@ -8,21 +8,21 @@ gives it; greedy with speculation equals greedy without, and the counters see dr
 
 transformers and llama.cpp run in this process. vLLM cannot be imported here: a small script
 (VLLM_SCRIPT) loads adapters.engines.vllm's adapter in .venvs/vllm as adapters.worker does and prints JSON;
-its two engines (prefix caching on; prefix caching off with n-gram speculation) start once per module.
+its three engines (prefix caching on; off; n-gram speculation) start once per session, in one script that
+tests/conftest.py's vllm_scripts runs beside engines/test_gguf_converter.py's.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import numpy as np
 import pytest
 
 from adapters.base import Unsupported
 from adapters.contract.specs import LoadSpec, ModelSpec, SamplerSettings
-from tests.helpers import ROOT, run_engine_script
+from tests.helpers import ROOT, vllm_script
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -302,19 +302,22 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
 SPEC_BUG = "vllm-project/vllm PR #42638"
 
 
-@pytest.fixture(scope="module")
-def vllm_results(tiny_model, tmp_path_factory):
+@vllm_script("sampling")
+def _vllm_job(tiny_model, cache_dir):
     """Three engines in one process, one after another: prefix caching on, off, and n-gram speculation."""
-    script = tmp_path_factory.mktemp("vllm_sampling") / "vllm_sampling.py"
-    script.write_text(VLLM_SCRIPT)
     cfg = {"model": str(tiny_model), "prompts": VLLM_P, "order": ORDER, "seeds4": SEEDS4, "n_tokens": N,
            "greedy_tokens": 32, "x": [3 + (j * 13) % 500 for j in range(24)],
            "settings": {"full": FULL.model_dump(), "no_min_p": NO_MIN_P.model_dump()},
            "engines": [["cache_on", VLLM_CPU | {"enable_prefix_caching": True}],
                        ["cache_off", VLLM_CPU | {"enable_prefix_caching": False}],
                        ["spec", VLLM_CPU | {"speculative": NGRAM}]]}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = run_engine_script([str(VLLM_PY), str(script), json.dumps(cfg)], 1200, env=env, cwd=ROOT)
+    return VLLM_SCRIPT, cfg
+
+
+@pytest.fixture(scope="module")
+def vllm_results(vllm_scripts):
+    """The script's results (conftest's vllm_scripts runs it beside engines/test_gguf_converter.py's)."""
+    proc = vllm_scripts["sampling"]
     results = {}
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
