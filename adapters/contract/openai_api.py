@@ -7,6 +7,7 @@ every client sends it:
 - `ServerLaunch`: the command an adapter gives for its server, and the facts stored with its cells.
 - `completion_body`: the one request body the load generator, the output capture and
   `bench diff-endpoints` send.
+- `stream_count`: how a stream's tokens are counted chunk by chunk (what the body asks the server for).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class ServerApi:
     batches: bool                    # runs concurrent requests together (else one at a time: batch_mode sequential)
     greedy_fields: dict = field(default_factory=dict)    # sampling fields that make temperature 0 plain greedy
     stream_usage: bool = False       # honours stream_options.continuous_usage_stats (exact tokens per chunk)
+    stream_token_ids: bool = False   # honours `return_token_ids`: each stream chunk carries its new token ids
     tokenize_path: str | None = None  # the server's own tokenizer endpoint, to check text prompts' ids
     health_path: str = "/v1/models"
     logprobs: bool = True            # returns logprobs at all (else outputs are not captured)
@@ -58,8 +60,11 @@ def completion_body(api: ServerApi, prompt: Prompt, max_tokens: int, seed: int, 
                             "stream": stream, "temperature": 0.0, **api.greedy_fields}
     if model:
         body["model"] = model
-    if stream:
-        body["stream_options"] = {"include_usage": True, **({"continuous_usage_stats": True} if api.stream_usage else {})}
+    if stream:   # the final usage always (one event); per chunk only what the count needs (stream_count)
+        how = stream_count(api, logprobs)
+        body["stream_options"] = {"include_usage": True, **({"continuous_usage_stats": True} if how == "usage" else {})}
+        if how == "token_ids":
+            body["return_token_ids"] = True
     if ignore_eos and api.ignore_eos:
         body["ignore_eos"] = True
     if logprobs is not None:
@@ -72,6 +77,29 @@ def completion_body(api: ServerApi, prompt: Prompt, max_tokens: int, seed: int, 
         elif api.prompt_logprobs == "echo":
             body["echo"] = True
     return body
+
+
+StreamCount = Literal["logprobs", "token_ids", "usage", "text"]
+
+STREAM_COUNT_NOTES = {
+    "logprobs": "the logprobs asked for (one entry per token)",
+    "token_ids": "the token ids each chunk carries (return_token_ids; no per-chunk usage asked)",
+    "usage": "the server's usage on every chunk (stream_options.continuous_usage_stats)",
+    "text": "one per chunk that carries text (this server gives no exact per-chunk count; the final usage's "
+            "total wins)",
+}
+
+
+def stream_count(api: ServerApi, logprobs: int | None = None) -> StreamCount:
+    """How a stream's tokens are counted chunk by chunk, exactly where the server allows (several tokens may
+    come in one chunk: speculative decoding), asking it for as little as that needs: the logprobs where they
+    are asked anyway, else each chunk's token ids, else usage on every chunk, else one per chunk with text.
+    The final usage (the total, and the prompt's length) is asked in every case."""
+    if logprobs is not None and api.logprobs:
+        return "logprobs"
+    if api.stream_token_ids:
+        return "token_ids"
+    return "usage" if api.stream_usage else "text"
 
 
 def is_chat(prompt: Prompt) -> bool:

@@ -524,12 +524,16 @@ class VllmAdapter(Adapter):
     # -- serving: vLLM's OpenAI-compatible server (`vllm serve`) -------------------------------
     # Prompts go as token ids; `return_tokens_as_token_ids` gives every token and top-logprob key as
     # "token_id:<id>"; `prompt_logprobs` gives teacher-forced logprobs by id (not with stream=True);
-    # `ignore_eos` and continuous usage stats are honoured (vllm/entrypoints/openai/completion/protocol.py).
+    # `ignore_eos` and continuous usage stats are honoured (vllm/entrypoints/openai/completion/protocol.py);
+    # `return_token_ids` puts each stream chunk's new token ids on its choice (and the prompt's ids on the
+    # first; completion/serving.py, chat_completion/serving.py), so tokens are counted exactly without
+    # asking usage on every chunk.
     # `--generation-config vllm` keeps the model's generation_config.json from setting sampling defaults.
     # Chat: /v1/chat/completions renders the tokenizer's chat template; /tokenize takes the same messages
     # through the same renderer (vllm/entrypoints/serve/tokenize), so a chat's ids are checked without a prefill.
     server_api = ServerApi(prompt_ids=True, ids_in_logprobs=True, prompt_logprobs="prompt_logprobs", ignore_eos=True,
-                           batches=True, stream_usage=True, tokenize_path="/tokenize", health_path="/health",
+                           batches=True, stream_usage=True, stream_token_ids=True, tokenize_path="/tokenize",
+                           health_path="/health",
                            chat=True, chat_tokenize=True,
                            greedy_fields={"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
                                           "presence_penalty": 0.0, "frequency_penalty": 0.0})

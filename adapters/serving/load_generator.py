@@ -17,9 +17,11 @@ serve --max-concurrency`, and that wait is reported apart (`queue_ms`).
 
 The client shares the host with the server it measures, so every millisecond of its CPU is taken
 from the server: it is aiohttp (a C HTTP parser; httpx's pure-Python HTTP/1.1 stack cost 3x the CPU
-per chunk), it splits the raw bytes into SSE lines itself, and it reads events that carry continuous
-usage stats (every vLLM chunk) with four regular expressions instead of a full JSON parse
-(benchmarks/README.md, "The load generator's own cost"). A chunk's time is taken when its bytes
+per chunk), it splits the raw bytes into SSE lines itself, and it reads events that carry their token
+ids or a usage count (every vLLM chunk) with regular expressions instead of a full JSON parse
+(benchmarks/README.md, "The load generator's own cost"). It asks the server for no more than an exact
+count needs (`openai_api.stream_count`): each chunk's token ids where the server gives them (vLLM's
+`return_token_ids`), usage on every chunk only where it gives nothing else. A chunk's time is taken when its bytes
 arrive, before any parsing; events that arrive in one read are one chunk (they reached the client
 together: no fake near-zero gap between them).
 """
@@ -41,7 +43,9 @@ from adapters.contract.openai_api import Prompt, ServerApi, completion_body, com
 from adapters.contract.timing import RequestTiming, TimedRun
 from adapters.serving import arrivals
 
-# what a chunk with continuous usage stats is read for (keys only: a quote inside a JSON string is escaped)
+# what a chunk with its token ids or continuous usage stats is read for (keys only: a quote inside a JSON
+# string is escaped, and "prompt_token_ids" has no quote before its "token_ids")
+_IDS = re.compile(rb'"token_ids":\s*\[([\d,\s]*)\]')
 _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
 _FINISH = re.compile(rb'"finish_reason":\s*"([^"]+)"')
@@ -49,17 +53,20 @@ _A_CHOICE = re.compile(rb'"choices":\s*\[\s*\{')
 
 
 def _event(data: bytes) -> tuple[tuple | list, dict]:
-    """(choices, usage) of one SSE event's JSON. An event with a usage count is read with the regular
-    expressions above (its token count comes from the usage, so only the finish reasons and counts are
-    needed; one choice: the load generator asks for n=1); anything else is parsed in full.
-    Raises ValueError on a line that is no JSON object."""
+    """(choices, usage) of one SSE event's JSON. An event with its token ids or a usage count is read with
+    the regular expressions above (its token count comes from those, so only the finish reasons and counts
+    are needed; one choice: the load generator asks for n=1; a choice's "n_ids" is how many token ids it
+    carried); anything else is parsed in full. Raises ValueError on a line that is no JSON object."""
+    ids = _IDS.search(data)
     tokens = _COMPLETION.search(data)
-    if tokens and data[:1] == b"{" and data[-1:] == b"}":
-        usage = {"completion_tokens": int(tokens[1])}
-        if prompt := _PROMPT.search(data):
+    if (ids or tokens) and data[:1] == b"{" and data[-1:] == b"}":
+        usage = {"completion_tokens": int(tokens[1])} if tokens else {}
+        if tokens and (prompt := _PROMPT.search(data)):
             usage["prompt_tokens"] = int(prompt[1])
         finish = _FINISH.search(data)
         choices = ({"finish_reason": finish and finish[1].decode()},) if _A_CHOICE.search(data) else ()
+        if ids and choices:
+            choices[0]["n_ids"] = len(ids[1].split(b",")) if ids[1].strip() else 0
         return choices, usage
     chunk = json.loads(data)
     if not isinstance(chunk, dict):
@@ -132,7 +139,10 @@ async def _stream_one(session, url: str, body: dict, res: RequestTiming) -> None
                     for choice in choices:
                         if choice.get("finish_reason"):
                             res.finish_reason = choice["finish_reason"]
-                        if usage.get("completion_tokens") is not None:   # continuous usage: exact per chunk
+                        ids = choice["n_ids"] if "n_ids" in choice else choice.get("token_ids")
+                        if ids is not None:                              # its token ids: exact per chunk
+                            ev_tok += ids if isinstance(ids, int) else len(ids)
+                        elif usage.get("completion_tokens") is not None:   # continuous usage: exact per chunk
                             ev_tok += usage["completion_tokens"] - counted
                         else:                                            # one token per chunk that carries text
                             lp = choice.get("logprobs") or {}   # (a chat chunk's text is its delta's content)

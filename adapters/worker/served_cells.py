@@ -25,7 +25,7 @@ import numpy as np
 from adapters.base import Adapter, Unsupported
 from adapters.contract.arrivals import TraceArrival
 from adapters.contract.events import End, Loaded, LoadFacts
-from adapters.contract.openai_api import ServerApi
+from adapters.contract.openai_api import STREAM_COUNT_NOTES, ServerApi, stream_count
 from adapters.contract.records import CellRecord
 from adapters.contract.specs import CellSpec, GroupSpec, SamplingSpec, ScoringSpec, ServeSpec, TaskSpec
 from adapters.contract.timing import summarize
@@ -255,6 +255,7 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
         ms = 1e3 * float(np.mean(target.metrics.scrape_s))
         notes.append(f"server telemetry: {len(gauges)} gauge samples of GET /metrics during the timed runs, one every "
                      f"{telemetry.GAUGE_INTERVAL_S:g} s; a scrape took {ms:.0f} ms on average")
+    notes.append(f"output tokens per stream chunk counted from {STREAM_COUNT_NOTES[stream_count(target.api)]}")
     first_errors = [r.error for run in runs for r in run.requests if not r.ok][:3]
     if first_errors:
         notes.append("first errors: " + " | ".join(first_errors))

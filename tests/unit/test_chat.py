@@ -5,9 +5,11 @@ engines/test_chat_gguf.py; what `bench validate` prints: e2e/test_chat_run.py.)"
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from adapters.contract.openai_api import ServerApi, completion_body, completion_path
+from adapters.contract.openai_api import ServerApi, completion_body, completion_path, stream_count
 from adapters.contract.tokenizer import chat_template
 from orchestrator.execution.prompts import Tokenizer, timing_requests
 from orchestrator.inputs import tiny_model as tiny_build
@@ -77,7 +79,17 @@ def test_chat_bodies_and_the_chat_endpoint():
                     stream_usage=True, greedy_fields={"top_k": -1})
     body = completion_body(api, MSGS, 8, 0, True, "m")
     assert body["messages"] == MSGS and "prompt" not in body and completion_path(body) == "/v1/chat/completions"
+    # usage on every chunk only where the server gives no token ids (stream_count)
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert "return_token_ids" not in body
+    ids_api = replace(api, stream_token_ids=True)
+    body = completion_body(ids_api, MSGS, 8, 0, True, "m")
+    assert body["stream_options"] == {"include_usage": True} and body["return_token_ids"] is True
+    assert stream_count(ids_api) == "token_ids" and stream_count(api) == "usage"
+    assert stream_count(ids_api, logprobs=1) == "logprobs" and stream_count(replace(api, stream_usage=False)) == "text"
+    body = completion_body(ids_api, [1, 2], 8, 0, True, "m", logprobs=1)   # logprobs asked anyway: nothing more
+    assert body["stream_options"] == {"include_usage": True} and "return_token_ids" not in body
+    assert "stream_options" not in completion_body(ids_api, [1, 2], 8, 0, False, "m")
     assert body["ignore_eos"] and body["top_k"] == -1 and body["max_tokens"] == 8
     assert completion_path(completion_body(api, [1, 2, 3], 8, 0, True, "m")) == "/v1/completions"
     with pytest.raises(ValueError, match="no logprobs"):

@@ -1,7 +1,8 @@
 """The load generator's stream reading, against a real local HTTP server that streams canned SSE.
 
 The server (aiohttp.web on 127.0.0.1, in a thread of this process) answers /v1/completions with the
-scenario the request's prompt names: vLLM-shaped chunks with continuous usage, chunks of several
+scenario the request's prompt names: vLLM-shaped chunks with continuous usage or with their token ids
+(return_token_ids, the prompt's ids on the first, a usage-only chunk last), chunks of several
 tokens without usage, Python-json spacing, CRLF lines and ping comments, a stream cut without
 [DONE], a connection dropped mid-body, an HTTP 500, a bad line, a stall. Real sockets, no mocks.
 """
@@ -32,6 +33,14 @@ def _vllm(i: int, n: int, text: str = " w", finish: str = "length", prompt: int 
             "usage": {"prompt_tokens": prompt, "total_tokens": prompt + i + 1, "completion_tokens": i + 1}}
 
 
+def _vllm_ids(ids: list[int], finish: str | None, first: bool = False, text: str = " w") -> dict:
+    """vLLM's chunk with return_token_ids and no continuous usage: the chunk's new token ids (and, on the
+    first, the prompt's)."""
+    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "tiny",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None,
+                         "prompt_token_ids": list(range(3, 35)) if first else None, "token_ids": ids}]}
+
+
 def _compact(obj) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -50,6 +59,14 @@ def _scenario(name: str) -> list[bytes] | int:
     if name == "vllm-multi":                # speculative-style: 1, then 3 tokens in one event
         a, b = _vllm(0, 4), _vllm(3, 4)
         return [_compact(a), _compact(b), DONE]
+    if name == "ids":                       # return_token_ids: 1, 3 (speculative), then 0 (text held back), 1 ids
+        evs = [_vllm_ids([7], None, first=True), _vllm_ids([8, 9, 10], None), _vllm_ids([], None, text=""),
+               _vllm_ids([11], "length", text='"token_ids":[1,2], "completion_tokens":9')]
+        usage = {**USAGE_ONLY, "usage": {"prompt_tokens": 32, "total_tokens": 37, "completion_tokens": 5}}
+        return [_compact(e) for e in evs] + [_compact(usage) + DONE]
+    if name == "ids-spaced":                # the same in Python's json.dumps spacing, no final usage
+        evs = [_vllm_ids([7], None, first=True), _vllm_ids([8, 9], None), _vllm_ids([10], "length")]
+        return [b"data: " + json.dumps(e).encode() + b"\n\n" for e in evs] + [DONE]
     if name == "quoted":                    # text that quotes the keys read by the fast path
         text = '"completion_tokens":99, "finish_reason":"stop", "choices":[{'
         return [_compact(_vllm(i, 4, text=text)) for i in range(4)] + [DONE]
@@ -163,6 +180,18 @@ def test_multi_token_events(url):
     r = _one(url, "vllm-multi")
     assert r.ok, r.error
     assert r.chunk_tokens == [1, 3] and r.output_tokens == 4
+
+
+def test_token_ids_count_every_token(url):
+    """return_token_ids (vLLM): each chunk's ids are its tokens, several in one chunk included; the prompt's
+    ids on the first chunk and keys quoted in the text are not counted; the final usage gives the prompt."""
+    r = _one(url, "ids", max_tokens=5)
+    assert r.ok, r.error
+    assert r.chunk_tokens == [1, 3, 1] and r.output_tokens == 5   # a chunk of no tokens is none and r.prompt_tokens == 32
+    assert r.finish_reason == "length"
+    r = _one(url, "ids-spaced")
+    assert r.ok, r.error
+    assert r.chunk_tokens == [1, 2, 1] and r.output_tokens == 4 and r.prompt_tokens is None
 
 
 def test_streams_without_continuous_usage(url):
