@@ -25,7 +25,9 @@ dataset sends (taken from an untimed first run of its client; its dataset is see
 run is checked to send the same ones), and our warm-ups are its warm-ups (its first prompt,
 `concurrency` times): the same requests in the same form, so only the clients differ. `ids` gives our
 side a served cell's own prompts instead (random token ids, which the server does not tokenize; warm-ups
-on prompts of their own): what a served cell's figures are against `vllm bench serve`'s.
+on prompts of their own): what a served cell's figures are against `vllm bench serve`'s. `same,ids`
+measures both as two of our sides in the same rounds (`ours` and `ours:ids`): the server's cost of
+tokenizing text prompts, with the client held fixed.
 
 The machine is shared: before each run the script waits (up to --wait-idle s) for it to be idle,
 and during each run it counts the CPU used by anything but the server's processes and the clients
@@ -48,7 +50,7 @@ shim). Per request = window CPU / requests; per chunk = window CPU / chunks that
 
     .venv/bin/python benchmarks/client_cost.py                          # 15 rounds, concurrency 1 and 4 (~10 min)
     .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry   # the issue-29 check (same prompts)
-    .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry --prompts ids   # a served cell's prompts
+    .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry --prompts same,ids   # and a cell's prompts
     git show COMMIT:adapters/serving/load_generator.py > /tmp/lg_before.py      # a version to compare against
     .venv/bin/python benchmarks/client_cost.py --load-generator ours= --load-generator before=/tmp/lg_before.py
     .venv/bin/python benchmarks/client_cost.py --rounds 7 --concurrency 1,4,16
@@ -210,8 +212,8 @@ def start_server(model_path: str, log_path: str):
     return server, launch
 
 
-PROMPTS = {"same": "the same text for both sides (vllm bench serve's random dataset; the server tokenizes them)",
-           "ids": "ours token ids (a served cell's), theirs text (its random dataset)"}
+PROMPTS = {"same": "our side sends vllm bench serve's own random text prompts (the server tokenizes both sides')",
+           "ids": "our side sends a served cell's random token ids, theirs its text"}
 
 
 def extra_body(out_len: int) -> dict:
@@ -325,7 +327,7 @@ def table(results: dict[int, dict[str, list[dict]]]) -> str:
     med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
     pairs = [(name, rows) for name, rows in next(iter(results.values())).items() if name != "theirs"]
     if next(iter(results.values()))["theirs"]:
-        head = (f"{'conc':>4} {'client':<7} {'rounds':>6} | {'tok/s':>7} {'theirs':>7} {'ratio [q1-q3] (min-max)':>31} | "
+        head = (f"{'conc':>4} {'client':<8} {'rounds':>6} | {'tok/s':>7} {'theirs':>7} {'ratio [q1-q3] (min-max)':>31} | "
                 f"{'TTFT ms':>7} {'theirs':>7} {'ratio [q1-q3] (min-max)':>31} | "
                 f"{'TPOT ms':>7} {'theirs':>7} {'ratio [q1-q3] (min-max)':>31}")
         lines += [head, "-" * len(head)]
@@ -336,12 +338,12 @@ def table(results: dict[int, dict[str, list[dict]]]) -> str:
                 tok_r = [a["tok_s"] / b["tok_s"] for a, b in zip(o, t)]
                 tpot_r = [a["tpot"] / b["tpot"] for a, b in zip(o, t)]
                 ttft_r = [a["ttft"] / b["ttft"] for a, b in zip(o, t)]
-                lines.append(f"{conc:>4} {name:<7} {len(o):>6} | {med(o, 'tok_s'):>7.1f} {med(t, 'tok_s'):>7.1f} "
+                lines.append(f"{conc:>4} {name:<8} {len(o):>6} | {med(o, 'tok_s'):>7.1f} {med(t, 'tok_s'):>7.1f} "
                              f"{_ratio_stats(tok_r):>31} | {med(o, 'ttft'):>7.2f} {med(t, 'ttft'):>7.2f} "
                              f"{_ratio_stats(ttft_r):>31} | {med(o, 'tpot'):>7.3f} {med(t, 'tpot'):>7.3f} "
                              f"{_ratio_stats(tpot_r):>31}")
         lines.append("")
-    head = (f"{'conc':>4} {'client':<7} | {'CPU ms/request':>14} {'CPU us/chunk':>12} {'chunks/request':>14} "
+    head = (f"{'conc':>4} {'client':<8} | {'CPU ms/request':>14} {'CPU us/chunk':>12} {'chunks/request':>14} "
             f"{'CPU share of run':>16}")
     lines += [head, "-" * len(head)]
     for conc, sides in results.items():
@@ -352,7 +354,7 @@ def table(results: dict[int, dict[str, list[dict]]]) -> str:
             per_chunk = statistics.median(r["cpu_s"] / r["chunks"] * 1e6 for r in rows)
             chunks = statistics.median(r["chunks"] / r["requests"] for r in rows)
             share = statistics.median(r["cpu_s"] / (r["tokens"] / r["tok_s"]) for r in rows)
-            lines.append(f"{conc:>4} {name:<7} | {per_req:>14.2f} {per_chunk:>12.1f} {chunks:>14.1f} {share:>15.1%}")
+            lines.append(f"{conc:>4} {name:<8} | {per_req:>14.2f} {per_chunk:>12.1f} {chunks:>14.1f} {share:>15.1%}")
     return "\n".join(lines)
 
 
@@ -375,11 +377,12 @@ def main() -> None:
     ap.add_argument("--retries", type=int, default=3, help="measure a disturbed round again at most this many times")
     ap.add_argument("--telemetry", action="store_true",
                     help="our side samples the server's /metrics during its timed run, as a served cell does")
-    ap.add_argument("--prompts", choices=("same", "ids"), default="same",
+    ap.add_argument("--prompts", default="same", metavar="FORMS",
                     help="same (default): our side sends exactly the text prompts vllm bench serve's random dataset "
                          "sends (the same work for the server: it tokenizes both), and warms up as it does (its "
                          "first prompt, concurrency times); ids: our side sends a served cell's own prompts (random "
-                         "token ids, no tokenization in the server) and warms up on prompts of its own")
+                         "token ids, no tokenization in the server) and warms up on prompts of its own; same,ids: "
+                         "both, as two of our sides (NAME and NAME:ids), in the same rounds")
     ap.add_argument("--load-generator", action="append", metavar="NAME=PATH",
                     help="a load_generator.py to measure, as client NAME (e.g. before=/tmp/old_load_generator.py); "
                          "repeat for several; default: ours=adapters/serving/load_generator.py")
@@ -414,17 +417,22 @@ def main() -> None:
         setup = {name: setup_cost(lg, url, prompts) for name, lg in modules.items()}
         if not args.ours_only:
             theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"))
-        warm = {c: prompts[:c] for c in concs}
-        timed = prompts[max(concs):max(concs) + args.requests]
-        if args.prompts == "same":
+        forms = args.prompts.split(",")
+        if set(forms) - set(PROMPTS):
+            raise SystemExit(f"--prompts: one or more of {', '.join(PROMPTS)}")
+        # per form of the prompts: (warm-up prompts per concurrency, timed prompts)
+        inputs = {"ids": ({c: prompts[:c] for c in concs}, prompts[max(concs):max(concs) + args.requests])}
+        if "same" in forms:
             # vLLM's random prompts, from an untimed run of its client (its dataset is seeded: every run sends
             # the same ones; each run below is checked against them)
             if theirs is None:
                 theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"))
-            timed = theirs.run(1, args.requests, args.input_len, args.output_len)["prompts"]
-            warm = {c: timed[:1] * c for c in concs}
-        sides = [*modules, *([] if args.ours_only else ["theirs"])]
-        results: dict[int, dict[str, list[dict]]] = {c: {s: [] for s in [*modules, "theirs"]} for c in concs}
+            same = theirs.run(1, args.requests, args.input_len, args.output_len)["prompts"]
+            inputs["same"] = ({c: same[:1] * c for c in concs}, same)
+        # our sides: each load generator with each form of the prompts (NAME, NAME:ids where both are asked)
+        ours = {(name if form == forms[0] else f"{name}:{form}"): (name, form) for name in modules for form in forms}
+        sides = [*ours, *([] if args.ours_only else ["theirs"])]
+        results: dict[int, dict[str, list[dict]]] = {c: {s: [] for s in [*ours, "theirs"]} for c in concs}
         foreign = None
         if server:   # the server's tree, this process (ours) and vLLM's client: anything else is foreign
             import psutil
@@ -441,14 +449,16 @@ def main() -> None:
                             foreign.start()
                         if side == "theirs":
                             r = theirs.run(conc, args.requests, args.input_len, args.output_len)
-                            if args.prompts == "same" and r["prompts"] != timed:
+                            if "same" in inputs and r["prompts"] != inputs["same"][1]:
                                 raise RuntimeError("vllm bench serve sent other prompts than in its first run")
                         else:
-                            r = run_ours(modules[side], url, warm[conc], timed, conc, args.output_len, setup[side],
+                            name, form = ours[side]
+                            warm, timed = inputs[form]
+                            r = run_ours(modules[name], url, warm[conc], timed, conc, args.output_len, setup[name],
                                          args.telemetry)
                         r["busy"], r["foreign"] = busy, foreign.stop() if foreign else None
                         rows[side] = r
-                        print(f"round {rnd} conc {conc} {side:<6}: {r['tok_s']:8.1f} tok/s  TTFT {r['ttft']:6.2f} ms  "
+                        print(f"round {rnd} conc {conc} {side:<8}: {r['tok_s']:8.1f} tok/s  TTFT {r['ttft']:6.2f} ms  "
                               f"TPOT {r['tpot']:6.2f} ms  "
                               f"CPU {r['cpu_s'] * 1e3 / r['requests']:6.2f} ms/req  in {r['input_tokens']} tok"
                               + (f"  busy before {busy:.2f}" if busy is not None else "")
@@ -469,7 +479,7 @@ def main() -> None:
     clients = ", ".join(f"{n} = {p or 'adapters/serving/load_generator.py'}" for n, p in gens.items())
     print(f"client cost: {what}; {args.requests} requests of {args.input_len} in / {args.output_len} out, "
           f"ignore_eos, temperature 0; {args.rounds} alternations; {clients}, theirs = vllm bench serve; "
-          f"prompts: {PROMPTS[args.prompts]}; "
+          f"prompts: {'; '.join(f'{k} = {PROMPTS[k]}' for k in forms)}; "
           f"request body beside the prompt (both sides): {json.dumps(extra_body(args.output_len))}; "
           f"telemetry {'on (gauges sampled by their own process during our timed runs)' if args.telemetry else 'off'}; "
           f"load avg {load0:.2f} -> {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs\n")
