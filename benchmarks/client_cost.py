@@ -51,6 +51,7 @@ shim). Per request = window CPU / requests; per chunk = window CPU / chunks that
     .venv/bin/python benchmarks/client_cost.py                          # 15 rounds, concurrency 1 and 4 (~10 min)
     .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry   # the issue-29 check (same prompts)
     .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry --prompts same,ids   # and a cell's prompts
+    .venv/bin/python benchmarks/client_cost.py --rounds 5 --telemetry --theirs-trust-env off   # see client_stamp.py
     git show COMMIT:adapters/serving/load_generator.py > /tmp/lg_before.py      # a version to compare against
     .venv/bin/python benchmarks/client_cost.py --load-generator ours= --load-generator before=/tmp/lg_before.py
     .venv/bin/python benchmarks/client_cost.py --rounds 7 --concurrency 1,4,16
@@ -126,6 +127,14 @@ async def _aligned(*a, **k):
     sent[:] = [r.prompt for r in out]
     return out
 S._align_prompts_to_server_tokenizer = _aligned
+if sys.argv[1:] == ["no-trust-env"]:   # --theirs-trust-env off: its session without aiohttp's per-request
+    import aiohttp                        # .netrc and proxy look-ups (client_stamp.py), all else its own
+    class _Session(aiohttp.ClientSession):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **{**k, "trust_env": False})
+    import types
+    S.aiohttp = types.ModuleType("aiohttp")   # serve.py's own name for the module: only its sessions change
+    S.aiohttp.__dict__.update({**vars(aiohttp), "ClientSession": _Session})
 parser = FlexibleArgumentParser()
 S.add_cli_args(parser)
 reply, sys.stdout = sys.stdout, sys.stderr     # vLLM's own report goes to the log
@@ -275,9 +284,10 @@ def setup_cost(lg, url: str, prompts, reps: int = 5) -> float:
 class Theirs:
     """vLLM's own client (`vllm bench serve`), one process for all its runs."""
 
-    def __init__(self, url: str, model_path: str, log_path: str):
+    def __init__(self, url: str, model_path: str, log_path: str, trust_env: bool = True):
         self.url, self.model_path, self.log_path = url, model_path, log_path
-        self.proc = subprocess.Popen([str(VLLM_PY), "-c", THEIRS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        argv = [str(VLLM_PY), "-c", THEIRS, *([] if trust_env else ["no-trust-env"])]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=open(log_path, "w"), text=True,
                                      env=os.environ | {"VLLM_TARGET_DEVICE": "cpu"})
         self._reply()
@@ -377,6 +387,10 @@ def main() -> None:
     ap.add_argument("--retries", type=int, default=3, help="measure a disturbed round again at most this many times")
     ap.add_argument("--telemetry", action="store_true",
                     help="our side samples the server's /metrics during its timed run, as a served cell does")
+    ap.add_argument("--theirs-trust-env", choices=("on", "off"), default="on",
+                    help="on (default): vllm bench serve as it is (its aiohttp session with trust_env=True: a .netrc "
+                         "and a proxy look-up in threads before each request is sent, inside its TTFT); off: the "
+                         "same session with trust_env=False (client_stamp.py)")
     ap.add_argument("--prompts", default="same", metavar="FORMS",
                     help="same (default): our side sends exactly the text prompts vllm bench serve's random dataset "
                          "sends (the same work for the server: it tokenizes both), and warms up as it does (its "
@@ -416,7 +430,7 @@ def main() -> None:
                     f"cell starts it ({time.perf_counter() - t0:.0f} s)")
         setup = {name: setup_cost(lg, url, prompts) for name, lg in modules.items()}
         if not args.ours_only:
-            theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"))
+            theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"), args.theirs_trust_env == "on")
         forms = args.prompts.split(",")
         if set(forms) - set(PROMPTS):
             raise SystemExit(f"--prompts: one or more of {', '.join(PROMPTS)}")
@@ -426,7 +440,7 @@ def main() -> None:
             # vLLM's random prompts, from an untimed run of its client (its dataset is seeded: every run sends
             # the same ones; each run below is checked against them)
             if theirs is None:
-                theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"))
+                theirs = Theirs(url, model_path, os.path.join(workdir, "theirs.log"), args.theirs_trust_env == "on")
             same = theirs.run(1, args.requests, args.input_len, args.output_len)["prompts"]
             inputs["same"] = ({c: same[:1] * c for c in concs}, same)
         # our sides: each load generator with each form of the prompts (NAME, NAME:ids where both are asked)
@@ -478,7 +492,8 @@ def main() -> None:
             server.stop()
     clients = ", ".join(f"{n} = {p or 'adapters/serving/load_generator.py'}" for n, p in gens.items())
     print(f"client cost: {what}; {args.requests} requests of {args.input_len} in / {args.output_len} out, "
-          f"ignore_eos, temperature 0; {args.rounds} alternations; {clients}, theirs = vllm bench serve; "
+          f"ignore_eos, temperature 0; {args.rounds} alternations; {clients}, theirs = vllm bench serve"
+          f"{'' if args.theirs_trust_env == 'on' else ' with its session trust_env=False'}; "
           f"prompts: {'; '.join(f'{k} = {PROMPTS[k]}' for k in forms)}; "
           f"request body beside the prompt (both sides): {json.dumps(extra_body(args.output_len))}; "
           f"telemetry {'on (gauges sampled by their own process during our timed runs)' if args.telemetry else 'off'}; "
