@@ -181,6 +181,9 @@ class RescoredSample(ContractModel):
     tokens: list[int]              # the sampled ids, as another cell's engine drew them
 
 
+RESCORED_NPZ = "rescored.npz"    # what a rescoring child writes in its work dir (adapters.worker.rescoring)
+
+
 class RescoreSpec(ContractModel):
     """The baseline's engine scoring seeded samples that other cells (and the baseline itself) drew: for each
     sample, teacher forced after its prompt, each sampled token's raw logprob and the `top_k` most likely

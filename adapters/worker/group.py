@@ -32,7 +32,15 @@ from adapters.contract.events import End, GroupUnsupported, Loaded, Started
 from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
 from adapters.contract.seed_power import sample_statistic, seeds_to_detect
-from adapters.contract.specs import CellSpec, GroupSpec, SamplingSpec, ScoringSpec, TaskSpec, engine_seed
+from adapters.contract.specs import (
+    RESCORED_NPZ,
+    CellSpec,
+    GroupSpec,
+    SamplingSpec,
+    ScoringSpec,
+    TaskSpec,
+    engine_seed,
+)
 from adapters.contract.timing import summarize
 from adapters.meters import telemetry
 from adapters.meters.energy import EnergyMeter
@@ -51,7 +59,7 @@ from adapters.worker.cell_loop import (
     run_cells,
     timed_repeats,
 )
-from adapters.worker.rescoring import rescore, write_rescored
+from adapters.worker.rescoring import rescore
 from adapters.worker.task_runner import run_tasks
 
 
@@ -261,7 +269,7 @@ def main(spec_path: str, out_dir: str) -> int:
                        env=env, **provenance))
 
     if spec.rescore is not None:   # no cells: the baseline's engine scores other cells' samples
-        write_rescored(out, rescore(adapter, spec.rescore))
+        np.savez(out / RESCORED_NPZ, **rescore(adapter, spec.rescore))   # End, after it, commits it
         adapter.close()
         events.emit(End())
         return 0

@@ -9,16 +9,12 @@ longer also grades it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from adapters.base import Adapter, Unsupported
 from adapters.contract.records import TOPK_PAD_ID, TOPK_PAD_LOGPROB
 from adapters.contract.specs import RescoreSpec
 from adapters.worker.cell_loop import chunks
-
-RESCORED_FILE = "rescored.npz"
 
 
 def rescore(adapter: Adapter, spec: RescoreSpec) -> dict[str, np.ndarray]:
@@ -55,10 +51,3 @@ def _score_all(adapter: Adapter, spec: RescoreSpec, width: int, k: int) -> dict[
     return {"logprobs": lps, "topk_ids": ids, "topk_logprobs": tops,
             "lengths": np.asarray([len(s.tokens) for s in spec.samples], np.int32)}
 
-
-def write_rescored(out: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Written under a temporary name and renamed: the parent reads the file whole or not at all."""
-    tmp = out / f".{RESCORED_FILE}"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    tmp.replace(out / RESCORED_FILE)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from adapters.contract.specs import RescoredSample, RescoreSpec
+from adapters.contract.specs import RESCORED_NPZ, RescoredSample, RescoreSpec
 from orchestrator.execution.prompts import Tokenizer
 from orchestrator.execution.spec import GroupJob, build_spec, tokenizer_source
 from orchestrator.execution.supervisor import run_child
@@ -79,7 +79,7 @@ def _score(job: GroupJob, cell: Cell, samples: pd.DataFrame, top_k: int, timeout
     try:
         if why is not None:
             return None, why
-        with np.load(work / "rescored.npz") as f:
+        with np.load(work / RESCORED_NPZ) as f:
             return {k: f[k] for k in f.files}, None
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -145,25 +145,28 @@ def _samples(root: Path) -> pd.DataFrame:
 _SAMPLE_KEY = ["cell_id", "prompt_index", "seed", "ids"]
 
 
-def _rescored(root: Path) -> pd.DataFrame:
-    """rescored.parquet's rows by scorer (`r_scorer`: its engine_key): `r_stat` under the scorer, its
-    candidates, `r_reason` why a sample was not scored; matched to samples on their ids."""
+def _rescored(root: Path) -> dict[str | None, pd.DataFrame]:
+    """rescored.parquet's rows by the cell whose samples they score (None: an empty frame of the columns), each
+    row with its scorer (`r_scorer`: its engine_key), `r_stat` under the scorer, its candidates, `r_reason` why
+    a sample was not scored; matched to samples on their ids."""
     r = read_rescored(root).to_pandas()
-    return pd.DataFrame({"cell_id": r.cell_id, "prompt_index": r.prompt_index, "seed": r.seed,
-                         "ids": [tuple(x) for x in r.token_ids], "r_scorer": r.scorer_engine_key, "r_reason": r.reason,
-                         "r_stat": [math.nan if x is None else sample_statistic(x) for x in r.logprobs],
-                         "r_topk_ids": r.topk_ids, "r_topk_logprobs": r.topk_logprobs})
+    r = pd.DataFrame({"cell_id": r.cell_id, "prompt_index": r.prompt_index, "seed": r.seed,
+                      "ids": [tuple(x) for x in r.token_ids], "r_scorer": r.scorer_engine_key, "r_reason": r.reason,
+                      "r_stat": [math.nan if x is None else sample_statistic(x) for x in r.logprobs],
+                      "r_topk_ids": r.topk_ids, "r_topk_logprobs": r.topk_logprobs})
+    return {None: r.iloc[:0], **dict(tuple(r.groupby("cell_id", sort=False)))}
 
 
-def _with_scores(b0: pd.DataFrame, first: pd.DataFrame, rescored: pd.DataFrame | None, base_cell: dict | None):
+def _with_scores(b0: pd.DataFrame, first: pd.DataFrame, rescored: dict[str | None, pd.DataFrame] | None,
+                 base_cell: dict | None):
     """Both sides' repeat-0 samples with the baseline's engine's scores of them where it scored them (any
     scorer's reason where none did); unchanged without rescored rows (across runs)."""
     if rescored is None:
         return b0, first
-    cells = rescored.cell_id.isin([*b0.cell_id.unique(), *first.cell_id.unique()])
-    mine = rescored[cells & (rescored.r_scorer == (base_cell or {}).get("engine_key"))]
+    rows = pd.concat([rescored[None], *(rescored[c] for c in {*b0.cell_id, *first.cell_id} if c in rescored)])
+    mine = rows[rows.r_scorer == (base_cell or {}).get("engine_key")]
     if mine.empty:   # no row of this baseline's engine: another scorer's reason, or none
-        mine = rescored[cells].drop(columns=["r_stat", "r_topk_ids", "r_topk_logprobs"])
+        mine = rows.drop(columns=["r_stat", "r_topk_ids", "r_topk_logprobs"])
     mine = mine.drop_duplicates(_SAMPLE_KEY, keep="last")
     return b0.merge(mine, on=_SAMPLE_KEY, how="left"), first.merge(mine, on=_SAMPLE_KEY, how="left")
 
@@ -347,7 +350,7 @@ def _seed_by_seed(row: dict, c: dict, b0: pd.DataFrame, first: pd.DataFrame, bas
 
 def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: pd.DataFrame,
                       base_cells: pd.DataFrame, tol: Tolerances, manifest: Manifest,
-                      base_manifest: Manifest, rescored: pd.DataFrame | None = None) -> pd.DataFrame:
+                      base_manifest: Manifest, rescored: dict[str | None, pd.DataFrame] | None = None) -> pd.DataFrame:
     """`cells`: cell_id, axes, status, versions, baseline_cell_id (a cell of the baseline run, whose
     settings `base_manifest` holds); `rescored`: the run's samples as its baselines' engines scored them (None
     across runs). One row per ok cell with samples."""

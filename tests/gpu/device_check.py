@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from adapters.contract.events import CellDone, Loaded, parse_event
 from adapters.contract.records import CellRecord
 from adapters.contract.specs import (
+    RESCORED_NPZ,
     CellSpec,
     GroupSpec,
     LoadSpec,
@@ -146,7 +147,7 @@ def rescored(model: str, device: str, vocab: int, work: Path) -> dict[str, np.nd
                          RescoredSample(prompt_index=i % 4, tokens=rng.integers(3, vocab, 16).tolist())
                          for i in range(8)]))
     run_worker(spec, work)
-    path = work / "rescored.npz"
+    path = work / RESCORED_NPZ
     return dict(np.load(path)) if path.exists() else None
 
 
