@@ -11,7 +11,7 @@ above it (tests/unit/test_layout.py checks every import by AST):
   judge/       verdicts from stored runs: logits, text, tasks, sampling, speed, across runs, gate
   report/      what a person reads: the terminal tables, report.html and report.md, the gate's files
   environments/  engine environments of the env axis: `bench env` creates one (may import values)
-  cli.py       the `bench` command (may import all of the above)
+  cli/         the `bench` command, one module per group of commands (may import all of the above)
 
 From adapters/ it imports the registry (`adapters`), `adapters.base` and `adapters.contract` only.
 """

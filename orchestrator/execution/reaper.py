@@ -22,7 +22,7 @@ Nothing depends on the old processes being gone: every `bench run` starts a fres
 At a normal end the CLI does not wait for Ray's graceful shutdown (a 0.5 s sleep, then SIGTERM and up
 to a second of polling per process type: 1.4 s, and 1-2 s of interpreter teardown after it): once the
 results are stored, `end()` SIGKILLs the cluster the driver started, waits until each of its
-processes is dead, and the process exits at once (cli.py).
+processes is dead, and the process exits at once (orchestrator/cli/app.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`bench explain RUN CELL` / `bench explain RUN --all-lossy`: the culprit search for cells that are not lossless
 against their baseline, its stored result (RUN/explain/<cell_id>/explain.json) and its terminal output.
-orchestrator/cli.py registers `explain_cmd`; everything else of the command is here."""
+orchestrator/cli/app.py registers `explain_cmd`; everything else of the command is here."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Failures that are no bug in bench are one `error:` line and an exit code, with what to do (every command,
-orchestrator/cli.py, through report/console.plain_failure): a full disk (3), a local Ray cluster that did not start (3, after one more try), damaged data (4:
+orchestrator/cli/app.py, through report/console.plain_failure): a full disk (3), a local Ray cluster that did not start (3, after one more try), damaged data (4:
 tests/unit/test_journal_damage.py). No traceback.
 
 The full disk is an OSError(ENOSPC) injected at the store's write boundary (a real full file system needs a

@@ -162,8 +162,8 @@ def test_bench_run_quiet_reaches_the_runner(monkeypatch, tmp_path):
         return Store()
 
     monkeypatch.setattr(runner, "run_matrix", fake)
-    monkeypatch.setattr("orchestrator.cli.summary_table", lambda *a, **k: "")
-    monkeypatch.setattr("orchestrator.cli.print_table", lambda *a, **k: None)
+    monkeypatch.setattr("orchestrator.cli.running.summary_table", lambda *a, **k: "")
+    monkeypatch.setattr("orchestrator.cli.running.print_table", lambda *a, **k: None)
     m = tmp_path / "m.yaml"
     m.write_text("name: m\n")
     for args, want in ((["--quiet"], True), (["-q"], True), ([], False)):

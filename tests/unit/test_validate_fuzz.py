@@ -121,7 +121,7 @@ def cases(path):
 
 
 def validate(text: str, source: str) -> None:
-    """What `bench validate` does with a file's text (orchestrator/cli.py validate)."""
+    """What `bench validate` does with a file's text (orchestrator/cli/running.py validate)."""
     m = parse_matrix_text(text, source)
     cells = expand(m)
     groups = group(cells)

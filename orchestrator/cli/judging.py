@@ -1,0 +1,156 @@
+"""`bench compare` and `bench gate`: the verdicts of a run, against its baseline or a stored run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.cli.app import FORMAT, WIDE, a_run, app, axes, check_format, fail
+from orchestrator.report.console import (
+    against_table,
+    changes_lines,
+    compare_table,
+    env_pair_lines,
+    noise_line,
+    out,
+    print_searches,
+    sampling_table,
+    task_table,
+)
+
+
+@app.command()
+def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, callback=a_run),
+            against: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=a_run,
+                                                   help="A stored run: compare every cell with the same config there"),
+            match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes (comma-separated) "
+                                                "instead of their ids, for matrices that differ"),
+            noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=a_run,
+                                                     help="--against: a repeat of OLD; its drift from OLD widens the "
+                                                     "speed intervals by the run-to-run noise"),
+            history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                   help="--against: a results root whose earlier runs repeat OLD's "
+                                                   "configurations: their drift is the run-to-run noise (default: "
+                                                   "the folder holding OLD)"),
+            baseline: Optional[str] = typer.Option(None, help="Axis values of the baseline, e.g. framework=hf,quantization=fp32 (default: the matrix's)"),
+            tolerances: Optional[str] = typer.Option(None, help="Override tolerances, e.g. atol=1e-4,kl_near=0.02"),
+            output: Optional[Path] = typer.Option(None, "-o", "--output", help="Also write every column to this Parquet file"),
+            wide: bool = WIDE, fmt: str = FORMAT) -> None:
+    """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
+    logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
+    import pandas as pd
+
+    from orchestrator.judge.analysis import analyse
+    from orchestrator.matrix.baselines import parse_selector, parse_tolerances
+    from orchestrator.judge.sampling_verdicts import analyse_sampling, compare_sampling_runs
+    from orchestrator.judge.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
+    from orchestrator.report import compact
+    from orchestrator.report.reconcile import reconcile, reconcile_lines
+    from orchestrator.store.run_store import RunStore
+
+    check_format(fmt)
+    try:
+        tol = parse_tolerances(tolerances) if tolerances else None
+        if against:
+            from orchestrator.judge.cross_run import compare_runs
+
+            if baseline:
+                fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
+            df = compare_runs(run_dir, against, axes(match), tol, noise_run, history or against.parent)
+            tv = compare_task_runs(run_dir, against, df, tol)
+            sv = compare_sampling_runs(run_dir, against, df, tol)
+            df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
+            df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
+            main = (against_table if wide else compact.against_compact)(df, str(run_dir), str(against))
+            lines = [noise_line(df), *changes_lines(df)]
+        else:
+            if match or noise_run or history:
+                fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
+            selector = parse_selector(baseline) if baseline else None
+            df = analyse(run_dir, baseline=selector, tolerances=tol)
+            tv = analyse_tasks(run_dir, baseline=selector, tolerances=tol)
+            sv = analyse_sampling(run_dir, baseline=selector, tolerances=tol)
+            df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
+            df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
+            from orchestrator.judge.cross_run import env_pairs
+
+            main = (compare_table if wide else compact.compare_compact)(df)
+            lines = env_pair_lines(env_pairs(run_dir, df))
+        tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
+                  *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
+        alpha = (tol or RunStore(run_dir).read_manifest().tolerances).task_alpha
+        notes = reconcile_lines(df, tv, sv, alpha)
+        disagree = reconcile(df, tv, sv, alpha)
+        compact.emit(fmt, {"cells": df, "tasks": tv, "sampling": sv, "layers_disagree": pd.DataFrame(
+            {"cell_id": list(disagree), "line": list(disagree.values())})}, tables, lines, notes)
+        if not against and fmt == "table":
+            print_searches(RunStore(run_dir).read_cells())
+    except ValueError as e:
+        fail(str(e))
+    if output:
+        df.to_parquet(output)
+
+
+
+@app.command()
+def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, callback=a_run),
+         policy: Path = typer.Option(..., exists=True, dir_okay=False,
+                                     help="YAML rules: match + must_be and/or speed bounds"),
+         against: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=a_run,
+                                                help="A stored run: gate quality and speed against it"),
+         match: Optional[str] = typer.Option(None, help="--against: pair cells on these axes instead of their ids"),
+         noise_run: Optional[Path] = typer.Option(None, exists=True, file_okay=False, callback=a_run,
+                                                  help="--against: a repeat of OLD, whose drift from OLD widens the "
+                                                  "speed intervals by the run-to-run noise"),
+         history: Optional[Path] = typer.Option(None, exists=True, file_okay=False,
+                                                help="--against: a results root whose earlier runs repeat OLD's "
+                                                "configurations (default: the folder holding OLD)"),
+         junit: Optional[Path] = typer.Option(None, help="Also write the checks as JUnit XML here"),
+         format: str = typer.Option("text", "--format", help="text, or md: a Markdown summary for a pull request")) -> None:
+    """Exit 1 when a check fails: a cell the policy marks must-be-lossless (or identical, near-lossless)
+    is not, or (with --against) a speed bound is crossed beyond the noise. Exit 2 for a usage error."""
+    from orchestrator.judge.gate import PolicyError, check_line, evaluate, load_policy
+
+    if format not in ("text", "md"):
+        fail(f"--format: expected text or md, got {format!r}")
+    try:
+        rules = load_policy(policy)
+        if against:
+            from orchestrator.judge.cross_run import compare_runs
+            from orchestrator.judge.sampling_verdicts import compare_sampling_runs
+            from orchestrator.judge.task_verdicts import compare_task_runs
+
+            df = compare_runs(run_dir, against, axes(match), noise_run=noise_run, history=history or against.parent)
+            tasks = compare_task_runs(run_dir, against, df) if any(r.task for r in rules.rules) else None
+            sampling = compare_sampling_runs(run_dir, against, df) if any(r.sampling for r in rules.rules) else None
+        else:
+            from orchestrator.judge.analysis import analyse
+            from orchestrator.judge.task_verdicts import analyse_tasks
+
+            if match or noise_run or history:
+                fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
+            from orchestrator.judge.sampling_verdicts import analyse_sampling
+
+            df = analyse(run_dir)
+            tasks = analyse_tasks(run_dir) if any(r.task for r in rules.rules) else None
+            sampling = analyse_sampling(run_dir) if any(r.sampling for r in rules.rules) else None
+        checks = evaluate(df, rules, against=against is not None, tasks=tasks, sampling=sampling)
+    except (PolicyError, ValueError) as e:
+        fail(str(e))
+    failed = [c for c in checks if not c.passed]
+    if junit:
+        from orchestrator.report.gate_junit import write_junit
+
+        write_junit(checks, junit)
+    if format == "md":
+        from orchestrator.report.gate_md import gate_markdown
+
+        title = f"lossless-bench gate: {run_dir.name}" + (f" against {against.name}" if against else "")
+        print(gate_markdown(checks, title), end="")
+    else:
+        for c in failed:
+            out.print(check_line(c), highlight=False, markup=False, soft_wrap=True)   # one line a check
+        out.print("gate: pass" if not failed else f"gate: FAIL ({len(failed)} check(s))")
+    raise typer.Exit(0 if not failed else 1)
