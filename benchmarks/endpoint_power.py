@@ -6,7 +6,7 @@ and from how many seeds? And how often does it call two identical servers differ
 
 Three llama-cpp-python servers on the built-in tiny model (fp32, fp32 again, q4_0; f32 KV cache, one
 thread each), the prompts of tests/e2e/test_serve.py, temperature 0.8 / top-p 0.95, 16 tokens a sample,
-all through orchestrator.judge.endpoint_diff.diff_sampled (the command's own code):
+all through orchestrator.endpoints.diff.diff_sampled (the command's own code):
 - false alarms: `--null-runs` comparisons of fp32 against fp32 again, each side on seeds of its own (A
   seeds 2k*n.., B (2k+1)*n.. for run k: identical servers with the same seeds draw identical samples),
   the count of each test's p below 0.01 and 0.05 and of `different` verdicts;
@@ -32,7 +32,7 @@ from adapters.engines.gguf_convert import gguf_for  # noqa: E402
 from adapters.engines.llamacpp import LlamacppAdapter  # noqa: E402
 from adapters.serving import server_process  # noqa: E402
 from orchestrator.inputs.tiny_model import default_cache_root, resolve_builtin  # noqa: E402
-from orchestrator.judge.endpoint_diff import _score_all, diff_sampled, echo_alignment, fetch_samples  # noqa: E402
+from orchestrator.endpoints.diff import _score_all, diff_sampled, echo_alignment, fetch_samples  # noqa: E402
 from orchestrator.judge.sampling_stats import permutation_test  # noqa: E402
 
 PROMPTS = ["The river ran", "Once upon a time", "In the morning the", "She said that",

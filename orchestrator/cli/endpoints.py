@@ -39,7 +39,7 @@ def diff_endpoints_cmd(url_a: str = typer.Argument(..., help="Base URL of endpoi
     """Send each prompt to two /v1/completions endpoints N times at temperature 0 and report differing outputs;
     with --temperature, N seeds per prompt at the given sampler: differing outputs per seed, and whether the
     two samples come from the same distribution."""
-    from orchestrator.judge.endpoint_diff import (
+    from orchestrator.endpoints.diff import (
         diff_endpoints,
         diff_sampled,
         format_diff_report,

@@ -30,7 +30,7 @@ from adapters.contract.timing import summarize
 from adapters.engines.llamacpp import LlamacppAdapter
 from adapters.serving import load_generator, server_process
 from orchestrator.execution.supervisor import PROJECT_ROOT
-from orchestrator.judge.endpoint_diff import diff_endpoints, format_diff_report
+from orchestrator.endpoints.diff import diff_endpoints, format_diff_report
 from tests.helpers import (API, KV_F32, ROOT, SERVE_IN, SERVE_OUT, SERVE_REPEATS, SERVE_REQUESTS, bench_cmd,
                            start_llamacpp)
 
@@ -183,7 +183,7 @@ def test_diff_endpoints_sampled_same_and_different(servers, tmp_path):
     the same distribution); fp32 against q4_0 differs seed by seed, and as a distribution: the likelihood
     ratio (both sides' samples scored under both servers) finds it at 16 seeds a prompt, where the mean
     logprob under A needs thousands (benchmarks/README.md)."""
-    from orchestrator.judge.endpoint_diff import diff_sampled, format_sampled_report
+    from orchestrator.endpoints.diff import diff_sampled, format_sampled_report
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS[:4]) + "\n")

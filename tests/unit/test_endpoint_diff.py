@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from orchestrator.judge.endpoint_diff import read_prompts
+from orchestrator.endpoints.diff import read_prompts
 
 
 def _fake_server(kind: str):
@@ -58,7 +58,7 @@ def test_likelihood_ratio_scores_either_echo_and_says_why_not(monkeypatch):
     test n/a with the reason, the other tests run."""
     import httpx
 
-    from orchestrator.judge import endpoint_diff as ed
+    from orchestrator.endpoints import diff as ed
 
     handlers = {kind: _fake_server(kind) for kind in ("aligned", "shifted", "none")}
     real = httpx.Client
