@@ -10,6 +10,7 @@ above it (tests/unit/test_layout.py checks every import by AST):
   execution/   `bench run`: the scheduler, the launcher of engine children, the prompts they get
   judge/       verdicts from stored runs: logits, text, tasks, sampling, speed, across runs, gate
   report/      what a person reads: the terminal tables, report.html and report.md, the gate's files
+  capacity/    `bench plan`: batch, replicas and cost from a stored run (may import judge)
   endpoints/   `bench diff-endpoints`: two live servers (may import judge)
   environments/  engine environments of the env axis: `bench env` creates one (may import values)
   cli/         the `bench` command, one module per group of commands (may import all of the above)

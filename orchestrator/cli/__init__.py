@@ -6,7 +6,7 @@ orchestrator/environments.
 
 May import: orchestrator.values, orchestrator.inputs, orchestrator.matrix, orchestrator.store,
 orchestrator.execution, orchestrator.judge, orchestrator.report, orchestrator.explain, orchestrator.environments,
-orchestrator.endpoints, adapters (the registry), adapters.base, adapters.contract.
+orchestrator.endpoints, orchestrator.capacity, adapters (the registry), adapters.base, adapters.contract.
 """
 
 # each module registers its commands on `app` when imported; this order is the order of `bench --help`

@@ -42,56 +42,34 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
     logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
     import pandas as pd
 
-    from orchestrator.judge.analysis import analyse
+    from orchestrator.judge.cross_run import env_pairs
+    from orchestrator.judge.verdicts import judge_run
     from orchestrator.matrix.baselines import parse_selector, parse_tolerances
-    from orchestrator.judge.sampling_verdicts import analyse_sampling, compare_sampling_runs
-    from orchestrator.judge.task_verdicts import analyse_tasks, compare_task_runs, summarize_tasks
     from orchestrator.report import compact
-    from orchestrator.report.reconcile import reconcile, reconcile_lines
     from orchestrator.store.run_store import RunStore
 
     check_format(fmt)
     try:
-        tol = parse_tolerances(tolerances) if tolerances else None
-        if against:
-            from orchestrator.judge.cross_run import compare_runs
-
-            if baseline:
-                fail("--baseline and --against exclude each other: with --against, OLD's cell is the baseline")
-            df = compare_runs(run_dir, against, axes(match), tol, noise_run, history or against.parent)
-            tv = compare_task_runs(run_dir, against, df, tol)
-            sv = compare_sampling_runs(run_dir, against, df, tol)
-            df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
-            df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
-            main = (against_table if wide else compact.against_compact)(df, str(run_dir), str(against))
-            lines = [noise_line(df), *changes_lines(df)]
-        else:
-            if match or noise_run or history:
-                fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
-            selector = parse_selector(baseline) if baseline else None
-            df = analyse(run_dir, baseline=selector, tolerances=tol)
-            tv = analyse_tasks(run_dir, baseline=selector, tolerances=tol)
-            sv = analyse_sampling(run_dir, baseline=selector, tolerances=tol)
-            df = df.merge(summarize_tasks(tv), on="cell_id", how="left")
-            df = df.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
-            from orchestrator.judge.cross_run import env_pairs
-
-            main = (compare_table if wide else compact.compare_compact)(df)
-            lines = env_pair_lines(env_pairs(run_dir, df))
-        tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
-                  *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
-        alpha = (tol or RunStore(run_dir).read_manifest().tolerances).task_alpha
-        notes = reconcile_lines(df, tv, sv, alpha)
-        disagree = reconcile(df, tv, sv, alpha)
-        compact.emit(fmt, {"cells": df, "tasks": tv, "sampling": sv, "layers_disagree": pd.DataFrame(
-            {"cell_id": list(disagree), "line": list(disagree.values())})}, tables, lines, notes)
-        if not against and fmt == "table":
-            print_searches(RunStore(run_dir).read_cells())
+        v = judge_run(run_dir, against=against, baseline=parse_selector(baseline) if baseline else None,
+                      tolerances=parse_tolerances(tolerances) if tolerances else None, match=axes(match),
+                      noise_run=noise_run, history=history)
     except ValueError as e:
         fail(str(e))
+    df, tv, sv = v.cells, v.tasks, v.sampling
+    if against:
+        main = (against_table if wide else compact.against_compact)(df, str(run_dir), str(against))
+        lines = [noise_line(df), *changes_lines(df)]
+    else:
+        main = (compare_table if wide else compact.compare_compact)(df)
+        lines = env_pair_lines(env_pairs(run_dir, df))
+    tables = [main, *([(task_table if wide else compact.task_compact)(tv)] if not tv.empty else []),
+              *([(sampling_table if wide else compact.sampling_compact)(sv)] if not sv.empty else [])]
+    compact.emit(fmt, {"cells": df, "tasks": tv, "sampling": sv, "layers_disagree": pd.DataFrame(
+        {"cell_id": list(v.disagree), "line": list(v.disagree.values())})}, tables, lines, v.disagree_lines())
+    if not against and fmt == "table":
+        print_searches(RunStore(run_dir).read_cells())
     if output:
         df.to_parquet(output)
-
 
 
 @app.command()
@@ -112,31 +90,15 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, callb
     """Exit 1 when a check fails: a cell the policy marks must-be-lossless (or identical, near-lossless)
     is not, or (with --against) a speed bound is crossed beyond the noise. Exit 2 for a usage error."""
     from orchestrator.judge.gate import PolicyError, check_line, evaluate, load_policy
+    from orchestrator.judge.verdicts import judge_run
 
     if format not in ("text", "md"):
         fail(f"--format: expected text or md, got {format!r}")
     try:
         rules = load_policy(policy)
-        if against:
-            from orchestrator.judge.cross_run import compare_runs
-            from orchestrator.judge.sampling_verdicts import compare_sampling_runs
-            from orchestrator.judge.task_verdicts import compare_task_runs
-
-            df = compare_runs(run_dir, against, axes(match), noise_run=noise_run, history=history or against.parent)
-            tasks = compare_task_runs(run_dir, against, df) if any(r.task for r in rules.rules) else None
-            sampling = compare_sampling_runs(run_dir, against, df) if any(r.sampling for r in rules.rules) else None
-        else:
-            from orchestrator.judge.analysis import analyse
-            from orchestrator.judge.task_verdicts import analyse_tasks
-
-            if match or noise_run or history:
-                fail("--match, --noise-run and --history are for two runs: give --against OLD_RUN")
-            from orchestrator.judge.sampling_verdicts import analyse_sampling
-
-            df = analyse(run_dir)
-            tasks = analyse_tasks(run_dir) if any(r.task for r in rules.rules) else None
-            sampling = analyse_sampling(run_dir) if any(r.sampling for r in rules.rules) else None
-        checks = evaluate(df, rules, against=against is not None, tasks=tasks, sampling=sampling)
+        v = judge_run(run_dir, against=against, match=axes(match), noise_run=noise_run, history=history,
+                      tasks=any(r.task for r in rules.rules), sampling=any(r.sampling for r in rules.rules))
+        checks = evaluate(v.cells, rules, against=against is not None, tasks=v.tasks, sampling=v.sampling)
     except (PolicyError, ValueError) as e:
         fail(str(e))
     failed = [c for c in checks if not c.passed]

@@ -86,7 +86,7 @@ def plan_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callb
              max_replicas: Optional[int] = typer.Option(None, help="At most this many replicas: a larger batch is "
                                                          "extrapolated where needed")) -> None:
     """Per engine config: the cheapest batch size meeting the SLOs, replicas and GPUs for QPS, cost per million tokens."""
-    from orchestrator.judge.plan import plan
+    from orchestrator.capacity.plan import plan
     from orchestrator.store.run_store import RunStore
 
     try:
@@ -113,13 +113,11 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, cal
         check_format(fmt)
         written = export_run(run, fmt, output, logprobs)
         if verdicts:
-            from orchestrator.judge.analysis import analyse
-            from orchestrator.judge.sampling_verdicts import analyse_sampling
-            from orchestrator.judge.task_verdicts import analyse_tasks
+            from orchestrator.judge.verdicts import judge_run
 
+            v = judge_run(run)
             out_dir = export_dir(run, output)
-            for name, df in (("verdicts", analyse(run)), ("task_verdicts", analyse_tasks(run)),
-                             ("sampling_verdicts", analyse_sampling(run))):
+            for name, df in (("verdicts", v.cells), ("task_verdicts", v.tasks), ("sampling_verdicts", v.sampling)):
                 if len(df):
                     path = out_dir / f"{name}.{fmt}"
                     written[path] = write_frame(df, path, fmt)

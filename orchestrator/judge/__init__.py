@@ -3,7 +3,8 @@ baseline and its noise floor (analysis.py, logits.py, speed.py; which cell is wh
 orchestrator/matrix/baselines.py), the task layer
 (task_verdicts.py, task_stats.py), the sampling layer (sampling_verdicts.py, sampling_stats.py), a
 run against a stored one (cross_run.py), the gate's policy (gate.py), SLO searches read back
-(searches.py), capacity planning (plan.py) and history over runs (history.py). `bench diff-endpoints`, which
+(searches.py), history over runs (history.py), and where the layers disagree (reconcile.py). `bench plan`
+reads verdict-free capacity from a run: orchestrator/capacity. `bench diff-endpoints`, which
 talks to live servers, is orchestrator/endpoints.
 
 May import: orchestrator.values, orchestrator.inputs, orchestrator.matrix, orchestrator.store,

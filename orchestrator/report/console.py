@@ -406,7 +406,7 @@ def history_table(df: pd.DataFrame, title: str) -> Table:
 
 def plan_table(df: pd.DataFrame, qps: float, input_len: int, output_len: int, host: dict | None = None,
                gpu_hour_cost: float | None = None) -> Table:
-    """`bench plan`: one row per engine config of orchestrator.judge.plan.plan's frame."""
+    """`bench plan`: one row per engine config of orchestrator.capacity.plan.plan's frame."""
     from orchestrator.values import finite  # lazy: pandas stays out of bench's startup
 
     def num(v, spec: str) -> str:

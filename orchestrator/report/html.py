@@ -294,7 +294,7 @@ def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_er
             lines.append(f"<li>{name}: <b>{esc(r['label'])}</b> — {esc(speed_text(r))}, {esc(r['verdict'])}</li>")
     if lines:
         parts.append("<ul>" + "".join(lines) + "</ul>")
-    from orchestrator.report.reconcile import disagreements
+    from orchestrator.judge.reconcile import disagreements
 
     disagree = disagreements(df, tasks, sampling, tolerances.task_alpha)
     if disagree:

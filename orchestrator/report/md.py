@@ -81,7 +81,7 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
             sci(r["noise_kl_mean"]), num(r["greedy_match"], ".2f"), speed_text(r), num(r["output_tok_s"], ".1f"),
             ttft_text(r), num(r["tpot_ms_p50"], ".2f"), first_line(why_text(r), 120)]
         out.append("| " + " | ".join(_md(x) for x in row) + " |")
-    from orchestrator.report.reconcile import disagreements
+    from orchestrator.judge.reconcile import disagreements
 
     disagree = disagreements(df, tasks, sampling, manifest.tolerances.task_alpha)
     if disagree:

@@ -103,7 +103,7 @@ def test_vllm_search_finds_a_max_rate_met_at_it_and_missed_just_above(searched):
 
 def test_search_is_shown_and_planned_from(searched):
     from orchestrator.judge import searches
-    from orchestrator.judge.plan import plan
+    from orchestrator.capacity.plan import plan
 
     store, cells = searched
     (s,) = searches.summaries(cells).itertuples()

@@ -224,7 +224,7 @@ def test_readers_of_a_compacted_run_with_new_cells(tmp_path):
     assert {c["cell_id"]: c["status"] for c in cells}["c3"] == "ok"
     lps = [json.loads(x) for x in (tmp_path / "x" / "logprobs.jsonl").read_text().splitlines()]
     assert pd.Series([x["cell_id"] for x in lps]).value_counts().to_dict() == exact(store)[1]
-    from orchestrator.judge.plan import plan
+    from orchestrator.capacity.plan import plan
 
     assert set(plan(store.root, 1.0, 8, 4).framework) == {"hf", "vllm"}
 

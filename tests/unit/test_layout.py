@@ -27,11 +27,12 @@ RULES: dict[str, set[str]] = {
     f"{O}.judge": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", A, f"{A}.base", f"{A}.contract"},
     f"{O}.environments": {f"{O}.values"},
     f"{O}.endpoints": {f"{O}.judge", f"{A}.contract"},
+    f"{O}.capacity": {f"{O}.values", f"{O}.matrix", f"{O}.store", f"{O}.judge"},
     f"{O}.report": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", f"{O}.judge"},
     f"{O}.explain": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", f"{O}.execution", f"{O}.judge", A,
                      f"{A}.base", f"{A}.contract"},
     f"{O}.cli": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", f"{O}.execution", f"{O}.judge",
-                 f"{O}.report", f"{O}.explain", f"{O}.environments", f"{O}.endpoints", A, f"{A}.base", f"{A}.contract"},
+                 f"{O}.report", f"{O}.explain", f"{O}.environments", f"{O}.endpoints", f"{O}.capacity", A, f"{A}.base", f"{A}.contract"},
     f"{O}": set(),
     A: {f"{A}.base"},                                  # the registry
     f"{A}.contract": set(),

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.judge.plan import plan
+from orchestrator.capacity.plan import plan
 from orchestrator.store.run_store import RunStore
 
 Q, I, O = 10.0, 128, 64

@@ -1,4 +1,4 @@
-"""Where a cell's layers disagree, one line says how both can be true (orchestrator/report/reconcile.py),
+"""Where a cell's layers disagree, one line says how both can be true (orchestrator/judge/reconcile.py),
 in `bench compare` and in the report."""
 
 import shutil
@@ -11,7 +11,7 @@ from orchestrator.judge.analysis import analyse
 from orchestrator.judge.sampling_verdicts import analyse_sampling
 from orchestrator.judge.task_verdicts import analyse_tasks
 from orchestrator.report import console
-from orchestrator.report.reconcile import reconcile
+from orchestrator.judge.reconcile import reconcile
 from orchestrator.report.write import write_report
 from tests.helpers import ROOT
 
@@ -75,3 +75,18 @@ def test_compare_and_the_report_print_the_line(tmp_path, monkeypatch):
     html, md = write_report(tmp_path / "new", tmp_path / "out" / "report.html")
     assert "Where the layers disagree" in html.read_text() and "no task item flipped at n=111" in html.read_text()
     assert "- llamacpp/tiny/q8_0/default batch 1: logits moved (KL 0.015, lossy)" in md.read_text()
+
+
+def test_cells_that_differ_by_batch_alone_are_named_apart():
+    """`layers disagree` once printed `llamacpp/tiny/fp32/default` twice: batch 1 and 4 shared the label."""
+    from orchestrator.judge.reconcile import disagree_lines
+
+    cells = pd.DataFrame([_cell("lossy", cell_id=c, batch_size=b, mode="offline", input_len=16, output_len=8)
+                          for c, b in (("c1", 1), ("c4", 4))]
+                         + [_cell("lossy", cell_id="q", quantization="q4_0", batch_size=1, mode="offline")])
+    lines = disagree_lines(cells, {"c1": "one", "c4": "four", "q": "other"})
+    assert lines[0] == "layers disagree:"
+    names = [line.split(": ")[0].strip() for line in lines[1:]]
+    assert len(set(names)) == 3, names
+    assert names[0].startswith("vllm/m/fp8/default ") and names[0] != "vllm/m/fp8/default"
+    assert names[2] == "vllm/m/q4_0/default"   # no twin: no batch said

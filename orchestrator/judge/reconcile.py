@@ -117,13 +117,24 @@ def cell_name(r: dict) -> str:
     return f"{r['framework']}/{r['model']}/{r['quantization']}/{r['flags']}" + (f" [{wl}]" if isinstance(wl, str) else "")
 
 
-def reconcile_lines(df: pd.DataFrame, tv: pd.DataFrame | None = None, sv: pd.DataFrame | None = None,
-                    alpha: float = 0.05) -> list[str]:
-    """The lines `bench compare` prints: 'layers disagree:' and one line per such cell."""
-    found = reconcile(df, tv, sv, alpha)
+def disagree_lines(df: pd.DataFrame, found: dict[str, str]) -> list[str]:
+    """The lines `bench compare` prints: 'layers disagree:' and one line per such cell (`found`: reconcile's). Cells
+    that share a configuration and differ by batch (or load, env, lengths) are named with what tells them apart."""
     if not found:
         return []
-    names = {r["cell_id"]: cell_name(r) for r in df.to_dict("records")}
+    from orchestrator.matrix.cells import load_label
+
+    rows = {r["cell_id"]: r for r in df.to_dict("records")}
+
+    def load(r: dict) -> str:
+        env = r.get("env")
+        return (load_label(r.get("mode") or "offline", r["batch_size"], r.get("request_rate"), r.get("load"))
+                + (f" env {env}" if isinstance(env, str) else ""))
+
+    names = {cid: cell_name(rows[cid]) for cid in found}
+    for extra in (load, lambda r: f"in{r.get('input_len')}/out{r.get('output_len')}"):
+        twins = {n for n in names.values() if list(names.values()).count(n) > 1}
+        names = {cid: f"{n} {extra(rows[cid])}" if n in twins else n for cid, n in names.items()}
     return ["layers disagree:"] + [f"  {names[cid]}: {line}" for cid, line in found.items()]
 
 
