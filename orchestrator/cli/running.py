@@ -55,7 +55,23 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
         store = run_matrix(matrix, run_dir, address, rerun_failed, console=err, history=history, quiet=quiet)
     except MatrixError as e:
         fail(str(e))
-    print_table(summary_table(store.read_cells(), title=f"{store.root}"))
+    _first_screen(store)
+
+
+def _first_screen(store) -> None:
+    """The answer, where the run ends: every cell against its baseline and the verdict summary
+    (orchestrator/report/run_summary.py); the speed table alone where the run cannot be judged."""
+    from orchestrator.judge.verdicts import judge_run
+    from orchestrator.report.run_summary import print_run_summary
+
+    try:
+        verdicts = judge_run(store.root)
+    except Exception as e:   # noqa: BLE001 - the run is stored; `bench compare` says the rest
+        print_table(summary_table(store.read_cells(), title=f"{store.root}"))
+        err.print(f"verdicts: not judged here ({escape(type(e).__name__)}: {escape(str(e).splitlines()[0] if str(e) else '')}); "
+                  f"bench compare {store.root}", highlight=False)
+        return
+    print_run_summary(verdicts, store.root)
 
 
 @contextmanager
