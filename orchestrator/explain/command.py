@@ -131,7 +131,7 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
     """Why is a cell not lossless? Re-runs its configuration with each suspect (the engine's numerics flags,
     batch size 1, the quantization) moved to the baseline's side, one at a time, then by delta debugging, and
     names the smallest set of changes that restores lossless, or says none does (the engine itself differs)."""
-    from orchestrator.judge.analysis import analyse
+    from orchestrator.judge.verdicts import judge_run
     from orchestrator.store.run_store import is_run_dir
 
     wide = None if Console().is_terminal else 160   # a pipe or a file: rows on one line, not folded at 80
@@ -145,7 +145,7 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
             from orchestrator.store.run_store import RunStore
 
             tol = parse_tolerances(tolerances, RunStore(run).read_manifest().tolerances)
-        df = analyse(run, tolerances=tol)
+        df = judge_run(run, tolerances=tol, tasks=False, sampling=False).cells
         rows = pick_cells(df, cell, all_lossy)
     except ValueError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")

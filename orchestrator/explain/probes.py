@@ -121,7 +121,7 @@ class ProbeRunner:
 
     def _round(self, new: list[tuple[frozenset[str], str]]) -> None:
         from orchestrator.execution.runner import run_matrix
-        from orchestrator.judge.analysis import analyse
+        from orchestrator.judge.verdicts import judge_run
 
         self.rounds += 1
         all_sets = [*self.cache, *(s for s, _ in new)]
@@ -142,7 +142,8 @@ class ProbeRunner:
         started = time.monotonic()
         run_matrix(path, self.run_dir, self.address, console=self.console, quiet=True)
         wall = time.monotonic() - started
-        judged = analyse(self.run_dir).drop_duplicates("cell_id").set_index("cell_id")
+        # the logit and text layers decide a probe (its tasks and samples are not run)
+        judged = judge_run(self.run_dir, tasks=False, sampling=False).cells.drop_duplicates("cell_id").set_index("cell_id")
         ids = {(c.framework, c.flags, c.quantization, c.batch_size, c.env): c.cell_id for c in expand(m)}
         for moved, phase in new:
             name, quant, batch, _, env = self._config(moved)

@@ -66,42 +66,31 @@ def no_task_layer(error: str | None = None) -> TaskLayer:
     return TaskLayer(pd.DataFrame(columns=["cell_id", "task", "task_verdict", "task_reason", "label"]), error)
 
 
-def _task_layer(compute: Any, cells: pd.DataFrame) -> TaskLayer:
-    """compute() -> the long task table, labelled from `cells`; a failure leaves the rest of the report standing."""
-    try:
-        tv = compute()
-    except Exception as e:
-        return no_task_layer(f"{type(e).__name__}: {first_line(str(e), 400)}")
-    tv = tv.reset_index(drop=True)
+def _task_layer(table: pd.DataFrame | None, error: str | None, cells: pd.DataFrame) -> TaskLayer:
+    """The judged task table (judge_run's), labelled from `cells`; or why it could not be judged."""
+    if table is None:
+        return no_task_layer(first_line(error, 400) if error else None)
+    tv = table.reset_index(drop=True)
     at = cells.drop_duplicates("cell_id").set_index("cell_id")
     for col in ("config", "load_label", "label"):
         tv[col] = tv.cell_id.map(at[col]) if col in at and len(tv) else None
     return TaskLayer(tv)
 
 
-def _merge_task_summary(df: pd.DataFrame, tasks: TaskLayer, rows: pd.Series | None = None) -> pd.DataFrame:
-    """df plus task_verdict and task_reason per cell (summarize_tasks); `rows`: where they apply (else all)."""
-    from orchestrator.judge.task_verdicts import summarize_tasks
-
-    df = df.drop(columns=[c for c in ("task_verdict", "task_reason") if c in df.columns])
-    summary = summarize_tasks(tasks.table).set_index("cell_id") if len(tasks.table) else None
-    for col in ("task_verdict", "task_reason"):
-        values = df.cell_id.map(summary[col]) if summary is not None and len(df) else pd.Series(None, index=df.index)
-        df[col] = values.where(rows, None) if rows is not None else values
-    return df
-
-
-def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, Manifest, str | None, TaskLayer]:
-    """(one row per cell: stored columns + analysis columns + the task summary, manifest, why the
-    analysis failed or None, the task layer). tasks=False skips the task analysis (empty layer)."""
+def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, Manifest, str | None, TaskLayer,
+                                                          tuple[pd.DataFrame | None, str | None]]:
+    """(one row per cell: stored columns + the verdicts of judge_run + the task summary, manifest, why the analysis
+    failed or None, the task layer, (the sampling table or None, why not)). tasks=False skips the task analysis."""
     store = RunStore(run_dir)
     manifest = store.read_manifest()
     raw = store.read_cells()
     analysis_error = None
+    verdicts = None
     try:
-        from orchestrator.judge.analysis import analyse
+        from orchestrator.judge.verdicts import judge_run
 
-        df = analyse(store.root)
+        verdicts = judge_run(store.root, tasks=tasks, sampling=bool(manifest.sampling), keep_going=True)
+        df = verdicts.cells
         extra = [c for c in raw.columns if c not in df.columns or c == "cell_id"]
         df = df.merge(raw[extra], on="cell_id", how="left")
     except Exception as e:  # the report must still show the speed numbers
@@ -111,8 +100,9 @@ def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, Manifes
     for col in _METRICS:
         if col not in df.columns:
             df[col] = "n/a" if col == "verdict" else np.nan
-    if "reason" not in df.columns:
-        df["reason"] = None
+    for col in ("reason", "task_verdict", "task_reason"):
+        if col not in df.columns:
+            df[col] = None
     df = df.sort_values(["framework", "model", "quantization", "flags", *(["workload"] if "workload" in df else []),
                          "batch_size", "input_len", "output_len"], ignore_index=True, na_position="first")
     # column-wise, not a row-wise join (that alone took 18 s at 100k cells)
@@ -124,12 +114,10 @@ def load(run_dir: str | Path, tasks: bool = True) -> tuple[pd.DataFrame, Manifes
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
     df["label"] = [f"{c} {lo}" + (f" in{i}/out{o}" if multi_len else "")
                    for c, lo, i, o in zip(df.config, df.load_label, df.input_len, df.output_len)]
-    layer = no_task_layer()
-    if tasks:
-        from orchestrator.judge.task_verdicts import analyse_tasks
-
-        layer = _task_layer(lambda: analyse_tasks(store.root), df)
-    return _merge_task_summary(df, layer), manifest, analysis_error, layer
+    if verdicts is None:
+        return df, manifest, analysis_error, no_task_layer(analysis_error if tasks else None), (None, analysis_error)
+    layer = _task_layer(verdicts.tasks, verdicts.errors.get("tasks"), df) if tasks else no_task_layer()
+    return df, manifest, analysis_error, layer, (verdicts.sampling, verdicts.errors.get("sampling"))
 
 
 @dataclass
@@ -174,13 +162,15 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
     the quality plot in both runs (a speedup and a KL against its own run's baseline, from
     analyse(OLD) and analyse(NEW)) the move from its OLD point to its NEW one. A --match that does
     not pair cells one to one raises cross_run.MatchError; any other failure is said in the report."""
-    from orchestrator.judge.cross_run import MatchError, compare_runs
+    from orchestrator.judge.cross_run import MatchError
+    from orchestrator.judge.verdicts import judge_run
 
-    old_df, old_manifest, old_error, _ = load(old_root, tasks=False)   # OLD's own task verdicts are not shown
+    old_df, old_manifest, old_error, *_ = load(old_root, tasks=False)   # OLD's own task verdicts are not shown
     name = str(old_manifest.run_id or Path(old_root).name)
-    error = None
-    try:
-        pairs = compare_runs(new_root, old_root, match, history=Path(old_root).parent)
+    error, verdicts = None, None
+    try:   # what `bench compare NEW --against OLD` judges, every layer
+        verdicts = judge_run(new_root, against=old_root, match=match, keep_going=True)
+        pairs = verdicts.cells
     except MatchError:
         raise
     except Exception as e:  # the rest of the report still stands
@@ -221,14 +211,11 @@ def load_against(new_df: pd.DataFrame, new_root: str | Path, old_root: str | Pat
         lone = pairs[pairs.only_in.notna()]
         not_drawn += [(label, "only in this run" if side == "new" else f"only in {name}")
                       for label, side in zip(lone.label, lone.only_in)]
-    from orchestrator.judge.task_verdicts import compare_task_runs
-
-    # only the pairs: a row of a cell in OLD only carries OLD's cell id, which is no NEW cell
-    paired = pairs.loc[pairs.only_in.isna(), ["cell_id", "baseline_cell_id"]] if len(pairs) else pairs
-    tasks = _task_layer(lambda: compare_task_runs(new_root, old_root, paired), new_df) if error is None else \
+    tasks = _task_layer(verdicts.tasks, verdicts.errors.get("tasks"), new_df) if verdicts is not None else \
         no_task_layer(f"no pairs ({error})")
-    if len(pairs):
-        pairs = _merge_task_summary(pairs, tasks, rows=pairs.only_in != "old")
+    for col in ("task_verdict", "task_reason", "sampling_verdict"):
+        if len(pairs):   # a row of a cell in OLD only carries OLD's cell id, which is no NEW cell
+            pairs[col] = pairs[col].where(pairs.only_in != "old", None) if col in pairs else None
     return Against(name, pairs, moves, not_drawn, error, old_error, tasks)
 
 

@@ -35,6 +35,7 @@ from orchestrator.report.data import (
     why_text,
 )
 from orchestrator.report.figures import STATUS_COLOR, TASK_VERDICT_COLOR, VERDICT_COLOR
+from orchestrator.report.sampling_panel import SAMPLING_VERDICT_COLOR, SAMPLING_VERDICT_ORDER
 from orchestrator.store.schema import json_value
 from orchestrator.values import as_text, finite
 
@@ -250,6 +251,10 @@ def against_section(ag: Any, fig: Any) -> str:
         trank = {v: i for i, v in enumerate(report_data.TASK_VERDICT_ORDER)}
         cols.append(("vs-tasks", "tasks", lambda r: trank.get(r.get("task_verdict")),
                      lambda r: as_text(r.get("task_verdict")), "verdict"))
+    if "sampling_verdict" in ag.pairs and ag.pairs.sampling_verdict.notna().any():   # the samples against OLD's
+        srank = {v: i for i, v in enumerate(SAMPLING_VERDICT_ORDER)}
+        cols.append(("vs-sampling", "sampling", lambda r: srank.get(r.get("sampling_verdict")),
+                     lambda r: as_text(r.get("sampling_verdict")), "verdict"))
     cols += ratio("tok_s", "out tok/s") + ratio("ttft_p99", "TTFT p99") + ratio("tpot_p50", "TPOT p50")
     cols += [("vs-mem", "peak mem ratio", lambda r: r.get("mem_ratio"),
               lambda r: f"{r['mem_ratio']:.3f}x" if finite(r.get("mem_ratio")) else "", "n"),
@@ -268,6 +273,8 @@ def against_section(ag: Any, fig: Any) -> str:
             style = ""
             if key == "vs-verdict":
                 style = f' style="color:{VERDICT_COLOR.get(r["verdict"], "#333")}"'
+            elif key == "vs-sampling":
+                style = f' style="color:{SAMPLING_VERDICT_COLOR.get(r.get("sampling_verdict"), "#333")}"'
             elif key == "vs-tasks":
                 style = (f' style="color:{TASK_VERDICT_COLOR.get(r.get("task_verdict"), "#333")}"'
                          f' title="{esc(first_line(r.get("task_reason"), 600))}"')

@@ -235,15 +235,17 @@ def _against(ag: Any) -> list[str]:
         return " ".join(x for x in (ratio_text(r, name), call_text(r, name)) if x)
 
     with_tasks = "task_verdict" in ag.pairs and ag.pairs.task_verdict.notna().any()
+    with_sampling = "sampling_verdict" in ag.pairs and ag.pairs.sampling_verdict.notna().any()
     head = ["engine config", "load"] + (["in", "out"] if multi_len else []) + [
-        "verdict"] + (["tasks"] if with_tasks else []) + [
+        "verdict"] + (["tasks"] if with_tasks else []) + (["sampling"] if with_sampling else []) + [
         "KL mean", "speedup (old → new)", "out tok/s ratio [95% CI]", "TTFT p99 ratio [95% CI]",
         "TPOT p50 ratio [95% CI]", "peak mem ratio", "reason", "what changed"]
     out += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in shown.to_dict("records"):
         row = [r["config"], r["load_label"]] + ([r["input_len"], r["output_len"]] if multi_len else []) + [
             f"**{r['verdict']}**" if r["verdict"] == "lossy" else r["verdict"]] + (
-            [_task_word(r.get("task_verdict"))] if with_tasks else []) + [sci(r.get("kl_mean")), moved_text(r),
+            [_task_word(r.get("task_verdict"))] if with_tasks else []) + (
+            [as_text(r.get("sampling_verdict"))] if with_sampling else []) + [sci(r.get("kl_mean")), moved_text(r),
             ratio(r, "tok_s"), ratio(r, "ttft_p99"), ratio(r, "tpot_p50"),
             f"{num(r.get('mem_ratio'), '.3f')}x" if num(r.get("mem_ratio")) else "", first_line(r.get("verdict_reason"), 120),
             as_text(r.get("changed"))]

@@ -5,7 +5,6 @@ with samples, its columns defined once here (key, header, sort value, text, css 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
@@ -28,18 +27,16 @@ class SamplingLayer:
     shift: float = 0.05
 
 
-def load_sampling(root: str | Path, manifest: Manifest) -> SamplingLayer | None:
-    """The layer, or why not (a failure leaves the rest of the report standing); None for a run whose
-    matrix drew no samples (the report then has no sampling section)."""
-    from orchestrator.judge.sampling_verdicts import analyse_sampling
-
+def sampling_layer(judged: tuple[pd.DataFrame | None, str | None], manifest: Manifest) -> SamplingLayer | None:
+    """The layer as judge_run judged it (orchestrator/report/data.py: load), or why not (a failure leaves the rest of
+    the report standing); None for a run whose matrix drew no samples (the report then has no sampling section)."""
     if not manifest.sampling:
         return None
+    table, error = judged
     alpha, shift = manifest.tolerances.sampling_alpha, manifest.tolerances.sampling_shift
-    try:
-        return SamplingLayer(analyse_sampling(root), None, alpha, shift)
-    except Exception as e:  # noqa: BLE001 - reported on the page, not raised
-        return SamplingLayer(pd.DataFrame(), f"{type(e).__name__}: {first_line(str(e), 400)}", alpha, shift)
+    if table is None:
+        return SamplingLayer(pd.DataFrame(), first_line(error or "not judged", 400), alpha, shift)
+    return SamplingLayer(table, None, alpha, shift)
 
 
 def no_sampling_text(manifest: Manifest) -> str:

@@ -1,9 +1,9 @@
 """`bench report RUN [--against OLD_RUN]`: report.html (orchestrator/report/html.py) and report.md beside it
 (orchestrator/report/md.py), both from one load of the run (orchestrator/report/data.py).
 
-Numbers come from `orchestrator.judge.analysis.analyse` (verdicts, KL, noise floors, speedups, perplexity),
-`orchestrator.judge.task_verdicts` (the task layer: each task's score and its paired change against the
-baseline), `orchestrator.judge.sampling_verdicts` (the sampling layer, orchestrator/report/sampling_panel.py) and the
+Verdicts come from `orchestrator.judge.verdicts.judge_run`, as `bench compare` gets them: the logit, text and
+speed layers (verdicts, KL, noise floors, speedups, perplexity), the task layer (each task's score and its paired
+change against the baseline) and the sampling layer (orchestrator/report/sampling_panel.py); the rest from the
 stored cells table (versions, engine telemetry and energy: orchestrator/report/telemetry_panel.py; SLO
 searches: orchestrator/report/searches_panel.py). When the analysis cannot run, the report still renders the speed
 numbers and says why the quality columns are empty. With --against, OLD is analysed too and paired
@@ -17,7 +17,7 @@ from pathlib import Path
 from orchestrator.report.data import load
 from orchestrator.report.html import render_html
 from orchestrator.report.md import render_markdown
-from orchestrator.report.sampling_panel import load_sampling
+from orchestrator.report.sampling_panel import sampling_layer
 from orchestrator.report.searches_panel import load_culprits, load_searches
 from orchestrator.store.run_store import is_run_dir
 
@@ -42,8 +42,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
         _check_run(Path(against))
     html_path = Path(output) if output else root / "report.html"
     md_path = html_path.with_suffix(".md")
-    df, manifest, err, tasks = load(root)
-    sampling = load_sampling(root, manifest)
+    df, manifest, err, tasks, judged_samples = load(root)
+    sampling = sampling_layer(judged_samples, manifest)
     searches = load_searches(root, df)
     culprits = load_culprits(root)        # `bench explain`'s stored searches: "Why is this cell lossy"
     name = str(manifest.run_id or root.name)
