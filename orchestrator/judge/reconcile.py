@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from orchestrator.values import finite
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -16,11 +18,7 @@ _KEPT = ("identical", "lossless")
 
 
 def _num(v) -> float | None:
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return None
-    return v if v == v and abs(v) != float("inf") else None
+    return float(v) if finite(v) else None
 
 
 def _e(v: float) -> str:

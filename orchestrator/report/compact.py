@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.matrix.cells import load_label
+from orchestrator.values import finite
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,12 +30,8 @@ _LAYER = {"no change": "green", "not distinguishable": "yellow", "improved": "cy
 _PARTS = ("framework", "model", "quantization", "flags", "env", "workload", "load")
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-
 def _g(v, spec: str = ".2g") -> str:
-    return format(v, spec) if _finite(v) else ""
+    return format(v, spec) if finite(v) else ""
 
 
 def _load(r: dict) -> str:
@@ -111,18 +108,19 @@ def decided_by(r: dict) -> str:
 
 def _bound(v) -> str:
     """An interval's bound: 0.78, 18.5, 680, 20800 (never 2.08e+04)."""
-    if not _finite(v):
+    if not finite(v):
         return ""
     return format(v, ".2f") if abs(v) < 10 else format(v, ".3g") if abs(v) < 1000 else format(v, ".0f")
 
 
-def speed_text(r: dict) -> str:
-    """The cell/baseline speed ratio, its 95% interval and the call: `13.76x [10.2, 18.4] faster`."""
-    if not _finite(r.get("speedup")):
+def speed_text(r: dict, call: bool = True) -> str:
+    """The cell/baseline speed ratio, its 95% interval and (call=True) the call: `13.76x [10.2, 18.4] faster`. The
+    one way every table, terminal or report, writes a speed-up."""
+    if not finite(r.get("speedup")):
         return ""
-    ci = f" [{_bound(r.get('speedup_lo'))}, {_bound(r.get('speedup_hi'))}]" if _finite(r.get("speedup_lo")) else ""
-    call = _CALL.get(r.get("speed_call"), r.get("speed_call")) if isinstance(r.get("speed_call"), str) else ""
-    return f"{r['speedup']:.2f}x{ci} {call}".rstrip()
+    ci = f" [{_bound(r.get('speedup_lo'))}, {_bound(r.get('speedup_hi'))}]" if finite(r.get("speedup_lo")) else ""
+    word = _CALL.get(r.get("speed_call"), r.get("speed_call")) if call and isinstance(r.get("speed_call"), str) else ""
+    return f"{r['speedup']:.2f}x{ci} {word}".rstrip()
 
 
 def _styled(word, styles: dict) -> str:
@@ -154,7 +152,7 @@ def summary_compact(df: pd.DataFrame, title: str) -> Table:
     """`bench show` and `bench run`: one line per cell: status, TTFT, TPOT, throughput, peak memory and,
     for a cell that did not run, the first words of why."""
     def num(v, spec: str) -> str:
-        return format(v, spec) if _finite(v) else "-"
+        return format(v, spec) if finite(v) else "-"
 
     serve = "mode" in df and (df["mode"] == "serve").any()
     df = df.sort_values(["framework", "model", "quantization", "flags", "mode", "batch_size", "request_rate"],
@@ -182,8 +180,8 @@ def task_compact(tv: pd.DataFrame) -> Table:
     for name, r in zip(names, tv.to_dict("records")):
         judged = r["task_verdict"] != "n/a"
         change = f"{_g(r.get('change'), '+.3f')} [{_g(r.get('change_lo'), '+.3f')}, {_g(r.get('change_hi'), '+.3f')}]" \
-            if judged and _finite(r.get("change")) else ""
-        t.add_row(name, str(r["task"]), f"{int(r['n'])}" if _finite(r.get("n")) else "", _g(r.get("score"), ".3f"),
+            if judged and finite(r.get("change")) else ""
+        t.add_row(name, str(r["task"]), f"{int(r['n'])}" if finite(r.get("n")) else "", _g(r.get("score"), ".3f"),
                   change, _g(r.get("p_value"), ".3g") if judged else "",
                   _styled(r["task_verdict"], _LAYER) + ("" if judged else f" {escape(str(r.get('task_reason') or ''))}"))
     return t
@@ -200,7 +198,7 @@ def sampling_compact(sv: pd.DataFrame) -> Table:
         v = r.get("sampling_verdict") or "n/a"
         why = (str(r.get("sampler_note") or "") if v == "sampler differs" else
                f"could see {r['dist_detectable']:.3g} nats/tok" if v == "not distinguishable" and
-               _finite(r.get("dist_detectable")) else "" if v != "n/a" else str(r.get("sampling_reason") or ""))
+               finite(r.get("dist_detectable")) else "" if v != "n/a" else str(r.get("sampling_reason") or ""))
         t.add_row(name, str(r.get("samples_n", "")), _g(r.get("dist_shift"), "+.4f"), _g(r.get("dist_p"), ".3g"),
                   _styled(v, _LAYER), escape(why))
     return _fit(t)
@@ -245,9 +243,9 @@ def against_compact(df: pd.DataFrame, new: str, old: str) -> Table:
     NEW/OLD with its interval and call, the TTFT p99 and TPOT p50 ratios with their calls."""
     def ratio(r: dict, name: str, ci: bool) -> str:
         v, lo, hi, call = (r.get(f"{name}_{x}") for x in ("ratio", "lo", "hi", "call"))
-        if not _finite(v):
+        if not finite(v):
             return ""
-        interval = f" [{_bound(lo)}, {_bound(hi)}]" if ci and _finite(lo) and _finite(hi) else ""
+        interval = f" [{_bound(lo)}, {_bound(hi)}]" if ci and finite(lo) and finite(hi) else ""
         return f"x{v:.2f}{interval} {_CALL.get(call, call) if isinstance(call, str) else ''}".rstrip()
 
     names, shared = _labels(df)

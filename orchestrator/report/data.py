@@ -265,13 +265,6 @@ def sci(v: Any) -> str:
     return "0" if v == 0 else (f"{v:.3g}" if 1e-2 <= abs(v) < 1e4 else f"{v:.2e}")
 
 
-def speed_text(r: dict) -> str:
-    if not finite(r["speedup"]):
-        return ""
-    ci = f" [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}]" if finite(r["speedup_lo"]) else ""
-    return f"{r['speedup']:.2f}x{ci}"
-
-
 def ttft_disagrees(r: dict) -> bool:
     """Our TTFT and the engine's own differ by more than the contract's margin (1 ms or 10%)."""
     v = r.get("engine_ttft_agrees")

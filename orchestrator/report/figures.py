@@ -15,6 +15,7 @@ import pandas as pd
 
 from orchestrator.matrix.models import Tolerances
 from orchestrator.report import data as report_data
+from orchestrator.report.compact import speed_text
 from orchestrator.report.data import (
     TASK_VERDICT_ORDER,
     VERDICT_ORDER,
@@ -24,7 +25,6 @@ from orchestrator.report.data import (
     p_text,
     pareto_front,
     sci,
-    speed_text,
 )
 from orchestrator.values import finite
 
@@ -125,7 +125,7 @@ def _kl_view(fig, d: pd.DataFrame, tolerances: Tolerances, against: Any) -> tupl
     def hover(r) -> str:
         kl = "0 (bitwise equal logprobs; drawn at the axis floor)" if r.kl_mean == 0 else f"{r.kl_mean:.3g}"
         gm = f"{r.greedy_match:.2f}" if finite(r.greedy_match) else "-"
-        return (f"<b>{html.escape(r.label)}</b><br>verdict: {r.verdict}<br>speedup: {speed_text(r._asdict())}"
+        return (f"<b>{html.escape(r.label)}</b><br>verdict: {r.verdict}<br>speedup: {speed_text(r._asdict(), call=False)}"
                 f"<br>KL mean: {kl}<br>greedy match: {gm}<br>noise KL floor: {sci(r.noise_kl_mean) or '-'}"
                 f"<br>out tok/s: {num(r.output_tok_s, '.1f')}<br>cell {r.cell_id}"
                 + ("<br><b>on the Pareto frontier</b>" if r.front else ""))
@@ -190,7 +190,7 @@ def _task_view(fig, df: pd.DataFrame, tv: pd.DataFrame, task: str) -> tuple[dict
                 f"<br>{html.escape(str(r['metric']))}: {ci_text(r, 'score', '.3f')} (n={int(r['n'])})"
                 + (f"<br>baseline: {r['base_score']:.3f}; change {ci_text(r, 'change', '+.3f')}, p={p_text(r)}"
                    if judged else f"<br>{html.escape(first_line(r['task_reason'], 120))}")
-                + f"<br>speedup: {speed_text(r)}<br>cell {r['cell_id']}"
+                + f"<br>speedup: {speed_text(r, call=False)}<br>cell {r['cell_id']}"
                 + ("<br><b>on the Pareto frontier</b>" if r["front"] else ""))
 
     dense = len(d) > report_data.MAX_POINTS
@@ -258,7 +258,7 @@ def _moves(fig, moves: pd.DataFrame, floor: float, old_name: str) -> str:
             return "0" if v == 0 else f"{v:.3g}"
 
         hover = [f"<b>{html.escape(r.label)}</b><br>in {html.escape(old_name)}: speedup "
-                 f"{speed_text({'speedup': r.old_speedup, 'speedup_lo': r.old_speedup_lo, 'speedup_hi': r.old_speedup_hi})}"
+                 f"{speed_text({'speedup': r.old_speedup, 'speedup_lo': r.old_speedup_lo, 'speedup_hi': r.old_speedup_hi}, call=False)}"
                  f", KL {kl(r.old_kl)}, {r.old_verdict}<br>here: speedup {r.new_speedup:.2f}x, KL {kl(r.new_kl)}, "
                  f"{r.new_verdict}<br>cell {r.new_cell}" for r in m.itertuples()]
         fig.add_trace(go.Scatter(

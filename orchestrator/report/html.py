@@ -42,13 +42,13 @@ from orchestrator.report import data as report_data
 from orchestrator.report import sampling_panel as report_sampling
 from orchestrator.report import searches_panel as report_searches
 from orchestrator.report import telemetry_panel as report_telemetry
+from orchestrator.report.compact import speed_text
 from orchestrator.report.data import (
     count_statuses,
     count_task_verdicts,
     count_verdicts,
     first_line,
     no_tasks_text,
-    speed_text,
     table_cells,
 )
 from orchestrator.report.figures import STATUS_COLOR, TASK_VERDICT_COLOR, VERDICT_COLOR, quality_figure, speed_figure
@@ -291,7 +291,7 @@ def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_er
         r = _fastest(df, verdicts)
         if r and r["cell_id"] not in seen:
             seen.add(r["cell_id"])
-            lines.append(f"<li>{name}: <b>{esc(r['label'])}</b> — {esc(speed_text(r))}, {esc(r['verdict'])}</li>")
+            lines.append(f"<li>{name}: <b>{esc(r['label'])}</b> — {esc(speed_text(r, call=False))}, {esc(r['verdict'])}</li>")
     if lines:
         parts.append("<ul>" + "".join(lines) + "</ul>")
     from orchestrator.judge.reconcile import disagreements

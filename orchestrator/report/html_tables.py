@@ -12,6 +12,7 @@ import pandas as pd
 
 from orchestrator.report import data as report_data
 from orchestrator.report import telemetry_panel as report_telemetry
+from orchestrator.report.compact import speed_text
 from orchestrator.report.data import (
     TEST_NAMES,
     VERDICT_ORDER,
@@ -27,7 +28,6 @@ from orchestrator.report.data import (
     p_text,
     ratio_text,
     sci,
-    speed_text,
     table_cells,
     task_counts,
     task_rows,
@@ -114,7 +114,7 @@ def _columns(multi_len: bool, with_tasks: bool = False, with_workload: bool = Fa
          lambda r: r["peak_mem_bytes"], lambda r: mib(r["peak_mem_bytes"]), "n"),
         ("speedup", "speedup [95% CI]",
          "output tokens/s / the baseline cell's; 95% CI: Welch t interval on the log ratio over repeats",
-         lambda r: r["speedup"], speed_text, "n"),
+         lambda r: r["speedup"], lambda r: speed_text(r, call=False), "n"),
         ("reason", "reason", "why the verdict (or the status)", why_text, why_text, "reason"),
     ]
     return cols

@@ -14,6 +14,7 @@ from orchestrator.report import data as report_data
 from orchestrator.report import sampling_panel as report_sampling
 from orchestrator.report import searches_panel as report_searches
 from orchestrator.report import telemetry_panel as report_telemetry
+from orchestrator.report.compact import speed_text
 from orchestrator.report.data import (
     TEST_NAMES,
     against_counts,
@@ -32,7 +33,6 @@ from orchestrator.report.data import (
     p_text,
     ratio_text,
     sci,
-    speed_text,
     table_cells,
     task_counts,
     task_rows,
@@ -78,7 +78,7 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
             [r["input_len"], r["output_len"]] if multi_len else []) + [
             r["status"], f"**{r['verdict']}**" if r["verdict"] in ("lossy",) else r["verdict"]] + (
             [_task_word(r.get("task_verdict"))] if with_tasks else []) + [sci(r["kl_mean"]),
-            sci(r["noise_kl_mean"]), num(r["greedy_match"], ".2f"), speed_text(r), num(r["output_tok_s"], ".1f"),
+            sci(r["noise_kl_mean"]), num(r["greedy_match"], ".2f"), speed_text(r, call=False), num(r["output_tok_s"], ".1f"),
             ttft_text(r), num(r["tpot_ms_p50"], ".2f"), first_line(why_text(r), 120)]
         out.append("| " + " | ".join(_md(x) for x in row) + " |")
     from orchestrator.judge.reconcile import disagreements

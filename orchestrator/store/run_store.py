@@ -75,7 +75,7 @@ def atomic_write_text(path: Path, text: str, durable: bool = False) -> None:
         f.write(text)
 
 
-def cell_row(values: dict[str, Any]) -> pa.Table:
+def cells_file_row(values: dict[str, Any]) -> pa.Table:
     """One cells-file row (no framework column) from a row's Python values: the JSON columns encoded,
     missing columns null, unknown keys an error."""
     unknown = set(values) - set(CELLS_SCHEMA.names)
@@ -123,7 +123,7 @@ class RunStore:
         for name, table in (("logprobs", logprobs), ("tasks", tasks), ("samples", samples)):
             if table is not None and table.num_rows:
                 batches.append((name, _one_batch(table.cast(SIDE_TABLES[name].schema))))
-        batches.append(("cells", _one_batch(cell_row(row))))
+        batches.append(("cells", _one_batch(cells_file_row(row))))
         key = (str(self.root.resolve()), os.getpid())   # a forked child writes its own file
         writer = _JOURNALS.get(key)
         if writer is None:
@@ -142,7 +142,7 @@ class RunStore:
                 atomic_write_table(table.cast(side.schema), path, side.write_options)
             else:
                 path.unlink(missing_ok=True)
-        atomic_write_table(cell_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
+        atomic_write_table(cells_file_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
 
     @contextlib.contextmanager
     def writing(self):

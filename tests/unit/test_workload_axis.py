@@ -11,7 +11,7 @@ import pytest
 from orchestrator.matrix.baselines import parse_selector
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.validate import parse_matrix
-from orchestrator.store.run_store import RunStore, cell_row
+from orchestrator.store.run_store import RunStore, cells_file_row
 from tests.helpers import ROOT, problems
 
 SHAREGPT = str(ROOT / "tests" / "data" / "sharegpt_multiturn.json")
@@ -133,7 +133,7 @@ def test_rows_stored_before_named_workloads_read_as_the_single_section(tmp_path)
            "workload_json": section}
     for row in (old, new):
         store.write_cell(row)
-    assert cell_row(new).column("workload").to_pylist() == ["chat"]
+    assert cells_file_row(new).column("workload").to_pylist() == ["chat"]
     t = store.read_cells_table(["cell_id", "workload", "workload_json"]).to_pylist()
     assert sorted(t, key=lambda r: r["cell_id"]) == [
         {"cell_id": "a", "workload": None, "workload_json": section},
