@@ -51,6 +51,19 @@ class NumericsFlag:
     why: str = ""                                              # what it changes, said in the explain output
 
 
+@dataclass(frozen=True)
+class SeedPromise:
+    """What an engine documents about its seeded sampling, for one range of its versions: the sampling verdict
+    (orchestrator/judge/sampling_verdicts.py) reads it before it calls a seed-by-seed difference a broken
+    promise. It is the engine's word, not what was seen here."""
+
+    package: str            # the key of the cell's `versions` provenance the version is read from
+    versions: str           # the versions this entry was read for (a PEP 440 specifier)
+    same_batch: bool        # the same seed, settings and batch -> the same sample
+    across_batch: bool      # ... and in another batch size (batch invariance)
+    source: str             # where the engine says so
+
+
 class Unsupported(Exception):
     """Raised by an adapter when a cell cannot run on this engine/hardware; becomes an `unsupported` row."""
 
@@ -72,6 +85,15 @@ class Adapter:
     # The option groups that can change the numbers (`bench explain`'s suspects, each a NumericsFlag naming fields
     # of Options); batch size 1 and the quantization are suspects of every engine, added by the search itself.
     numerics_flags: ClassVar[tuple[NumericsFlag, ...]] = ()
+    # What the driver reads from the registry rather than from tables of its own, so that an engine is declared in
+    # its own module alone: the scheduler's first guess before any run measured it (orchestrator/execution/
+    # estimate.py: seconds to load its engine; a cell's time relative to vLLM's), its seed promises per version,
+    # and the distributions whose versions a run's manifest records.
+    load_fixed_s: ClassVar[float] = 30.0
+    cell_speed: ClassVar[float] = 1.0
+    convert_s_per_gb: ClassVar[float] = 0.0   # turning a checkpoint into the engine's own format, where it must
+    seed_promises: ClassVar[tuple[SeedPromise, ...]] = ()
+    packages: ClassVar[tuple[str, ...]] = ()
 
     def check(self, spec: LoadSpec) -> str | None:
         """Return why this group cannot run here (an `unsupported` reason), before anything loads."""

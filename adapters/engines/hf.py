@@ -7,7 +7,7 @@ from typing import Literal
 
 import numpy as np
 
-from adapters.base import Adapter, EngineOptions, NumericsFlag, log_softmax, no_cuda_reason, one_length, register
+from adapters.base import Adapter, EngineOptions, NumericsFlag, SeedPromise, log_softmax, no_cuda_reason, one_length, register
 from adapters.contract.events import LoadFacts
 from adapters.contract.records import TokenScores, topk_dense
 from adapters.contract.specs import LoadSpec, SamplerSettings
@@ -37,6 +37,11 @@ class HfAdapter(Adapter):
     install_hint = "pip install -e '.[hf]'"
     requires_modules = ("torch", "transformers")
     sampler_order = ("temperature", "top_k", "top_p", "min_p")     # its warpers' order (_seeded_sampler)
+    load_fixed_s, cell_speed, packages = 10.0, 2.5, ("torch", "transformers")   # the scheduler's priors; the manifest
+    seed_promises = (SeedPromise("transformers", ">=4.40", same_batch=True, across_batch=False,
+                                 source="each request draws from its own torch.Generator (adapters/engines/hf.py); "
+                                 "transformers makes no batch-invariance claim: padding and batched matmuls change "
+                                 "the logits' rounding"),)
     no_server_reason = ("`transformers serve` has /v1/completions, but it ignores logprobs and token-id prompts, "
                         "so its outputs cannot be compared; the reference runs offline")
 

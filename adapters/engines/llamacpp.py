@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from adapters.base import Adapter, EngineOptions, NumericsFlag, Unsupported, log_softmax, normalize_quantization, register
+from adapters.base import Adapter, EngineOptions, NumericsFlag, SeedPromise, Unsupported, log_softmax, normalize_quantization, register
 from adapters.contract.events import LoadFacts
 from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_dense
@@ -90,6 +90,11 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
                     "on 2 cores; add CMAKE_ARGS=-DGGML_CUDA=on for a GPU build)")
     requires_modules = ("llama_cpp", "gguf")
     sampler_order = ("top_k", "top_p", "min_p", "temperature")     # its chain (_sampler_chain; llama_cpp.server's too)
+    load_fixed_s, cell_speed, packages = 20.0, 2.0, ("llama-cpp-python",)   # the scheduler's priors; the manifest
+    convert_s_per_gb = 2.0                                                 # HF -> GGUF, where the matrix gives no GGUF
+    seed_promises = (SeedPromise("llama_cpp_python", ">=0.3", same_batch=True, across_batch=False,
+                                 source="llama.cpp seeds each sequence's dist sampler (llama_sampler_init_dist(seed)); "
+                                 "it makes no batch-invariance claim"),)
     # `bench explain`'s suspects: the KV cache types first (f16 by default: ~3e-3 off an f32 reference on the tiny model)
     numerics_flags = (
         NumericsFlag("kv_cache_types", {"type_k": "f32", "type_v": "f32"}, "the KV cache's K and V types (default f16)"),

@@ -203,6 +203,7 @@ def checkpoint_problem(spec: LoadSpec) -> str | None:
 @register
 class LmdeployAdapter(Adapter):
     name = "lmdeploy"
+    load_fixed_s, cell_speed, packages = 30.0, 1.0, ("lmdeploy",)   # the scheduler's priors; the manifest
     Options = LmdeployOptions
     # `bench explain`'s suspects (TurbomindEngineConfig / PytorchEngineConfig). eager_mode exists on the PyTorch
     # engine only: for a TurboMind cell the move is not a valid configuration, and the search says so.

@@ -184,6 +184,7 @@ def _vocab_size(source: str) -> int | None:
 @register
 class TrtllmAdapter(Adapter):
     name = "trtllm"
+    load_fixed_s, cell_speed, packages = 120.0, 0.8, ("tensorrt-llm",)   # the scheduler's priors; the manifest
     Options = TrtllmOptions
     # `bench explain`'s suspects (TorchLlmArgs: kv_cache_config, cuda_graph_config, FORCE_DETERMINISTIC)
     numerics_flags = (

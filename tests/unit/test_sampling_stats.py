@@ -15,7 +15,8 @@ from orchestrator.judge.sampling_stats import (
     sampler_probs,
     whole_sample_test,
 )
-from orchestrator.judge.seed_promises import PROMISES, promise_for, seed_promise
+from adapters import ADAPTERS
+from orchestrator.judge.seed_promises import promise_for, seed_promise
 
 
 def test_permutation_test_level_and_power():
@@ -218,7 +219,7 @@ def test_the_order_of_the_sampler_steps_matters_only_where_the_distribution_chan
 
 
 def test_seed_promises_follow_each_engines_documentation():
-    assert {p.framework for p in PROMISES} == {"hf", "llamacpp", "vllm"}
+    assert {f for f in ADAPTERS if ADAPTERS[f].seed_promises} == {"hf", "llamacpp", "vllm"}
     assert promise_for("vllm", {"vllm": "0.32.0"}).across_batch is False
     assert promise_for("vllm", {"vllm": "0.40.0"}) is None                    # a version nobody has read
     assert promise_for("trtllm", {"tensorrt_llm": "1.0"}) is None
