@@ -94,6 +94,9 @@ class Adapter:
     convert_s_per_gb: ClassVar[float] = 0.0   # turning a checkpoint into the engine's own format, where it must
     seed_promises: ClassVar[tuple[SeedPromise, ...]] = ()
     packages: ClassVar[tuple[str, ...]] = ()
+    # False for an engine that runs in any engine environment (needs nothing beyond numpy, pydantic and psutil): no
+    # environment, image or node resource of its own (cluster/ and orchestrator/matrix/placement.py)
+    own_environment: ClassVar[bool] = True
 
     def check(self, spec: LoadSpec) -> str | None:
         """Return why this group cannot run here (an `unsupported` reason), before anything loads."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from adapters import ADAPTERS
+
 # Tiny amounts of the marker resources: they route a task without limiting how many run at once.
 MARKER = 0.001
 
@@ -62,7 +64,7 @@ def engine_gpus(options: dict) -> int:
 def group_need(framework: str, options: dict, run, device: str, node_cpus: list[float]) -> Need:
     """What one engine group asks of a node. `node_cpus` are the CPU counts of the nodes that could host it."""
     custom = []
-    if run.env_resources:
+    if run.env_resources and getattr(ADAPTERS.get(framework), "own_environment", True):
         custom.append((env_resource(framework), MARKER))
     if run.accelerator_type:
         custom.append((accelerator_resource(run.accelerator_type), MARKER))

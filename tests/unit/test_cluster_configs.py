@@ -29,7 +29,8 @@ except ModuleNotFoundError:  # Python 3.10
     from pip._vendor import tomli as tomllib
 
 CONTAINERS = CLUSTER / "containers"
-FRAMEWORKS = sorted(adapters.ADAPTERS)
+# the engines with an environment of their own (an image, a node resource); the numpy reference runs in any
+FRAMEWORKS = sorted(fw for fw in adapters.ADAPTERS if adapters.ADAPTERS[fw].own_environment)
 ENV_RESOURCES = {placement.env_resource(fw): fw for fw in FRAMEWORKS}
 RAY_UP = CLUSTER / "ray-up.yaml"
 RAYCLUSTER = CLUSTER / "kuberay" / "raycluster.yaml"

@@ -103,7 +103,7 @@ def test_serve_cells_expand_over_modes_and_rates():
 
 def test_unknown_framework_names_index_and_choices():
     got = problems(with_(axes__framework=["hf", "llamacpp", "vlm"]))
-    assert got == ["axes.framework[2]: unknown framework 'vlm' (known: hf, vllm, trtllm, lmdeploy, llamacpp)"]
+    assert got == ["axes.framework[2]: unknown framework 'vlm' (known: hf, vllm, trtllm, lmdeploy, llamacpp, numpy)"]
 
 
 @pytest.mark.parametrize("data, expected", [
