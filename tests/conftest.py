@@ -8,7 +8,8 @@
   child process and any other child process.
 - tests/gpu: the engines on a CUDA GPU (skipped without one).
 
-Every test under tests/engines, tests/e2e and tests/gpu is marked `slow` here, by its path, so
+Every test under tests/engines, tests/e2e and tests/gpu is marked `slow` here, by its path (and a few unit tests
+at a large cluster's scale mark themselves), so
 `pytest -m "not slow"` (`make test-fast`) is the fast loop; `pytest` runs everything.
 What several files share besides fixtures is in tests/helpers.py.
 

@@ -40,6 +40,8 @@ def test_a_lightly_loaded_cluster_is_not_worse_off_for_splitting(sim):
     assert s.ratio < 1.0 and s.makespan <= results["today: longest_first"].makespan, sim.table(list(results.values()))
 
 
+# at the scale of a large cluster: seconds each, so in the full suite (`make test`), not the fast loop
+@pytest.mark.slow
 def test_10000_cells_on_1000_gpus_splitting_beats_the_whole_group_bound(sim):
     cluster = sim.default_cluster(1000)
     results = by_policy(sim.compare(sim.synthetic_workload(10_000, cluster, seed=0), cluster, seed=0))
@@ -55,6 +57,8 @@ def test_10000_cells_on_1000_gpus_splitting_beats_the_whole_group_bound(sim):
     assert results["(oracle) split: true"].ratio_split < 1.075, table
 
 
+# at the scale of a large cluster: seconds each, so in the full suite (`make test`), not the fast loop
+@pytest.mark.slow
 def test_50000_cells_within_5_percent_of_the_bound(sim):
     cluster = sim.default_cluster(1000)
     only = ["today: longest_first", "split: priors", "split: hub ids, config", "split: history"]
@@ -79,7 +83,8 @@ def test_small_busy_mixed_clusters(sim, seed):
 
 
 @pytest.mark.parametrize("gpus,cells,seed",
-                         [(64, 500, 0), (64, 500, 3), (64, 2000, 1), (200, 3000, 2), (1000, 10_000, 5)])
+                         [(64, 500, 0), (64, 500, 3), (64, 2000, 1), (200, 3000, 2),
+                          pytest.param(1000, 10_000, 5, marks=pytest.mark.slow)])   # the large one: full suite
 def test_no_schedule_beats_the_lower_bounds(sim, gpus, cells, seed):
     cluster = sim.default_cluster(gpus)
     groups = sim.synthetic_workload(cells, cluster, seed=seed)
