@@ -67,7 +67,7 @@ $(VLLM_VENV)/bin/vllm-env-ok:
 
 env-vllm: $(VLLM_VENV)/bin/vllm-env-ok
 
-# The lmdeploy wheel (the version adapters/engines/lmdeploy.py pins), unpacked without its compiled engine
+# The lmdeploy wheel (the version adapters/engines/lmdeploy/adapter.py pins), unpacked without its compiled engine
 # (lmdeploy/lib, ~350 MB of CUDA libraries): for tests/unit/test_engine_mappings.py. Nothing is installed.
 LMDEPLOY_VERSION ?= 0.16.0
 LMDEPLOY_SRC     := .cache/lmdeploy-src
@@ -84,7 +84,7 @@ lmdeploy-src: $(LMDEPLOY_SRC)/lmdeploy/messages.py
 
 # llama.cpp's own HF -> GGUF converter (convert_hf_to_gguf.py, its conversion/ modules and gguf-py), from the
 # source distribution of the llama-cpp-python that pyproject.toml pins (the converter of the llama.cpp revision
-# that runs the GGUF): adapters/engines/gguf_convert.py runs it from $(LLAMACPP_SRC)/<version>/. Only those
+# that runs the GGUF): adapters/engines/llamacpp/gguf_convert.py runs it from $(LLAMACPP_SRC)/<version>/. Only those
 # files are unpacked (into a .part folder, then moved into place); nothing is built or installed.
 LLAMACPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python\[server\]==\([0-9.]*\)".*/\1/p' pyproject.toml)
 LLAMACPP_SRC     := .cache/llama-cpp-src

@@ -350,7 +350,7 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
     import pyarrow.parquet as pq
 
     from adapters.contract.specs import LoadSpec, ModelSpec, ScoringSpec
-    from adapters.engines.hf import HfAdapter
+    from adapters.engines.hf.adapter import HfAdapter
     from adapters.worker.group import capture_logprobs
     from orchestrator.execution.prompts import Tokenizer, scoring_prompts
     from orchestrator.execution.rows import read_logprob_rows

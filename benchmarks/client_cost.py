@@ -80,7 +80,7 @@ from overhead import wait_idle  # noqa: E402  (beside this script: the same idle
 
 from adapters.contract import openai_api  # noqa: E402
 from adapters.contract.timing import summarize  # noqa: E402
-from adapters.engines.vllm import VllmAdapter  # noqa: E402  (no vllm import at module level)
+from adapters.engines.vllm.adapter import VllmAdapter  # noqa: E402  (no vllm import at module level)
 from adapters.serving import http_client, server_process  # noqa: E402
 
 VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
@@ -92,7 +92,7 @@ LAUNCH = r"""
 import json, sys
 sys.path.insert(0, sys.argv[3])
 from adapters.contract.specs import LoadSpec, ModelSpec
-from adapters.engines.vllm import VllmAdapter
+from adapters.engines.vllm.adapter import VllmAdapter
 spec = LoadSpec(framework="vllm", model=ModelSpec(name=sys.argv[4], source=sys.argv[1]), quantization="fp32", device="cpu")
 l = VllmAdapter().server(spec, int(sys.argv[2]))
 print("LAUNCH " + json.dumps({"argv": l.argv, "env": l.env, "model_name": l.model_name, "reset_path": l.reset_path,

@@ -75,7 +75,7 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log
 OURS = r"""
 import json, sys
 sys.path.insert(0, sys.argv[4])
-from adapters.engines.vllm import VllmAdapter
+from adapters.engines.vllm.adapter import VllmAdapter
 from adapters.serving import load_generator as lg
 url, conc, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 run = lg.run_load(url, VllmAdapter.server_api, ["p"] * n, lg.LoadProfile(concurrency=conc, requests=n, time_limit_s=60),

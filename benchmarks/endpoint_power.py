@@ -28,8 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.contract.specs import LoadSpec, ModelSpec  # noqa: E402
-from adapters.engines.gguf_convert import gguf_for  # noqa: E402
-from adapters.engines.llamacpp import LlamacppAdapter  # noqa: E402
+from adapters.engines.llamacpp.gguf_convert import gguf_for  # noqa: E402
+from adapters.engines.llamacpp.adapter import LlamacppAdapter  # noqa: E402
 from adapters.serving import server_process  # noqa: E402
 from orchestrator.inputs.tiny_model import default_cache_root, resolve_builtin  # noqa: E402
 from orchestrator.endpoints.diff import _score_all, diff_sampled, echo_alignment, fetch_samples  # noqa: E402

@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_KV_BYTES = 2**30  # the adapter's default CPU KV cache (adapters/engines/vllm.py _DEFAULT_CPU_KV_GIB)
+VLLM_KV_BYTES = 2**30  # the adapter's default CPU KV cache (adapters/engines/vllm/adapter.py _DEFAULT_CPU_KV_GIB)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def _bare_job(engine: str, matrix_path: Path, cache: Path, repeats: int | None =
     prompts = {str(bs): timing_prompts(m.workload, tok, w * bs + r * bs, input_len) for bs in m.axes.batch_size}
     model = source
     if engine == "llamacpp":   # the GGUF the adapter converted (cached under the same cache dir)
-        from adapters.engines import gguf_convert
+        from adapters.engines.llamacpp import gguf_convert
 
         model = str(gguf_convert.gguf_for(source, "fp32", str(cache / "engines"))[0])
     return {"model": model, "prompts": prompts, "batch_sizes": list(m.axes.batch_size), "warmup": w,

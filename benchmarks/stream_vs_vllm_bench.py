@@ -43,7 +43,7 @@ sys.path.insert(0, sys.argv[1])
 cfg = json.loads(sys.argv[2])
 from adapters.contract.specs import LoadSpec, ModelSpec
 from adapters.contract.timing import summarize
-from adapters.engines.vllm import VllmAdapter
+from adapters.engines.vllm.adapter import VllmAdapter
 a = VllmAdapter()
 a.load(LoadSpec(framework="vllm", model=ModelSpec(name="tiny", source=cfg["model"]), quantization="fp32",
                 options={"enforce_eager": True, "enable_prefix_caching": True, "cpu_kvcache_space_gib": 1.0},

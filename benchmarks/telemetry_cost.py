@@ -33,14 +33,14 @@ sys.path.insert(0, str(ROOT))
 
 from adapters.contract import openai_api
 from adapters.contract.timing import summarize  # noqa: E402
-from adapters.engines.vllm import VllmAdapter  # noqa: E402
+from adapters.engines.vllm.adapter import VllmAdapter  # noqa: E402
 from adapters.meters import telemetry  # noqa: E402
 from adapters.serving import http_client, load_generator, server_process
 
 LAUNCH = r"""
 import json, sys
 from adapters.contract.specs import LoadSpec, ModelSpec
-from adapters.engines.vllm import VllmAdapter
+from adapters.engines.vllm.adapter import VllmAdapter
 spec = LoadSpec(framework="vllm", model=ModelSpec(name="tiny", source=sys.argv[1]), quantization="fp32",
                 options={"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}, device="cpu", context_len=1024)
 l = VllmAdapter().server(spec, int(sys.argv[2]))

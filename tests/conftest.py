@@ -158,7 +158,7 @@ def served_run(ray_local, tiny_model, cache_dir, tmp_path_factory):
     whether the run left it running is recorded before it is stopped (no engine outlives a test module)."""
     from types import SimpleNamespace
 
-    from adapters.engines.gguf_convert import gguf_for
+    from adapters.engines.llamacpp.gguf_convert import gguf_for
     from orchestrator.execution.runner import run_matrix
     from orchestrator.judge.analysis import analyse
     from tests.helpers import served_matrix, start_llamacpp

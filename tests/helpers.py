@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 
 from adapters.contract.specs import LoadSpec, ModelSpec
-from adapters.engines.llamacpp import LlamacppAdapter
+from adapters.engines.llamacpp.adapter import LlamacppAdapter
 from adapters.serving import server_process
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.models import MatrixError

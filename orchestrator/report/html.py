@@ -39,9 +39,9 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.report import data as report_data
-from orchestrator.report import sampling_panel as report_sampling
-from orchestrator.report import searches_panel as report_searches
-from orchestrator.report import telemetry_panel as report_telemetry
+from orchestrator.report.panels import sampling as report_sampling
+from orchestrator.report.panels import searches as report_searches
+from orchestrator.report.panels import telemetry as report_telemetry
 from orchestrator.report.compact import speed_text
 from orchestrator.report.data import (
     count_statuses,
@@ -170,7 +170,7 @@ def _task_panel(tasks: Any, df: pd.DataFrame, manifest: Manifest, against: Any =
 
 def _sampling_panel(layer: Any, df: pd.DataFrame, manifest: Manifest) -> str:
     """The sampling layer: per cell with samples, seed by seed and both distribution tests
-    (orchestrator/report/sampling_panel.py defines the columns, shared with report.md)."""
+    (orchestrator/report/panels/sampling.py defines the columns, shared with report.md)."""
     parts = ['<h2 id="sampling">Sampling layer</h2>']
     recs = report_sampling.rows(layer, df)
     if layer.error:
@@ -189,7 +189,7 @@ def _sampling_panel(layer: Any, df: pd.DataFrame, manifest: Manifest) -> str:
 
 def _telemetry_panel(df: pd.DataFrame) -> str:
     """Engine telemetry and energy per ok cell, the prefix-cache hit rate beside TTFT, and why a figure is
-    empty (orchestrator/report/telemetry_panel.py defines the columns, shared with report.md)."""
+    empty (orchestrator/report/panels/telemetry.py defines the columns, shared with report.md)."""
     parts = ['<h2 id="telemetry">Engine telemetry and energy</h2>']
     recs, note = report_telemetry.rows(df)
     if not recs:
@@ -214,7 +214,7 @@ def _telemetry_panel(df: pd.DataFrame) -> str:
 
 def _search_panel(layer: Any) -> str:
     """SLO searches: per configuration the highest load meeting every SLO, then every probe
-    (orchestrator/report/searches_panel.py defines the columns, shared with report.md)."""
+    (orchestrator/report/panels/searches.py defines the columns, shared with report.md)."""
     parts = ['<h2 id="searches">SLO search</h2>']
     if layer.error:
         return parts[0] + f'<div class="banner">The searches could not be read: {esc(layer.error)}</div>'
@@ -231,7 +231,7 @@ def _search_panel(layer: Any) -> str:
 
 
 def _culprit_panel(layer: Any) -> str:
-    """`bench explain`'s culprit searches, one block per explained cell (searches_panel.py's columns)."""
+    """`bench explain`'s culprit searches, one block per explained cell (panels/searches.py's columns)."""
     parts = [f'<h2 id="culprits">{esc(report_searches.CULPRIT_TITLE)}</h2>',
              f"<p class='muted'>{esc(report_searches.CULPRIT_EXPLANATION)}</p>"]
     parts += [f'<div class="banner">Not read: {esc(p)}</div>' for p in layer.problems]

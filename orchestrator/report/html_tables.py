@@ -11,7 +11,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from orchestrator.report import data as report_data
-from orchestrator.report import telemetry_panel as report_telemetry
+from orchestrator.report.panels import telemetry as report_telemetry
 from orchestrator.report.compact import speed_text
 from orchestrator.report.data import (
     TEST_NAMES,
@@ -35,7 +35,7 @@ from orchestrator.report.data import (
     why_text,
 )
 from orchestrator.report.figures import STATUS_COLOR, TASK_VERDICT_COLOR, VERDICT_COLOR
-from orchestrator.report.sampling_panel import SAMPLING_VERDICT_COLOR, SAMPLING_VERDICT_ORDER
+from orchestrator.report.panels.sampling import SAMPLING_VERDICT_COLOR, SAMPLING_VERDICT_ORDER
 from orchestrator.store.schema import json_value
 from orchestrator.values import as_text, finite
 

@@ -11,9 +11,9 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.report import data as report_data
-from orchestrator.report import sampling_panel as report_sampling
-from orchestrator.report import searches_panel as report_searches
-from orchestrator.report import telemetry_panel as report_telemetry
+from orchestrator.report.panels import sampling as report_sampling
+from orchestrator.report.panels import searches as report_searches
+from orchestrator.report.panels import telemetry as report_telemetry
 from orchestrator.report.compact import speed_text
 from orchestrator.report.data import (
     TEST_NAMES,
@@ -124,7 +124,7 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
 
 
 def _sampling(layer: Any, df: pd.DataFrame, manifest: Manifest) -> list[str]:
-    """The sampling layer: a row per cell with samples (orchestrator/report/sampling_panel.py's columns)."""
+    """The sampling layer: a row per cell with samples (orchestrator/report/panels/sampling.py's columns)."""
     if layer.error:
         return [f"> The sampling analysis could not run: {_md(layer.error)}"]
     recs = report_sampling.rows(layer, df)
@@ -147,7 +147,7 @@ def _table(cols: list, records: list[dict]) -> list[str]:
 
 
 def _telemetry(df: pd.DataFrame) -> list[str]:
-    """A row per ok cell (orchestrator/report/telemetry_panel.py's columns), then why a figure is empty."""
+    """A row per ok cell (orchestrator/report/panels/telemetry.py's columns), then why a figure is empty."""
     recs, note = report_telemetry.rows(df)
     if not recs:
         return ["No cell ran ok: nothing was measured."]
@@ -165,7 +165,7 @@ def _telemetry(df: pd.DataFrame) -> list[str]:
 
 
 def _searches(layer: Any) -> list[str]:
-    """Per searched configuration, then every probe (orchestrator/report/searches_panel.py's columns)."""
+    """Per searched configuration, then every probe (orchestrator/report/panels/searches.py's columns)."""
     if layer.error:
         return [f"> The searches could not be read: {_md(layer.error)}"]
     out = [report_searches.EXPLANATION, ""]

@@ -3,9 +3,9 @@
 
 Verdicts come from `orchestrator.judge.verdicts.judge_run`, as `bench compare` gets them: the logit, text and
 speed layers (verdicts, KL, noise floors, speedups, perplexity), the task layer (each task's score and its paired
-change against the baseline) and the sampling layer (orchestrator/report/sampling_panel.py); the rest from the
-stored cells table (versions, engine telemetry and energy: orchestrator/report/telemetry_panel.py; SLO
-searches: orchestrator/report/searches_panel.py). When the analysis cannot run, the report still renders the speed
+change against the baseline) and the sampling layer (orchestrator/report/panels/sampling.py); the rest from the
+stored cells table (versions, engine telemetry and energy: orchestrator/report/panels/telemetry.py; SLO
+searches: orchestrator/report/panels/searches.py). When the analysis cannot run, the report still renders the speed
 numbers and says why the quality columns are empty. With --against, OLD is analysed too and paired
 with this run (orchestrator/report/data.py: load_against); without it the report is what it was.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 from orchestrator.report.data import load
 from orchestrator.report.html import render_html
 from orchestrator.report.md import render_markdown
-from orchestrator.report.sampling_panel import sampling_layer
-from orchestrator.report.searches_panel import load_culprits, load_searches
+from orchestrator.report.panels.sampling import sampling_layer
+from orchestrator.report.panels.searches import load_culprits, load_searches
 from orchestrator.store.run_store import is_run_dir
 
 

@@ -80,7 +80,7 @@ def test_a_server_rendering_otherwise_is_a_stated_mismatch(tiny_model, tmp_path)
     """llama-cpp-python on a GGUF without a chat template falls back to its own "llama-2" format: the served
     cell's check says MISMATCH (never hides it), and the server's counts become the prompt lengths."""
     from adapters.contract.specs import ServeSpec
-    from adapters.engines.gguf_convert import gguf_for
+    from adapters.engines.llamacpp.gguf_convert import gguf_for
     from adapters.worker.served_cells import Target, _chat_lengths
     from tests.helpers import API, start_llamacpp
 

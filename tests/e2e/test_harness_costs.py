@@ -120,7 +120,8 @@ def test_memory_tracker_reads_the_peak_of_its_tree_between_reset_and_read():
 def test_adapters_import_no_engine():
     code = ("import sys, adapters\n"
             "from adapters.contract.specs import LoadSpec, ModelSpec\n"
-            "from adapters.engines import trtllm, lmdeploy\n"
+            "from adapters.engines.trtllm import adapter as trtllm\n"
+            "from adapters.engines.lmdeploy import adapter as lmdeploy\n"
             "s = LoadSpec(framework='x', model=ModelSpec(name='m', source='/m'), quantization='fp16', device='cuda')\n"
             "trtllm.engine_kwargs(s); lmdeploy.engine_kwargs(s)\n"
             "assert 'tensorrt_llm' not in sys.modules and 'lmdeploy' not in sys.modules, sorted(sys.modules)\n")

@@ -27,7 +27,7 @@ import yaml
 from adapters.contract import openai_api
 from adapters.contract.specs import LoadSpec, ModelSpec
 from adapters.contract.timing import summarize
-from adapters.engines.llamacpp import LlamacppAdapter
+from adapters.engines.llamacpp.adapter import LlamacppAdapter
 from adapters.serving import load_generator, server_process
 from orchestrator.execution.supervisor import PROJECT_ROOT
 from orchestrator.endpoints.diff import diff_endpoints, format_diff_report
@@ -42,7 +42,7 @@ HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 
 @pytest.fixture(scope="module")
 def ggufs(tiny_model, cache_dir):
-    from adapters.engines.gguf_convert import gguf_for
+    from adapters.engines.llamacpp.gguf_convert import gguf_for
 
     return {q: str(gguf_for(str(tiny_model), q, cache_dir)[0]) for q in ("fp32", "q4_0")}
 

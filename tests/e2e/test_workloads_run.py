@@ -154,7 +154,7 @@ def test_next_turn_waits_for_the_last_and_thinks(ggufs, tmp_path, tiny_model):
 
 @pytest.fixture(scope="module")
 def ggufs(tiny_model, cache_dir):
-    from adapters.engines.gguf_convert import gguf_for
+    from adapters.engines.llamacpp.gguf_convert import gguf_for
 
     return {"fp32": str(gguf_for(str(tiny_model), "fp32", cache_dir)[0])}
 

@@ -12,7 +12,7 @@ def test_gguf_carries_the_template_and_llama_cpp_renders_the_same_ids(tiny_model
     import llama_cpp
     from llama_cpp import llama_chat_format
 
-    from adapters.engines.gguf_convert import gguf_for
+    from adapters.engines.llamacpp.gguf_convert import gguf_for
 
     path, _ = gguf_for(str(tiny_model), "fp32", cache_dir)
     llm = llama_cpp.Llama(str(path), n_ctx=256, verbose=False)

@@ -1,4 +1,4 @@
-"""llama.cpp's own HF -> GGUF converter (adapters/engines/gguf_convert.py) on architectures besides Llama:
+"""llama.cpp's own HF -> GGUF converter (adapters/engines/llamacpp/gguf_convert.py) on architectures besides Llama:
 tiny random checkpoints (tests/tiny_archs.py, the built-in tokenizer) scored by the transformers and llama.cpp
 adapters in this process, full log-softmax rows compared. llama.cpp runs with an f32 KV cache and flash
 attention off (its defaults move logprobs by ~3e-3 on their own: engines/test_llamacpp.py).
@@ -99,7 +99,7 @@ def full_rows(scored, vocab: int) -> list[np.ndarray]:
 
 
 def hf_rows(model_dir: Path, vocab: int, act=None) -> list[np.ndarray]:
-    from adapters.engines.hf import HfAdapter
+    from adapters.engines.hf.adapter import HfAdapter
 
     adapter = HfAdapter()
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="m", source=str(model_dir)), quantization="fp32",
@@ -117,7 +117,7 @@ def hf_rows(model_dir: Path, vocab: int, act=None) -> list[np.ndarray]:
 
 
 def llama_rows(model_dir: Path, cache: Path) -> tuple[list[np.ndarray], dict, list[str], dict]:
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     adapter = LlamacppAdapter()
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(model_dir)), quantization="fp32",
@@ -179,7 +179,7 @@ def test_gemma3_matches_within_ggml_gelu_precision(cache_dir, tiny_model):
 
 @needs_llama
 def test_conversion_is_cached_by_content(tiny_model, tmp_path):
-    from adapters.engines.gguf_convert import converted_gguf
+    from adapters.engines.llamacpp.gguf_convert import converted_gguf
 
     first, hit1 = converted_gguf(tiny_model, "f16", tmp_path)
     again, hit2 = converted_gguf(tiny_model, "f16", tmp_path)

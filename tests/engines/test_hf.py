@@ -7,7 +7,7 @@ import numpy as np
 
 def test_full_vocabulary_logprobs_sum_to_one(tiny_model):
     from adapters.contract.specs import LoadSpec, ModelSpec
-    from adapters.engines.hf import HfAdapter
+    from adapters.engines.hf.adapter import HfAdapter
 
     adapter = HfAdapter()
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32", device="cpu"))
@@ -29,7 +29,7 @@ def test_hf_step_clock_stamps_each_generated_token_inside_the_call(tiny_model):
     stamp per new token, in order, between the call's start and end; with EOS on, as many as the tokens
     up to and including the EOS."""
     from adapters.contract.specs import LoadSpec, ModelSpec
-    from adapters.engines.hf import HfAdapter
+    from adapters.engines.hf.adapter import HfAdapter
 
     adapter = HfAdapter()
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32",

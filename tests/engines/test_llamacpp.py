@@ -74,7 +74,7 @@ def _hf_reference(model_dir: str):
 
 
 def load(model_dir, quant="fp32", cache_dir=None, **options):
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     adapter = LlamacppAdapter()
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(model_dir)), quantization=quant,
@@ -330,8 +330,8 @@ def test_prompt_lookup_is_sequential_and_lossless(tiny_model, cache_dir):
 
 @needs_llama
 def test_gguf_file_is_used_as_is(tiny_model, cache_dir):
-    from adapters.engines.gguf_convert import quantized_gguf
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.gguf_convert import quantized_gguf
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     q4, _ = quantized_gguf(tiny_model, "q4_0", cache_dir)
     for quant in ("gguf", "q4_0"):  # 'gguf', or the level the file already has
@@ -362,12 +362,12 @@ def test_extra_bufts_flag_in_a_subprocess(tiny_model, cache_dir, tmp_path):
     the default is False): on a CPU with AMX exactly that crash is accepted, and said; any other crash,
     or a crash on a CPU without AMX, fails. Where both run: how far True moves the logits on Q8_0 and
     Q4_0 (repacked kernels)."""
-    from adapters.engines.gguf_convert import quantized_gguf
+    from adapters.engines.llamacpp.gguf_convert import quantized_gguf
 
     code = (
         "import sys, numpy as np\n"
         "from adapters.contract.specs import LoadSpec, ModelSpec\n"
-        "from adapters.engines.llamacpp import LlamacppAdapter\n"
+        "from adapters.engines.llamacpp.adapter import LlamacppAdapter\n"
         "a = LlamacppAdapter()\n"
         "a.load(LoadSpec(framework='llamacpp', model=ModelSpec(name='m', source=sys.argv[1]), quantization='gguf', options={'use_extra_bufts': sys.argv[2] == 'True'}))\n"
         "np.save(sys.argv[3], a.score([list(range(3, 40))], 3)[0].logprobs)\n"

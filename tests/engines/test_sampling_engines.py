@@ -84,7 +84,7 @@ def check_samples(sample, score, eos_id=None, atol=1e-3) -> dict:
 
 @pytest.fixture(scope="module")
 def hf(tiny_model):
-    from adapters.engines.hf import HfAdapter
+    from adapters.engines.hf.adapter import HfAdapter
 
     adapter = HfAdapter()
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="tiny", source=str(tiny_model)), quantization="fp32"))
@@ -122,7 +122,7 @@ def test_hf_sample_is_transformers_own_sampling(hf):
 
 
 def _llama(tiny_model, cache_dir, **options):
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     adapter = LlamacppAdapter()
     adapter.load(LoadSpec(framework="llamacpp", model=ModelSpec(name="tiny", source=str(tiny_model)),

@@ -16,7 +16,7 @@ HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 VLLM_FLAGS_CHECK = r"""
 import json, sys
 from adapters.contract.specs import LoadSpec, ModelSpec
-from adapters.engines.vllm import VllmAdapter
+from adapters.engines.vllm.adapter import VllmAdapter
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 

@@ -183,7 +183,8 @@ def test_container_recipes_install_lossless_bench_and_share_python_ray_and_inter
 
 
 def test_engine_versions_in_the_images_are_the_ones_the_project_pins():
-    from adapters.engines import lmdeploy, trtllm
+    from adapters.engines.lmdeploy import adapter as lmdeploy
+    from adapters.engines.trtllm import adapter as trtllm
 
     makefile = (ROOT / "Makefile").read_text()
     assert arg(dockerfile("vllm"), "VLLM_VERSION") == re.search(r"^VLLM_VERSION \?= (\S+)", makefile, re.M).group(1)

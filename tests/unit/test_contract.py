@@ -16,8 +16,8 @@ from adapters.contract.events import Loaded, LoadFacts, parse_event
 from adapters.contract.records import LOGPROB_COLUMNS, CellRecord, topk_dense, topk_sparse
 from adapters.contract.specs import GroupSpec
 from adapters.contract.timing import CellMetrics, RequestTiming, TimedRun, summarize
-from adapters.engines import lmdeploy as lmd
-from adapters.engines.vllm import VllmAdapter
+from adapters.engines.lmdeploy import adapter as lmd
+from adapters.engines.vllm.adapter import VllmAdapter
 from adapters.serving.capture import _capture_one
 from orchestrator.store.schema import CELLS_SCHEMA, LOGPROBS_SCHEMA
 
@@ -50,7 +50,7 @@ def _paths() -> dict[str, object]:
         "top_logprobs": [{f"token_id:{i}": lp for i, lp in p} for p in pairs]}}], "usage": {"prompt_tokens": 4}}
     out["vllm served"] = _capture_one(resp, api, None, [9, 9, 9, 9], K, want_prompt=False).generation
     # llama.cpp served: token strings, mapped back through the vocabulary
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     names = {f"<{i}>": i for i in range(VOCAB)}
     resp = {"choices": [{"finish_reason": "length", "logprobs": {

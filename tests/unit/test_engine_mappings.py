@@ -32,8 +32,8 @@ import pytest
 import adapters
 from adapters.base import Unsupported, log_softmax
 from adapters.contract.specs import LoadSpec, ModelSpec
-from adapters.engines import lmdeploy as lmd
-from adapters.engines import trtllm as trt
+from adapters.engines.lmdeploy import adapter as lmd
+from adapters.engines.trtllm import adapter as trt
 from orchestrator.execution.spec import GroupJob, unsupported_reason
 from orchestrator.execution.supervisor import run_group
 from orchestrator.matrix.cells import expand, group

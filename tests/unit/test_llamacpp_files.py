@@ -20,7 +20,7 @@ from tests.helpers import needs_llama
 
 @needs_llama
 def test_unknown_architecture_is_unsupported(tmp_path):
-    from adapters.engines.gguf_convert import converted_gguf
+    from adapters.engines.llamacpp.gguf_convert import converted_gguf
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
     with pytest.raises(Unsupported, match=r"converter \(llama-cpp-python 0\.3\.\d+\) does not support architecture "
@@ -33,7 +33,7 @@ def test_unknown_architecture_is_unsupported(tmp_path):
 def test_the_converter_is_llama_cpps_own_for_the_installed_version():
     import llama_cpp
 
-    from adapters.engines.gguf_convert import converter_architectures, converter_dir, converter_identity
+    from adapters.engines.llamacpp.gguf_convert import converter_architectures, converter_dir, converter_identity
 
     src = converter_dir()
     assert src.name == llama_cpp.__version__ and (src / "conversion" / "base.py").is_file()
@@ -45,7 +45,7 @@ def test_the_converter_is_llama_cpps_own_for_the_installed_version():
 
 
 def test_pre_tokenizer_chosen_by_structure_only_where_llama_cpp_has_it_exactly(tmp_path):
-    from adapters.engines.gguf_convert import pre_tokenizer_by_structure
+    from adapters.engines.llamacpp.gguf_convert import pre_tokenizer_by_structure
 
     def pre(p):
         (tmp_path / "tokenizer.json").write_text(json.dumps({"pre_tokenizer": p}))
@@ -60,7 +60,7 @@ def test_pre_tokenizer_chosen_by_structure_only_where_llama_cpp_has_it_exactly(t
 
 @needs_llama
 def test_unknown_architecture_through_the_adapter(tmp_path):
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tmp_path)), quantization="fp32", device="cpu", cache_dir=str(tmp_path / "c"))
@@ -69,7 +69,7 @@ def test_unknown_architecture_through_the_adapter(tmp_path):
 
 
 def test_check_names_the_install_command_without_llama_cpp(monkeypatch, tmp_path):
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp -> ImportError
     spec = LoadSpec(framework="llamacpp", model=ModelSpec(name="m", source=str(tmp_path)), quantization="fp32", device="cpu")

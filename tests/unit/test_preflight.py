@@ -63,7 +63,7 @@ def test_a_cached_hub_model_resolves_from_the_cache_offline(monkeypatch, tmp_pat
 
 
 def test_vllm_on_a_cpu_runs_only_the_head_sizes_its_attention_has():
-    from adapters.engines.vllm import VllmAdapter
+    from adapters.engines.vllm.adapter import VllmAdapter
 
     def facts(hd):
         return ModelFacts(source="m", kind="dir", config={}, architecture="LlamaForCausalLM", head_dim=hd)
@@ -76,7 +76,7 @@ def test_vllm_on_a_cpu_runs_only_the_head_sizes_its_attention_has():
 
 @needs_llama
 def test_llamacpp_pairs_it_cannot_run(tmp_path):
-    from adapters.engines.llamacpp import LlamacppAdapter
+    from adapters.engines.llamacpp.adapter import LlamacppAdapter
 
     def facts(kind, arch="LlamaForCausalLM"):
         return ModelFacts(source=str(tmp_path), kind=kind, config={"architectures": [arch]}, architecture=arch)

@@ -11,8 +11,8 @@ import pytest
 
 from adapters.base import Unsupported
 from adapters.contract.specs import LoadSpec, ModelSpec
-from adapters.engines.vllm import Options, VllmAdapter
-from adapters.engines.vllm_errors import classify_load_error, root_cause
+from adapters.engines.vllm.adapter import Options, VllmAdapter
+from adapters.engines.vllm.errors import classify_load_error, root_cause
 
 
 def _spec(quantization="fp32", device="cpu", **options) -> LoadSpec:

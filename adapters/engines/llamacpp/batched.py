@@ -1,6 +1,6 @@
 """The llama.cpp adapter's batched path (the default): B prompts as B sequences of one context, the prompts
 prefilled together and each decode step one `llama_decode` with a token per live sequence, through
-llama.cpp's low-level C API. A mixin of `LlamacppAdapter` (adapters/engines/llamacpp.py), which holds
+llama.cpp's low-level C API. A mixin of `LlamacppAdapter` (adapters/engines/llamacpp/adapter.py), which holds
 the state these methods use."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from adapters.base import Unsupported
-from adapters.engines.gguf_convert import captured_llama_logs
-from adapters.engines.llamacpp_native import CTX_ROUND, FLASH_ATTN_TYPES, KV_TYPES, Batch, gguf_head_dim, last_error
+from adapters.engines.llamacpp.gguf_convert import captured_llama_logs
+from adapters.engines.llamacpp.native import CTX_ROUND, FLASH_ATTN_TYPES, KV_TYPES, Batch, gguf_head_dim, last_error
 
 
 class BatchedDecoding:

@@ -3,7 +3,7 @@
 The converter is llama.cpp's `convert_hf_to_gguf.py` with its `conversion/` modules and its own `gguf-py`,
 taken from the source distribution of the pinned llama-cpp-python (`make llama-cpp-src` unpacks those files
 into `.cache/llama-cpp-src/<version>/`; LOSSLESS_BENCH_LLAMACPP_SRC names another root): the converter of
-the very llama.cpp revision that runs the GGUF. It runs in a child process (gguf_converter_child.py, with
+the very llama.cpp revision that runs the GGUF. It runs in a child process (converter_child.py, with
 this environment's Python: it needs torch, transformers and sentencepiece, the llamacpp extra) and writes
 an F32, F16 or BF16 GGUF. Every text architecture in its TEXT_MODEL_MAP converts; one it lacks is
 `Unsupported` before anything is read. The quantization ladder is llama.cpp's `llama_model_quantize` from
@@ -73,7 +73,7 @@ FTYPES: dict[str, int] = {
 QUANT_LEVELS = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 LEVEL_OUT_TYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 
-CHILD = Path(__file__).with_name("gguf_converter_child.py")
+CHILD = Path(__file__).with_name("converter_child.py")
 SRC_ENV = "LOSSLESS_BENCH_LLAMACPP_SRC"
 # GPT-2's split regex, as tokenizers' ByteLevel pre-tokenizer applies it (use_regex: true) and llama.cpp's
 # "gpt-2" pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_GPT2) does
@@ -85,7 +85,7 @@ GPT2_PRE = "gpt-2"
 
 def converter_root() -> Path:
     env = os.environ.get(SRC_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".cache" / "llama-cpp-src"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / ".cache" / "llama-cpp-src"
 
 
 def converter_dir() -> Path:

@@ -1,6 +1,6 @@
 """llama.cpp through llama-cpp-python 0.3.36: GGUF conversion, a quantization ladder, and honest batching.
 
-Model files: an HF checkpoint is converted to GGUF by llama.cpp's own converter (`adapters.engines.gguf_convert`:
+Model files: an HF checkpoint is converted to GGUF by llama.cpp's own converter (`adapters.engines.llamacpp.gguf_convert`:
 f32/f16/bf16, cached by content hash) and quantized from the F32 GGUF by llama.cpp's own `llama_model_quantize` (q8_0 ... q4_0).
 A `.gguf` model file runs as it is: quantization `gguf`, or the level matching its file type.
 
@@ -38,9 +38,9 @@ from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_dense
 from adapters.contract.specs import LoadSpec, ModelFacts, SamplerSettings
 from adapters.contract.timing import TimedRun, per_token_run
-from adapters.engines.gguf_convert import captured_llama_logs
-from adapters.engines.llamacpp_batched import BatchedDecoding
-from adapters.engines.llamacpp_native import (
+from adapters.engines.llamacpp.gguf_convert import captured_llama_logs
+from adapters.engines.llamacpp.batched import BatchedDecoding
+from adapters.engines.llamacpp.native import (
     CTX_ROUND,
     KV_TYPES,
     Batch,
@@ -50,7 +50,7 @@ from adapters.engines.llamacpp_native import (
     last_error,
     tensor_types,
 )
-from adapters.engines.llamacpp_sequential import PromptLookupDecoding
+from adapters.engines.llamacpp.sequential import PromptLookupDecoding
 
 KvCacheType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
 
@@ -125,7 +125,7 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
     def model_problem(cls, model: ModelFacts, quantization: str, options, device: str) -> str | None:
         """Before any engine starts: a hub id (there is no local checkpoint to convert), `gguf` on a checkpoint,
         an architecture llama.cpp's converter lacks, the converter not unpacked."""
-        from adapters.engines import gguf_convert
+        from adapters.engines.llamacpp import gguf_convert
 
         if model.kind == "hub":
             return (f"llamacpp runs local GGUF files or converts local HF checkpoints; {model.source} is a hub id "
@@ -231,7 +231,7 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
     @staticmethod
     def _model_file(spec: LoadSpec):
         """The GGUF this group runs (converted and quantized on first use, cached) and the conversion facts."""
-        from adapters.engines import gguf_convert
+        from adapters.engines.llamacpp import gguf_convert
 
         quant = normalize_quantization(spec.quantization)
         if quant not in LlamacppAdapter.quantizations:
@@ -289,7 +289,7 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
                 args += [f"--{name}", str(KV_TYPES[getattr(opts, name)][0])]
         if opts.prompt_lookup:
             args += ["--draft_model", "prompt-lookup-decoding", "--draft_model_num_pred_tokens", str(opts.num_pred_tokens)]
-        argv = [sys.executable, "-c", "from adapters.engines.llamacpp_native import serve_main; serve_main()",
+        argv = [sys.executable, "-c", "from adapters.engines.llamacpp.native import serve_main; serve_main()",
                 str(opts.use_extra_bufts), flash, "--", *args]
         engine_args = {"server": "llama_cpp.server", "server_args": [a if a != str(path) else "<gguf>" for a in args],
                        "use_extra_bufts": opts.use_extra_bufts, "flash_attn": flash,
@@ -298,7 +298,7 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         if opts.prompt_lookup:
             notes.append("prompt_lookup: the server's draft_model prompt-lookup-decoding (its max_ngram_size is fixed)")
         # serve_main is imported from this checkout, wherever the server's working directory is
-        root = str(Path(__file__).resolve().parents[2])   # the repository: where `adapters` imports from
+        root = str(Path(__file__).resolve().parents[3])   # the repository: where `adapters` imports from
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         return ServerLaunch(argv=argv, model_name=spec.model.name, env=env, engine_args=engine_args, notes=notes,
                             versions={"llama_cpp_python": llama_cpp.__version__,

@@ -1,6 +1,6 @@
 """The llama.cpp adapter's sequential path: prompt-lookup speculative decoding through llama-cpp-python's
 high-level `Llama.generate` with `LlamaPromptLookupDecoding`, one sequence at a time (batch_mode
-"sequential"), with the drafts counted. A mixin of `LlamacppAdapter` (adapters/engines/llamacpp.py),
+"sequential"), with the drafts counted. A mixin of `LlamacppAdapter` (adapters/engines/llamacpp/adapter.py),
 which holds the state these methods use."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from adapters.base import log_softmax
 from adapters.contract.records import TokenScores, topk_dense
 from adapters.contract.specs import SamplerSettings
 from adapters.contract.timing import TimedRun, per_token_run
-from adapters.engines.gguf_convert import captured_llama_logs
-from adapters.engines.llamacpp_native import (
+from adapters.engines.llamacpp.gguf_convert import captured_llama_logs
+from adapters.engines.llamacpp.native import (
     CTX_ROUND,
     FLASH_ATTN_TYPES,
     KV_TYPES,

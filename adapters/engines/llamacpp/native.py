@@ -1,4 +1,4 @@
-"""llama.cpp's own interfaces as the llama.cpp adapter drives them (adapters/engines/llamacpp.py): the
+"""llama.cpp's own interfaces as the llama.cpp adapter drives them (adapters/engines/llamacpp/adapter.py): the
 GGML KV-cache types, a llama_batch over numpy buffers, model defaults llama-cpp-python does not
 expose, GGUF readers, the sampler's seed range, and the entry point of its OpenAI-compatible server."""
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from adapters.base import Unsupported
 from adapters.contract.records import TokenScores, topk_dense
-from adapters.engines.gguf_convert import captured_llama_logs
+from adapters.engines.llamacpp.gguf_convert import captured_llama_logs
 
 # GGML_TYPE_* ids and bytes per element of the KV cache types (ggml.h; quantized types per 32-block)
 KV_TYPES = {"f32": (0, 4.0), "f16": (1, 2.0), "bf16": (30, 2.0), "q8_0": (8, 34 / 32), "q5_1": (7, 24 / 32),
@@ -147,7 +147,7 @@ class VocabMap:
 
 def serve_main(argv: list[str] | None = None) -> None:
     """llama-cpp-python's server with use_extra_bufts and the flash-attention mode set:
-    `python -c 'from adapters.engines.llamacpp_native import serve_main; serve_main()' USE_EXTRA_BUFTS FLASH_ATTN -- ARGS`."""
+    `python -c 'from adapters.engines.llamacpp.native import serve_main; serve_main()' USE_EXTRA_BUFTS FLASH_ATTN -- ARGS`."""
     argv = sys.argv[1:] if argv is None else argv
     use_extra_bufts, flash = argv[0] == "True", argv[1]
     from llama_cpp.server.__main__ import main

@@ -39,7 +39,7 @@ class HfAdapter(Adapter):
     sampler_order = ("temperature", "top_k", "top_p", "min_p")     # its warpers' order (_seeded_sampler)
     load_fixed_s, cell_speed, packages = 10.0, 2.5, ("torch", "transformers")   # the scheduler's priors; the manifest
     seed_promises = (SeedPromise("transformers", ">=4.40", same_batch=True, across_batch=False,
-                                 source="each request draws from its own torch.Generator (adapters/engines/hf.py); "
+                                 source="each request draws from its own torch.Generator (adapters/engines/hf/adapter.py); "
                                  "transformers makes no batch-invariance claim: padding and batched matmuls change "
                                  "the logits' rounding"),)
     no_server_reason = ("`transformers serve` has /v1/completions, but it ignores logprobs and token-id prompts, "

@@ -1,4 +1,4 @@
-"""llama.cpp's own HF -> GGUF converter, run in a child process by `adapters.engines.gguf_convert`.
+"""llama.cpp's own HF -> GGUF converter, run in a child process by `adapters.engines.llamacpp.gguf_convert`.
 
 The converter is `convert_hf_to_gguf.py` with its `conversion/` package and its own `gguf-py`, unpacked
 from the source distribution of the pinned llama-cpp-python (the Makefile's `llama-cpp-src` target), so

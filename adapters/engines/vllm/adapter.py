@@ -48,8 +48,8 @@ from adapters.contract.openai_api import ServerApi, ServerLaunch
 from adapters.contract.records import TokenScores, topk_sparse
 from adapters.contract.specs import LoadSpec, ModelFacts, SamplerSettings
 from adapters.contract.timing import RequestTiming, TimedRun
-from adapters.engines.vllm_arrivals import run_arriving
-from adapters.engines.vllm_errors import (
+from adapters.engines.vllm.arrivals import run_arriving
+from adapters.engines.vllm.errors import (
     classify_load_error,
     cpu_spec_sampling_bug,
     stderr_mark,
