@@ -9,7 +9,7 @@
 1. A synthetic run is written the way `bench run` writes one: the cells come from a real matrix
    (`orchestrator.matrix.cells.expand`: real cell ids and engine keys), 5 frameworks x 27 models x 4
    quantizations x 4 flag sets x 8 batch sizes x 6 lengths, sampled down to --cells with every
-   baseline cell kept; each row starts as `orchestrator.execution.rows.cell_row` and every cell is stored with
+   baseline cell kept; each row starts as `orchestrator.execution.engine_child.rows.cell_row` and every cell is stored with
    `RunStore.write_cell` (one record per cell appended to the run's journal, as `bench run` stores
    it; a checkout before the journal wrote a cells and a logprobs file per cell), and the
    manifest with `manifest.write`. hf and llama.cpp do not run fp8 (`unsupported` rows) and 1.5%
@@ -54,8 +54,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.execution.rows import cell_row  # noqa: E402
-from orchestrator.execution.spec import GroupJob  # noqa: E402
+from orchestrator.execution.engine_child.rows import cell_row  # noqa: E402
+from orchestrator.execution.engine_child.spec import GroupJob  # noqa: E402
 from orchestrator.matrix.cells import expand, group  # noqa: E402
 from orchestrator.matrix.validate import parse_matrix  # noqa: E402
 from orchestrator.store import manifest  # noqa: E402
@@ -148,7 +148,7 @@ def cell_logprobs(run_id: str, cell, truth: dict, scoring_len: int, shift: float
     cat = {k: np.concatenate(v) for k, v in tables.items()}
     rows = len(cat["kind"])
     topk = lambda a, t_: pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1), t_), TOP_K).cast(pa.list_(t_))  # noqa: E731
-    return pa.table({  # the columns orchestrator.execution.rows.read_logprob_rows builds from an engine's output
+    return pa.table({  # the columns orchestrator.execution.engine_child.rows.read_logprob_rows builds from an engine's output
         "run_id": pa.array([run_id] * rows, pa.string()), "cell_id": pa.array([cell.cell_id] * rows, pa.string()),
         "kind": pa.array(np.where(cat["kind"] == 0, "prompt", "generation")),
         "repeat": cat["repeat"].astype(np.int16), "prompt_index": cat["prompt_index"].astype(np.int32),
@@ -352,8 +352,8 @@ def storage(work: Path) -> list[tuple[str, int, int]]:
     from adapters.contract.specs import LoadSpec, ModelSpec, ScoringSpec
     from adapters.engines.hf.adapter import HfAdapter
     from adapters.worker.group import capture_logprobs
-    from orchestrator.execution.prompts import Tokenizer, scoring_prompts
-    from orchestrator.execution.rows import read_logprob_rows
+    from orchestrator.execution.engine_child.prompts import Tokenizer, scoring_prompts
+    from orchestrator.execution.engine_child.rows import read_logprob_rows
     from orchestrator.execution.runner import cache_root
     from orchestrator.inputs.tiny_model import resolve_builtin
     from orchestrator.matrix.models import Measure

@@ -402,7 +402,7 @@ def main() -> None:
                          "repeat for several; default: ours=adapters/serving/load_generator.py")
     args = ap.parse_args()
 
-    from orchestrator.execution.prompts import Tokenizer, timing_prompts
+    from orchestrator.execution.engine_child.prompts import Tokenizer, timing_prompts
     from orchestrator.execution.runner import cache_root
     from orchestrator.inputs.tiny_model import resolve_builtin
     from orchestrator.matrix.models import SyntheticWorkload

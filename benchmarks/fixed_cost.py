@@ -15,7 +15,7 @@ timestamps are the "t" of its events (adapters/worker/group.py), on the same wal
 Pieces (seconds, wall clock), one after the other from the submission to the Parquet files written,
 so they add up to the total:
   Ray task start          submit -> the task's first line (a Ray worker: reused, or started for it)
-  worker imports          `import orchestrator.execution.scheduler` in that worker (0 in a reused one)
+  worker imports          `import orchestrator.execution.scheduling.scheduler` in that worker (0 in a reused one)
   job unpickling          the GroupJob (matrix, cells)
   spec (prompts)          the launcher until Popen: build_spec (tokenizer, timing and scoring prompts)
   child start             Popen -> the child's first event: interpreter start, `import adapters`, the spec
@@ -65,14 +65,14 @@ def _matrix(engine: str) -> dict:
 def traced_group_task(job_blob: bytes):
     """scheduler._group_task, with timers around the launcher's pieces (this Ray worker only)."""
     t_enter = time.time()
-    import orchestrator.execution.scheduler  # the real task's module: what its worker imports
+    import orchestrator.execution.scheduling.scheduler  # the real task's module: what its worker imports
     t_imported = time.time()
     job = pickle.loads(job_blob)
     t_job = time.time()
     import subprocess as sp
     import types
 
-    import orchestrator.execution.supervisor as L
+    import orchestrator.execution.engine_child.supervisor as L
 
     tr = {"enter": t_enter, "imported": t_imported, "job": t_job, "events": [], "arrow_s": 0.0}
 
@@ -109,7 +109,7 @@ def traced_group_task(job_blob: bytes):
     L._read_events = read_events
     L.measured = timed("arrow_s", L.measured)   # the supervisor's own references to the rows' builders
     L.read_logprob_rows = timed("arrow_s", L.read_logprob_rows)
-    rows = orchestrator.execution.scheduler._run_on_node(job)   # run_group, and the rows as the task hands them back
+    rows = orchestrator.execution.scheduling.scheduler._run_on_node(job)   # run_group, and the rows as the task hands them back
     tr["returned"] = time.time()
     return rows, tr
 
@@ -119,8 +119,8 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     import yaml
 
     from orchestrator.execution.runner import framework_python
-    from orchestrator.execution.scheduler import alive_nodes, job_need
-    from orchestrator.execution.spec import GroupJob
+    from orchestrator.execution.scheduling.scheduler import alive_nodes, job_need
+    from orchestrator.execution.engine_child.spec import GroupJob
     from orchestrator.matrix.cells import expand, group
     from orchestrator.matrix.validate import load_matrix
     from orchestrator.store.run_store import RunStore
@@ -132,7 +132,7 @@ def measure_group(engine: str, work: Path, cache: Path) -> dict:
     (g,) = group(expand(m))
     job = GroupJob(run_id=store.run_id, group=g, matrix=m, device="cpu", python=framework_python(m, engine),
                    cache_dir=str(cache), tries=1)
-    import orchestrator.execution.scheduler as sched
+    import orchestrator.execution.scheduling.scheduler as sched
 
     need = job_need(job, list(alive_nodes().values()))
     # the scheduler's own task options: max_calls=1 (a fresh Ray worker per group) where that checkout's
@@ -217,13 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-fixed-"))
     load_before = os.getloadavg()
 
-    from orchestrator.execution.scheduler import init_ray
+    from orchestrator.execution.scheduling.scheduler import init_ray
 
     t = time.time()
     init_ray(None)
     ray_init = time.time() - t
     results = {e: [measure_group(e, work, cache) for _ in range(args.repeats)] for e in engines}
-    print(f"measured {args.root}: {', '.join(sys.modules[m].__file__ for m in ('orchestrator.execution.supervisor', 'adapters'))}",
+    print(f"measured {args.root}: {', '.join(sys.modules[m].__file__ for m in ('orchestrator.execution.engine_child.supervisor', 'adapters'))}",
           file=sys.stderr)
     import ray
 

@@ -16,7 +16,7 @@ medians, and the range of the per-round ratios (each round's medians) as the spr
 bench's stored mean: on a shared machine one batch that another job preempted moves a mean by
 percent. The two sides run one after the other (never at once), in alternating order, each after
 waiting (up to --wait-idle seconds) for the machine to be idle, so machine noise and drift hit both.
-The token ids are built as `bench` builds them (orchestrator.execution.prompts.timing_prompts with the
+The token ids are built as `bench` builds them (orchestrator.execution.engine_child.prompts.timing_prompts with the
 matrix's workload, n = (warmup + repeats) x batch size, input_len), and both sides run `warmup`
 untimed batches, then `repeats` timed batches, of exactly those prompts, in the same order.
 
@@ -265,8 +265,8 @@ def _matrix(engine: str, args) -> dict:
 
 def _bare_job(engine: str, matrix_path: Path, cache: Path, repeats: int | None = None) -> dict:
     """The engine's model file and each batch size's prompts, built as bench builds them."""
-    from orchestrator.execution.prompts import Tokenizer, timing_prompts
-    from orchestrator.execution.spec import resolve_source
+    from orchestrator.execution.engine_child.prompts import Tokenizer, timing_prompts
+    from orchestrator.execution.engine_child.spec import resolve_source
     from orchestrator.matrix.validate import load_matrix
 
     m, _ = load_matrix(matrix_path)

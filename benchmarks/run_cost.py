@@ -9,7 +9,7 @@ appends a timestamp per piece to a file at once, so a process that ends with os.
 Pieces (seconds, wall clock; one after the other, they add up to the total):
   interpreter start       Popen -> the tracer's first line
   import orchestrator.cli
-  import ray              `import orchestrator.execution.scheduler` (Ray, the launcher): the run does it before ray.init
+  import ray              `import orchestrator.execution.scheduling.scheduler` (Ray, the launcher): the run does it before ray.init
   matrix                  load_matrix (+ expand): every matrix check
   manifest.write          both writes (start and end of the run)
   ray.init                scheduler.init_ray (the watchdog's start included): not in the goal
@@ -62,7 +62,7 @@ def trace(stamps: str, argv: list[str]) -> None:
     import orchestrator.store.compaction as compaction
     import orchestrator.store.manifest as manifest
     t = time.time()
-    import orchestrator.execution.scheduler as scheduler  # the run imports it (and Ray) once it has work: timed here
+    import orchestrator.execution.scheduling.scheduler as scheduler  # the run imports it (and Ray) once it has work: timed here
     stamp("import ray+", time.time() - t)
 
     def timed(mod, attr: str, name: str) -> None:

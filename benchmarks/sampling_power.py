@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters import ADAPTERS  # noqa: E402
 from adapters.contract.specs import LoadSpec, ModelSpec, SamplerSettings, engine_seed  # noqa: E402
-from orchestrator.execution.prompts import Tokenizer, scoring_prompts  # noqa: E402
+from orchestrator.execution.engine_child.prompts import Tokenizer, scoring_prompts  # noqa: E402
 from orchestrator.inputs.tiny_model import default_cache_root, resolve_builtin  # noqa: E402
 from orchestrator.judge.sampling_stats import first_token_test, permutation_test, sampler_probs  # noqa: E402
 from orchestrator.matrix.models import Measure  # noqa: E402

@@ -2,9 +2,9 @@
 
 The scheduler's own code decides everything: orchestrator/matrix/placement.py says what each engine group
 asks of a node (`group_need`: its GPUs, CPU, env_<framework> marker) and where it fits (`fits`);
-orchestrator/execution/estimate.py estimates each group from what `bench run` would know of it (framework,
+orchestrator/execution/scheduling/estimate.py estimates each group from what `bench run` would know of it (framework,
 weight bytes, tensor-parallel size; with history, what an earlier run measured); and
-orchestrator/execution/dispatch.py cuts the groups that would bind the makespan into parts, homes each part on
+orchestrator/execution/scheduling/dispatch.py cuts the groups that would bind the makespan into parts, homes each part on
 a node type, and says which part starts on which node whenever one frees up, as `bench run` does on
 Ray (it pins each part to its node). Around that, an event loop stands in for the cluster: a part
 holds its resources for its true duration, which the dispatcher never sees.
@@ -69,9 +69,9 @@ from pathlib import Path
 
 # this checkout's scheduler, not whichever lossless-bench is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from orchestrator.execution import model_size
-from orchestrator.execution.dispatch import Dispatcher, Progress, Work  # noqa: E402
-from orchestrator.execution.estimate import GroupFacts, History, estimate_groups  # noqa: E402
+from orchestrator.execution.scheduling import model_size
+from orchestrator.execution.scheduling.dispatch import Dispatcher, Progress, Work  # noqa: E402
+from orchestrator.execution.scheduling.estimate import GroupFacts, History, estimate_groups  # noqa: E402
 from orchestrator.matrix import placement  # noqa: E402
 from orchestrator.matrix.models import Run  # noqa: E402
 from orchestrator.store.schema import json_object  # noqa: E402
@@ -352,7 +352,7 @@ def split_lower_bound(groups: list[Group], cluster: list[NodeType]) -> tuple[flo
 # -- today's scheduler: whole groups, longest first by size x cells, Ray's greedy placement -------------------
 
 def today_estimate(weight_bytes: int, n_cells: int) -> float:
-    """The estimate before orchestrator/execution/estimate.py: loading and each cell grow with the weights, nothing else."""
+    """The estimate before orchestrator/execution/scheduling/estimate.py: loading and each cell grow with the weights, nothing else."""
     gb = weight_bytes / GB
     return 5.0 + 10.0 * gb + n_cells * (5.0 + 5.0 * gb)
 

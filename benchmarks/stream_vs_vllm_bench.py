@@ -5,7 +5,7 @@ of them at once (continuous batching), and both time that one call:
 
 - ours: the stream cell's code path, `VllmAdapter` loaded as a worker loads it for a stream cell
   (`LoadSpec.max_running` = the concurrency -> max_num_seqs) and its `generate` on the harness's own
-  synthetic prompts (`orchestrator.execution.prompts.timing_requests`), turned into output tokens/s by
+  synthetic prompts (`orchestrator.execution.engine_child.prompts.timing_requests`), turned into output tokens/s by
   `adapters.contract.timing.summarize`, the one definition every cell uses;
 - theirs: `vllm bench throughput`'s own pieces in the same vLLM environment: its argument parser
   (`vllm.benchmarks.throughput.add_cli_args`, so its engine defaults), its random dataset
@@ -128,7 +128,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from adapters.contract.intervals import log_ratio_interval
-    from orchestrator.execution.prompts import Tokenizer, timing_requests
+    from orchestrator.execution.engine_child.prompts import Tokenizer, timing_requests
     from orchestrator.execution.runner import cache_root
     from orchestrator.inputs.tiny_model import resolve_builtin
     from orchestrator.matrix.models import SyntheticWorkload

@@ -1,5 +1,5 @@
 """Which node runs a cell, when the driver moves unstarted cells of a running group to another node
-(work stealing, orchestrator/execution/ledger.py): a claim file per cell in the group's claims directory, on the
+(work stealing, orchestrator/execution/scheduling/ledger.py): a claim file per cell in the group's claims directory, on the
 node that runs the group. The engine worker claims each cell before it starts it, and the group's task
 claims the cells it hands over, so each cell runs exactly once."""
 

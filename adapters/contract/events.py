@@ -124,7 +124,7 @@ def parse_event(line: str | bytes) -> WorkerEvent:
 
 class PartReport(ContractModel):
     """What a running engine group (or part of one) tells the driver while it runs, across Ray: its
-    supervisor (orchestrator/execution/supervisor.py) sends one to the driver's progress board
+    supervisor (orchestrator/execution/engine_child/supervisor.py) sends one to the driver's progress board
     (orchestrator/execution/progress.py) as its engine starts loading, has loaded, starts a cell, and as
     each cell gets its row (`status`: the row's, ok, failed, timeout, crashed, unsupported)."""
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import adapters
 from adapters.contract.specs import ModelFacts
-from orchestrator.execution.model_size import cached_config
-from orchestrator.execution.spec import GroupJob, resolve_source
+from orchestrator.execution.scheduling.model_size import cached_config
+from orchestrator.execution.engine_child.spec import GroupJob, resolve_source
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """What a person sees while `bench run` runs: cells done of the total, moving as each cell ends, the cell
 (and engine) running on each node, and an ETA from the scheduler's own estimates.
 
-Pure (no Ray): the scheduler (orchestrator/execution/scheduler.py) tells `RunProgress` what it planned
-(each group's estimated load and cells, orchestrator/execution/estimate.py) and where it sent each part,
+Pure (no Ray): the scheduler (orchestrator/execution/scheduling/scheduler.py) tells `RunProgress` what it planned
+(each group's estimated load and cells, orchestrator/execution/scheduling/estimate.py) and where it sent each part,
 and hands it the `PartReport`s (adapters/contract/events.py) the parts' supervisors send to the driver's
-progress board (orchestrator/execution/ledger.py, `Board`) as engines load and cells start and end. The
+progress board (orchestrator/execution/scheduling/ledger.py, `Board`) as engines load and cells start and end. The
 runner hands it each stored row, so a cell that never ran (no node could host it, lost with its node)
 counts as done too.
 

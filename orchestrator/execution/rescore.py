@@ -21,9 +21,9 @@ import pandas as pd
 import pyarrow as pa
 
 from adapters.contract.specs import RESCORED_NPZ, RescoredSample, RescoreSpec
-from orchestrator.execution.prompts import Tokenizer
-from orchestrator.execution.spec import GroupJob, build_spec, tokenizer_source
-from orchestrator.execution.supervisor import run_child
+from orchestrator.execution.engine_child.prompts import Tokenizer
+from orchestrator.execution.engine_child.spec import GroupJob, build_spec, tokenizer_source
+from orchestrator.execution.engine_child.supervisor import run_child
 from orchestrator.inputs import task_sets
 from orchestrator.matrix.baselines import resolve_baselines
 from orchestrator.matrix.cells import Cell
@@ -109,7 +109,7 @@ def rescore_samples(m: Matrix, store: RunStore, todo: dict[str, pd.DataFrame], c
     that failed)."""
     import ray
 
-    from orchestrator.execution.scheduler import alive_nodes, job_need
+    from orchestrator.execution.scheduling.scheduler import alive_nodes, job_need
 
     sampling = m.measure.sampling
     by_id = {c.cell_id: c for c in cells}

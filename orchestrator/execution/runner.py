@@ -10,11 +10,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator.execution.estimate import History
+from orchestrator.execution.scheduling.estimate import History
 from orchestrator.execution.preflight import check_nodes, preflight, resolve_models
 from orchestrator.execution.progress import RunProgress
-from orchestrator.execution.spec import GroupJob, pair_jobs
-from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.execution.engine_child.spec import GroupJob, pair_jobs
+from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 from orchestrator.matrix.cells import Cell, EngineGroup, expand, group
 from orchestrator.matrix.models import Matrix
 from orchestrator.matrix.validate import load_matrix
@@ -82,7 +82,7 @@ def _rescore(m: Matrix, store: RunStore, cells: list[Cell], address: str | None,
     if m.measure.sampling is None or (selector is None and not m.measure.sampling.rescore):
         return
     from orchestrator.execution.rescore import plan, rescore_samples
-    from orchestrator.execution.scheduler import cluster_device, init_ray
+    from orchestrator.execution.scheduling.scheduler import cluster_device, init_ray
 
     todo = plan(store, m.baseline if selector is None else selector)
     if not todo:
@@ -107,13 +107,13 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
     if skipped and not quiet:
         console.print(f"resuming {store.root}: {skipped} of {len(cells)} cells already stored")
 
-    from orchestrator.execution.scheduler import cluster_device, init_ray, schedule, status_rows  # Ray only with work
+    from orchestrator.execution.scheduling.scheduler import cluster_device, init_ray, schedule, status_rows  # Ray only with work
 
     started = datetime.now(timezone.utc).isoformat()
     manifest.write(store, m, text, cells, started=started)
     if todo:
         measured = None
-        if history:   # durations earlier runs measured: the scheduler's estimates (orchestrator/execution/estimate.py)
+        if history:   # durations earlier runs measured: the scheduler's estimates (orchestrator/execution/scheduling/estimate.py)
             measured = History.read(history)
             if not quiet:
                 console.print(f"estimates from {measured.runs} run{'' if measured.runs == 1 else 's'} under {history}: {len(measured.cell_s)} cells and "
@@ -145,7 +145,7 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
 
             for job, status, reason in checked.excluded:
                 on_done(job, status_rows(job, status, reason))
-            if checked.runnable:   # an env pair runs as one job (orchestrator/execution/spec.py: pair_jobs)
+            if checked.runnable:   # an env pair runs as one job (orchestrator/execution/engine_child/spec.py: pair_jobs)
                 schedule(pair_jobs(checked.runnable), on_done, measured, progress)
     try:
         _rescore(m, store, cells, address, console, quiet)

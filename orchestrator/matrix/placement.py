@@ -4,7 +4,7 @@ scheduler, its simulation and `bench plan`.
 A group asks for its GPUs (tensor x pipeline parallel, on one node) or CPUs, optionally for a node
 that has declared its framework's environment (custom resource `env_<framework>`) and an accelerator
 type. Groups no node can ever satisfy are found before the run starts. Which node and when is
-orchestrator/execution/dispatch.py's, how long a group takes orchestrator/execution/estimate.py's.
+orchestrator/execution/scheduling/dispatch.py's, how long a group takes orchestrator/execution/scheduling/estimate.py's.
 """
 
 from __future__ import annotations

@@ -64,6 +64,8 @@ def summary_lines(v: Verdicts, run_dir: str | Path) -> list[str]:
     if best is not None:
         lines.append(f"fastest with outputs unchanged: {escape(_name(best))} ({best['verdict']}): "
                      f"{escape(speed_text(best))} against its baseline")
+    elif not (cells.baseline_cell_id.notna() & (cells.baseline_cell_id != cells.cell_id)).any():
+        lines.append("fastest with outputs unchanged: nothing to compare (every cell is its own baseline)")
     else:
         lines.append("fastest with outputs unchanged: none (no cell but the baseline is identical or lossless)")
     not_ok = cells[cells.status != "ok"] if "status" in cells else cells.iloc[:0]

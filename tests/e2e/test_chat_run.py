@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from orchestrator.execution.prompts import Tokenizer, timing_requests
-from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.execution.engine_child.prompts import Tokenizer, timing_requests
+from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.matrix.models import MatrixError, ShareGptWorkload
 from orchestrator.matrix.validate import parse_matrix

@@ -18,7 +18,7 @@ from ray.cluster_utils import Cluster
 from rich.console import Console
 
 from orchestrator.execution.runner import run_matrix
-from orchestrator.execution.scheduler import node_names
+from orchestrator.execution.scheduling.scheduler import node_names
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.placement import env_resource
 from orchestrator.matrix.validate import load_matrix

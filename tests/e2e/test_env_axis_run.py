@@ -17,7 +17,7 @@ import time
 import pytest
 import yaml
 
-from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 from tests.helpers import ROOT, bench_cmd
 
 WHEELS = PROJECT_ROOT / ".cache" / "wheels"

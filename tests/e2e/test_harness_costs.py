@@ -13,7 +13,7 @@ import time
 
 import psutil
 
-from orchestrator.execution.rows import read_logprob_rows
+from orchestrator.execution.engine_child.rows import read_logprob_rows
 from orchestrator.store.schema import LOGPROBS_SCHEMA
 from tests.helpers import ROOT, logprob_npz
 
@@ -24,7 +24,7 @@ def test_logprob_table_imports_neither_pandas_nor_pyarrow_compute(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from orchestrator.execution.rows import read_logprob_rows
+        from orchestrator.execution.engine_child.rows import read_logprob_rows
         read_logprob_rows("r", "c", Path({str(tmp_path / "c.npz")!r}))
         print(sorted(m for m in ("pandas", "pyarrow.compute") if m in sys.modules))
     """)
@@ -46,8 +46,8 @@ def test_rows_come_back_through_ray_without_pandas_or_pyarrow_compute_in_its_wor
             return os.getpid()
 
         def rows(self, npz: str):
-            import orchestrator.execution.scheduler as scheduler
-            from orchestrator.execution.rows import CellResult
+            import orchestrator.execution.scheduling.scheduler as scheduler
+            from orchestrator.execution.engine_child.rows import CellResult
 
             table = read_logprob_rows("r", "c", npz)
             scheduler.run_group = lambda job: [CellResult({"cell_id": "c"}, table, None, table)]
@@ -79,7 +79,7 @@ def test_a_process_imports_only_the_adapters_it_looks_up():
     Ray worker's launcher) imports adapters.engines.hf, not the other four frameworks' modules."""
     code = textwrap.dedent("""
         import sys
-        import adapters.worker.group, orchestrator.execution.supervisor
+        import adapters.worker.group, orchestrator.execution.engine_child.supervisor
         from adapters import ADAPTERS
         engines = ("adapters.engines.hf", "adapters.engines.vllm", "adapters.engines.trtllm", "adapters.engines.lmdeploy", "adapters.engines.llamacpp")
         before = [m for m in engines if m in sys.modules]

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from orchestrator.execution.prompts import Tokenizer, timing_requests
+from orchestrator.execution.engine_child.prompts import Tokenizer, timing_requests
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.matrix.models import HfWorkload
 from orchestrator.matrix.validate import parse_matrix

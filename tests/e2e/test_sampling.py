@@ -144,7 +144,7 @@ def test_the_baseline_engine_scored_every_cells_samples(sampling_run, tiny_model
     from transformers import AutoModelForCausalLM
 
     from adapters.contract.tokenizer import Tokenizer
-    from orchestrator.execution.prompts import scoring_prompts
+    from orchestrator.execution.engine_child.prompts import scoring_prompts
 
     prompts = scoring_prompts(store.read_manifest().matrix.measure, Tokenizer(str(tiny_model)))
     model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32).eval()

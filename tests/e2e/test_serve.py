@@ -29,7 +29,7 @@ from adapters.contract.specs import LoadSpec, ModelSpec
 from adapters.contract.timing import summarize
 from adapters.engines.llamacpp.adapter import LlamacppAdapter
 from adapters.serving import load_generator, server_process
-from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 from orchestrator.endpoints.diff import diff_endpoints, format_diff_report
 from tests.helpers import (API, KV_F32, ROOT, SERVE_IN, SERVE_OUT, SERVE_REPEATS, SERVE_REQUESTS, bench_cmd,
                            start_llamacpp)

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 from tests.helpers import ROOT, bench_cmd
 
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from adapters.serving import load_generator
-from orchestrator.execution.prompts import Tokenizer, timing_requests
-from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.execution.engine_child.prompts import Tokenizer, timing_requests
+from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 from orchestrator.matrix.models import ShareGptWorkload, SyntheticWorkload
 from tests.helpers import API, ROOT, SHAREGPT, bench_cmd, start_llamacpp
 

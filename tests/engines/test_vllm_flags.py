@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from orchestrator.execution.supervisor import PROJECT_ROOT
+from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 
 HAS_VLLM = (PROJECT_ROOT / ".venvs" / "vllm" / "bin" / "python").exists()
 

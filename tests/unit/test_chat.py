@@ -11,7 +11,7 @@ import pytest
 
 from adapters.contract.openai_api import ServerApi, completion_body, completion_path, stream_count
 from adapters.contract.tokenizer import chat_template
-from orchestrator.execution.prompts import Tokenizer, timing_requests
+from orchestrator.execution.engine_child.prompts import Tokenizer, timing_requests
 from orchestrator.inputs import tiny_model as tiny_build
 from orchestrator.inputs.chat import ChatRenderer, NoChatTemplate
 from orchestrator.matrix.models import ShareGptWorkload
@@ -60,8 +60,8 @@ def test_multi_turn_messages_grow_by_the_reply_and_the_next_question(tiny_model)
 def test_no_template_on_the_node_is_unsupported_rows(no_template, tmp_path):
     """Where only the node can tell (a hub model): every chat cell is `unsupported` with the reason, and no
     engine starts. Here a local model is let through validation by building the matrix without it."""
-    from orchestrator.execution.spec import GroupJob
-    from orchestrator.execution.supervisor import run_group
+    from orchestrator.execution.engine_child.spec import GroupJob
+    from orchestrator.execution.engine_child.supervisor import run_group
     from orchestrator.matrix.cells import expand, group
     from orchestrator.matrix.models import Matrix
 
@@ -108,7 +108,7 @@ def test_chat_workload_keeps_old_cell_ids():
 
 
 def test_servers_not_driven_through_chat_are_unsupported(tmp_path):
-    from orchestrator.execution.spec import GroupJob, unsupported_reason
+    from orchestrator.execution.engine_child.spec import GroupJob, unsupported_reason
     from orchestrator.matrix.cells import expand, group
 
     m = parse_matrix({**chat_matrix("builtin:tiny"), "axes": {"framework": ["trtllm", "vllm", "llamacpp"],

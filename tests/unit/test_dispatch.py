@@ -1,4 +1,4 @@
-"""The driver's dispatcher (orchestrator/execution/dispatch.py) without Ray: which groups are cut, that every cell
+"""The driver's dispatcher (orchestrator/execution/scheduling/dispatch.py) without Ray: which groups are cut, that every cell
 runs exactly once, that parts land only where they fit and never over-commit a node, node loss, and that a
 part's job runs its cells in the dispatcher's order."""
 
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from orchestrator.execution.dispatch import Dispatcher, Progress, Work, node_type, split
+from orchestrator.execution.scheduling.dispatch import Dispatcher, Progress, Work, node_type, split
 from orchestrator.matrix.placement import Need
 
 GPU1, GPU8 = Need(cpus=1, gpus=1), Need(cpus=1, gpus=8)
@@ -175,9 +175,9 @@ def test_no_steal_while_waiting_work_could_use_the_node_or_when_it_does_not_pay_
 
 def test_a_part_runs_its_cells_in_the_dispatchers_order():
     """The dispatcher puts a part's longest cells first; the part's job must run them in that order."""
-    from orchestrator.execution.dispatch import Work
-    from orchestrator.execution.scheduler import part_job
-    from orchestrator.execution.spec import GroupJob
+    from orchestrator.execution.scheduling.dispatch import Work
+    from orchestrator.execution.scheduling.scheduler import part_job
+    from orchestrator.execution.engine_child.spec import GroupJob
     from orchestrator.matrix.cells import EngineGroup
     from orchestrator.matrix.placement import Need
 

@@ -34,8 +34,8 @@ from adapters.base import Unsupported, log_softmax
 from adapters.contract.specs import LoadSpec, ModelSpec
 from adapters.engines.lmdeploy import adapter as lmd
 from adapters.engines.trtllm import adapter as trt
-from orchestrator.execution.spec import GroupJob, unsupported_reason
-from orchestrator.execution.supervisor import run_group
+from orchestrator.execution.engine_child.spec import GroupJob, unsupported_reason
+from orchestrator.execution.engine_child.supervisor import run_group
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.models import MatrixError
 from orchestrator.matrix.validate import load_matrix, parse_matrix

@@ -12,8 +12,8 @@ import pytest
 
 from adapters.contract.events import TurnWait
 from orchestrator.execution.runner import framework_python
-from orchestrator.execution.spec import GroupJob, pair_jobs
-from orchestrator.execution.supervisor import Floor
+from orchestrator.execution.engine_child.spec import GroupJob, pair_jobs
+from orchestrator.execution.engine_child.supervisor import Floor
 from orchestrator.matrix.baselines import resolve_baselines
 from orchestrator.judge.speed import PAIRED, WELCH, add_speed, paired_intervals, speed_intervals, took_turns
 from orchestrator.matrix.cells import expand, group
@@ -185,7 +185,7 @@ def test_groups_whose_cells_mix_none_and_numbers_pair_and_pass():
     key sorts without comparing None to a number, with and without an env axis."""
     import sys
 
-    from orchestrator.execution.spec import GroupJob, pair_jobs
+    from orchestrator.execution.engine_child.spec import GroupJob, pair_jobs
     from orchestrator.matrix.cells import expand, group
     from orchestrator.matrix.validate import parse_matrix
 

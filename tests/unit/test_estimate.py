@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from orchestrator.execution import model_size
-from orchestrator.execution.estimate import GroupFacts, History, estimate_groups, prior
+from orchestrator.execution.scheduling import model_size
+from orchestrator.execution.scheduling.estimate import GroupFacts, History, estimate_groups, prior
 from orchestrator.store.run_store import RunStore
 
 LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,

@@ -1,10 +1,10 @@
-"""The launcher's Arrow conversion of a cell's outputs (orchestrator/execution/rows.py): the logprob
+"""The launcher's Arrow conversion of a cell's outputs (orchestrator/execution/engine_child/rows.py): the logprob
 table has the store's schema and every value the engine child wrote. (That it imports nothing heavy,
 in a fresh interpreter and in a Ray worker: e2e/test_harness_costs.py.)"""
 
 import pyarrow as pa
 
-from orchestrator.execution.rows import read_logprob_rows
+from orchestrator.execution.engine_child.rows import read_logprob_rows
 from orchestrator.store.schema import LOGPROBS_SCHEMA
 from tests.helpers import logprob_npz
 

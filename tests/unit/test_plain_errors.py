@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
-from orchestrator.execution import reaper, scheduler
+from orchestrator.execution import reaper
+from orchestrator.execution.scheduling import scheduler
 from orchestrator.store import compaction, journal, run_store
 from orchestrator.store.run_store import RunStore
 from tests.helpers import SMALL_MATRIX, lp, row

@@ -12,7 +12,7 @@ import yaml
 
 from adapters.contract.specs import ModelFacts
 from orchestrator.execution.preflight import preflight, resolve_model
-from orchestrator.execution.spec import GroupJob
+from orchestrator.execution.engine_child.spec import GroupJob
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.models import ModelEntry
 from orchestrator.matrix.validate import load_matrix

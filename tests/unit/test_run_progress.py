@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from adapters.contract.events import PartReport
 from orchestrator.cli import app
-from orchestrator.execution import runner, scheduler
+from orchestrator.execution import runner
+from orchestrator.execution.scheduling import scheduler
 from orchestrator.execution.progress import RunProgress, cell_label
 from orchestrator.matrix.cells import Cell
 

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator.execution.prompts import Tokenizer, timing_requests
-from orchestrator.execution.spec import load_kind
+from orchestrator.execution.engine_child.prompts import Tokenizer, timing_requests
+from orchestrator.execution.engine_child.spec import load_kind
 from orchestrator.inputs import traces
 from orchestrator.matrix.cells import expand, load_label, serve_settings
 from orchestrator.matrix.validate import parse_matrix
@@ -233,7 +233,7 @@ def test_the_worker_gets_the_shapes(cache_dir):
     """build_spec: a trace's serve cells carry its gaps (every prepared request's), a gamma's its group's
     shape; both survive the JSON the worker reads."""
     from adapters.contract.specs import GroupSpec
-    from orchestrator.execution.spec import GroupJob, build_spec, tokenizer_source
+    from orchestrator.execution.engine_child.spec import GroupJob, build_spec, tokenizer_source
     from orchestrator.inputs import task_sets
     from orchestrator.matrix.cells import group
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.execution.prompts import Tokenizer, timing_prompts, timing_requests
+from orchestrator.execution.engine_child.prompts import Tokenizer, timing_prompts, timing_requests
 from orchestrator.inputs import datasets, lengths
 from orchestrator.inputs.lengths import LengthDist
 from orchestrator.matrix.models import MatrixError, ShareGptWorkload, SyntheticWorkload
@@ -180,7 +180,7 @@ def test_one_length_engines_refuse_per_request_lengths():
 
 
 def test_stream_cells_and_unsupported_engines(tmp_path):
-    from orchestrator.execution.spec import GroupJob, unsupported_reason
+    from orchestrator.execution.engine_child.spec import GroupJob, unsupported_reason
     from orchestrator.matrix.cells import expand, group, load_label
 
     m = parse_matrix({"models": {"t": "builtin:tiny"},

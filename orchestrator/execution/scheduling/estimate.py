@@ -7,7 +7,7 @@ A group is one engine load, then its cells one after another. Each part of that 
              `bench history ROOT` reads; ids are stable across runs);
   calibrated a config ROOT has not measured, in a run where others of its framework were: its prior
              times the median measured/prior ratio of those (of all frameworks, where none of its own);
-  prior      otherwise, from the weights the engine holds per GPU (orchestrator/execution/model_size.py) and
+  prior      otherwise, from the weights the engine holds per GPU (orchestrator/execution/scheduling/model_size.py) and
              the framework, on CUDA:
                load = fixed[fw] + 1.5 s/GB x GB/GPUs   (+ convert[fw] s/GB x GB: llama.cpp's HF->GGUF, 2)
                cell = (6 s + 0.8 s/GB x GB/GPUs) x speed[fw]

@@ -1,8 +1,8 @@
 """Which engine group, or part of one, runs on which node next: the driver's own list scheduler.
 
-Pure (no Ray): the scheduler (orchestrator/execution/scheduler.py) pins each part it gets from here to its node,
+Pure (no Ray): the scheduler (orchestrator/execution/scheduling/scheduler.py) pins each part it gets from here to its node,
 and benchmarks/simulate_schedule.py runs the same object against simulated durations. It sees only
-estimates (orchestrator/execution/estimate.py), never how long anything really takes.
+estimates (orchestrator/execution/scheduling/estimate.py), never how long anything really takes.
 
 Nodes fall into types: nodes offering the same resources (GPUs, CPUs, env_<framework> markers...).
 `units` are what a part takes of its node: GPUs, or CPUs in a run without GPUs.

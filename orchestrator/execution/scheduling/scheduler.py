@@ -1,7 +1,7 @@
 """Engine groups -> Ray tasks. One task per group, or per part of a group the dispatcher split, asking
-for the group's GPUs or CPUs on the node orchestrator/execution/dispatch.py chose (Ray's node affinity).
+for the group's GPUs or CPUs on the node orchestrator/execution/scheduling/dispatch.py chose (Ray's node affinity).
 
-The driver decides which part runs where and when, from estimates (orchestrator/execution/estimate.py): Ray
+The driver decides which part runs where and when, from estimates (orchestrator/execution/scheduling/estimate.py): Ray
 would start any task on any node with room, with no reservations and no idea how long a task takes.
 The driver is the only writer of results: tasks hand their rows back and the driver stores each
 part as soon as its task finishes. A task lost with its node is submitted again (bounded); a
@@ -18,14 +18,15 @@ from typing import Callable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from orchestrator.execution import model_size, reaper
-from orchestrator.execution.dispatch import Dispatcher, Work
-from orchestrator.execution.estimate import GroupFacts, History, estimate_groups
-from orchestrator.execution.ledger import Stealing, progress_board
+from orchestrator.execution import reaper
+from orchestrator.execution.scheduling import model_size
+from orchestrator.execution.scheduling.dispatch import Dispatcher, Work
+from orchestrator.execution.scheduling.estimate import GroupFacts, History, estimate_groups
+from orchestrator.execution.scheduling.ledger import Stealing, progress_board
 from orchestrator.execution.progress import RunProgress
-from orchestrator.execution.rows import CellResult, cell_row
-from orchestrator.execution.spec import GroupJob
-from orchestrator.execution.supervisor import run_group
+from orchestrator.execution.engine_child.rows import CellResult, cell_row
+from orchestrator.execution.engine_child.spec import GroupJob
+from orchestrator.execution.engine_child.supervisor import run_group
 from orchestrator.matrix import placement
 
 Rows = list[CellResult]

@@ -37,8 +37,8 @@ from adapters.contract.events import (
 from adapters.contract.processes import die_with_parent
 from adapters.contract.records import CellRecord
 from adapters.contract.specs import GroupSpec
-from orchestrator.execution.prompts import Tokenizer
-from orchestrator.execution.rows import (
+from orchestrator.execution.engine_child.prompts import Tokenizer
+from orchestrator.execution.engine_child.rows import (
     CellResult,
     cell_row,
     probe_rows,
@@ -47,7 +47,7 @@ from orchestrator.execution.rows import (
     read_task_rows,
     with_traceback,
 )
-from orchestrator.execution.spec import (
+from orchestrator.execution.engine_child.spec import (
     PROJECT_ROOT,
     GroupJob,
     build_spec,
@@ -184,7 +184,7 @@ def run_group(job: GroupJob) -> list[CellResult]:
         return _run_pair(job)
     if job.ledger is None:
         return _run_group(job, None)
-    from orchestrator.execution.ledger import PartChannel
+    from orchestrator.execution.scheduling.ledger import PartChannel
 
     channel = PartChannel(job.ledger, job.part_id)
     try:

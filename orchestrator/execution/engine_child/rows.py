@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from adapters.contract.events import Loaded
 from adapters.contract.records import LOGPROB_COLUMNS, LOGPROB_KINDS, PROBES, TASK_OUTPUTS, CellRecord, TaskError
-from orchestrator.execution.prompts import Tokenizer
-from orchestrator.execution.spec import PROJECT_ROOT, GroupJob, load_kind
+from orchestrator.execution.engine_child.prompts import Tokenizer
+from orchestrator.execution.engine_child.spec import PROJECT_ROOT, GroupJob, load_kind
 from orchestrator.inputs.task_metrics import task_rows
 from orchestrator.matrix.cells import Cell
 from orchestrator.matrix.models import stable_dump

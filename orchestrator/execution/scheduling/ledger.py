@@ -1,7 +1,7 @@
 """Work stealing between the driver and the parts running on the cluster: one Ray actor, the ledger.
 
 A running part's task reports its progress there (engine loaded, each cell's start and duration), and
-the driver reads it to project when each part will end (orchestrator/execution/dispatch.py `steal`). To move a
+the driver reads it to project when each part will end (orchestrator/execution/scheduling/dispatch.py `steal`). To move a
 part's unstarted tail to an idle node, the driver asks for those cells; the part's task claims each of
 them in its claims directory (adapters.contract.claims.claim_cell), where its engine worker claims every
 cell before starting it, and answers with the ones it got: a cell runs on one node or the other,
@@ -23,7 +23,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from adapters.contract.claims import claim_cell
-from orchestrator.execution.dispatch import Dispatcher, Progress, Work
+from orchestrator.execution.scheduling.dispatch import Dispatcher, Progress, Work
 
 POLL_S = 0.5        # how often a running part looks for cells asked of it
 
@@ -170,7 +170,7 @@ class Stealing:
 
 
 class PartChannel:
-    """What a running part's task (orchestrator/execution/supervisor.py) does with the ledger: report, and give up
+    """What a running part's task (orchestrator/execution/engine_child/supervisor.py) does with the ledger: report, and give up
     the cells asked of it that its worker has not claimed yet."""
 
     def __init__(self, ledger, part: str):

@@ -23,7 +23,7 @@ from adapters.contract.specs import (
     ScoringSpec,
     ServeSpec,
 )
-from orchestrator.execution.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
+from orchestrator.execution.engine_child.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
 from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
 from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule, pair_key, stream_schedule
@@ -44,7 +44,7 @@ class GroupJob:
     python: str
     cache_dir: str
     tries: int = 0          # times the scheduler has sent this group to Ray
-    ledger: Any = None      # work stealing (orchestrator/execution/ledger.py): the driver's ledger actor, and this part's id
+    ledger: Any = None      # work stealing (orchestrator/execution/scheduling/ledger.py): the driver's ledger actor, and this part's id
     part_id: str = ""
     board: Any = None       # the driver's progress board (orchestrator/execution/progress.py): PartReports go there
     env_vars: dict[str, str] = field(default_factory=dict)   # the matrix env's variables, in the engine child's environ

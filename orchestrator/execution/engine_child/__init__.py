@@ -1,0 +1,3 @@
+"""One engine group on its node: the typed spec its child gets (spec.py), with every prompt as token ids
+(prompts.py); the child process started, followed and ended whatever happens to it (supervisor.py); its files
+turned into the cells' rows (rows.py)."""
