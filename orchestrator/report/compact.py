@@ -172,18 +172,28 @@ def summary_compact(df: pd.DataFrame, title: str) -> Table:
 
 
 def task_compact(tv: pd.DataFrame) -> Table:
-    """The task layer, one line per cell and task: the score, the paired change with its interval, p."""
+    """The task layer, one line per cell and task: the score, the paired change with its interval, p. The cells whose
+    every task says `no change` share one line at the end (`--wide`: a line each)."""
     names, shared = _labels(tv)
-    t = _table("Task layer" + (f" ({shared})" if shared else ""))
+    quiet = tv.groupby("cell_id").task_verdict.transform(lambda v: (v == "no change").all()) if len(tv) else tv.cell_id
+    t = _table("Task layer" + (f" ({shared})" if shared else ""),
+               "--wide: a line for every cell and task" if len(tv) and quiet.any() else None)
     for col in ("cell", "task", "n", "score", "change [95% CI]", "p", "verdict"):
         _col(t, col, right=col in ("n", "score", "change [95% CI]", "p"))
-    for name, r in zip(names, tv.to_dict("records")):
+    for name, r, same in zip(names, tv.to_dict("records"), quiet if len(tv) else []):
+        if same:
+            continue
         judged = r["task_verdict"] != "n/a"
         change = f"{_g(r.get('change'), '+.3f')} [{_g(r.get('change_lo'), '+.3f')}, {_g(r.get('change_hi'), '+.3f')}]" \
             if judged and finite(r.get("change")) else ""
         t.add_row(name, str(r["task"]), f"{int(r['n'])}" if finite(r.get("n")) else "", _g(r.get("score"), ".3f"),
                   change, _g(r.get("p_value"), ".3g") if judged else "",
                   _styled(r["task_verdict"], _LAYER) + ("" if judged else f" {escape(str(r.get('task_reason') or ''))}"))
+    if len(tv) and quiet.any():
+        cells, tasks = tv[quiet].cell_id.nunique(), tv[quiet].task.nunique()
+        t.add_row(f"{cells} other cell{'s' * (cells != 1)}" if not quiet.all() else f"all {cells} cells",
+                  f"{tasks} task{'s' * (tasks != 1)}", f"{int(tv[quiet].n.min())}+" if finite(tv[quiet].n.min()) else "",
+                  "", "", "", _styled("no change", _LAYER) + " (every task)")
     return t
 
 

@@ -78,3 +78,21 @@ def test_formats_give_the_rows_of_the_table_with_every_column(run):
     assert len(shown) == 5 and "ttft_ms_p50" in shown[0]
     bad = CliRunner().invoke(app, ["compare", run, "--format", "xml"])
     assert bad.exit_code == 2 and "expected one of table, csv, json, md" in bad.stderr
+
+
+def test_task_table_folds_the_cells_whose_every_task_says_no_change_into_one_line():
+    """36 rows of which 33 said `no change` buried the three that moved: those cells now share one line."""
+    from orchestrator.judge.verdicts import judge_run
+    from orchestrator.report.compact import task_compact
+
+    tv = judge_run(ROOT / "tests" / "data" / "golden" / "runs" / "new").tasks
+    assert (tv.task_verdict == "no change").all() and tv.cell_id.nunique() == 4
+    t = task_compact(tv)
+    assert t.row_count == 1 and t.columns[0]._cells == ["all 4 cells"]
+    moved = tv.copy()
+    first = moved.cell_id.iloc[0]
+    moved.loc[moved.index[0], "task_verdict"] = "regressed"
+    t = task_compact(moved)
+    # the moved cell keeps a line per task (its unmoved task too); the three others share one
+    assert t.row_count == 2 + 1 and t.columns[0]._cells[-1] == "3 other cells"
+    assert (moved.cell_id == first).sum() == 2
