@@ -54,3 +54,32 @@ def test_report_compare_and_export_judge_a_run_alike(tmp_path):
     assert res.exit_code == 0, res.output
     exported = [json.loads(x) for x in (tmp_path / "x" / "verdicts.jsonl").read_text().splitlines()]
     assert _words(exported) == _words(compared["cells"])
+
+
+def _conforms(frame, schema) -> None:
+    """Every declared column present in `frame` converts to its declared type (nulls allowed)."""
+    import pyarrow as pa
+
+    for field in schema:
+        if field.name in frame:
+            values = [None if (v is None or (isinstance(v, float) and v != v)) else v for v in frame[field.name]]
+            pa.array(values, type=field.type)   # raises where a value is not of the declared type
+
+
+def test_every_table_judge_run_returns_has_one_declared_schema(tmp_path):
+    from orchestrator.judge import verdicts as vs
+
+    shutil.copytree(RUNS, tmp_path, dirs_exist_ok=True)
+    within = judge_run(tmp_path / "new")
+    across = judge_run(tmp_path / "new", against=tmp_path / "old")
+    assert vs.undeclared(within.cells, vs.CELL_VERDICT_COLUMNS) == []
+    assert vs.undeclared(across.cells, vs.CELL_VERDICT_COLUMNS, vs.PAIR_VERDICT_COLUMNS) == []
+    for v in (within, across):
+        assert vs.undeclared(v.tasks, vs.TASK_VERDICT_COLUMNS) == []
+        assert vs.undeclared(v.sampling, vs.SAMPLING_VERDICT_COLUMNS) == []
+        _conforms(v.cells, vs.CELL_VERDICT_COLUMNS)
+        _conforms(v.tasks, vs.TASK_VERDICT_COLUMNS)
+        _conforms(v.sampling, vs.SAMPLING_VERDICT_COLUMNS)
+    _conforms(across.cells, vs.PAIR_VERDICT_COLUMNS)
+    # and the check has teeth: an undeclared column is named
+    assert vs.undeclared(within.cells.assign(made_up=1), vs.CELL_VERDICT_COLUMNS) == ["made_up"]
