@@ -19,7 +19,7 @@ SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
 
 # what a study's output must hold: a line of its table that only a finished run prints
 PRINTS = {
-    "analysis_at_scale": r"bench report\s+compacted .*: met",
+    "analysis_at_scale": r"^bench report\s+compacted\s+\d",
     "client_cost": r"^\s+2 ours:ids\s+1 \|",
     "client_stamp": r"^\s+2 theirs:noenv\s+\|\s+\d+",
     "endpoint_power": r"^fp32 vs q4_0\s+4 ",
@@ -63,12 +63,12 @@ def test_quick_mode_runs_the_study_end_to_end(script, tmp_path):
         f"benchmarks/{script.name} has no --quick mode (see benchmarks/README.md)"
     args, files = _outputs(script.stem, tmp_path)
     proc = subprocess.run([sys.executable, str(script), "--quick", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)})
+                          check=False, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)})
     tail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
     assert proc.returncode == 0, f"benchmarks/{script.name} --quick exited {proc.returncode}{tail}"
     assert proc.stdout.strip(), f"benchmarks/{script.name} --quick printed nothing{tail}"
     if script.stem in PRINTS:
-        assert re.search(PRINTS[script.stem], proc.stdout, re.M), f"no line matching {PRINTS[script.stem]!r}{tail}"
+        assert re.search(PRINTS[script.stem], proc.stdout, re.MULTILINE), f"no line matching {PRINTS[script.stem]!r}{tail}"
     for f in files:
         assert f.is_file() and f.stat().st_size, f"{f} not written{tail}"
         if f.suffix == ".json":
