@@ -2,8 +2,8 @@
 as `python benchmarks/X.py --quick` runs it (a child process, this checkout's code). The scripts are found by
 glob, so a new one without a quick mode fails here, and a refactor that breaks one fails CI rather than rotting
 unseen. Each must exit 0 and print what its study prints (the line below that names it); where it takes an
-output folder or file, that goes under tmp_path and is checked. Costs: benchmarks/README.md (about 5 minutes in
-all on a 2-core host, 3 of them the three vLLM studies' engine starts)."""
+output folder or file, that goes under tmp_path and is checked. Costs: benchmarks/README.md (about 6 minutes in
+all on a shared 2-core host, 3.5 of them the three vLLM studies, mostly their engine starts)."""
 
 import json
 import os
