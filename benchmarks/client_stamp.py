@@ -19,6 +19,7 @@ it) and write -> stamp (the first chunk's way back, and the parsing before the c
 The server's own 10 ms is the same for every client and drops out. Medians over requests, per round.
 
     .venv/bin/python benchmarks/client_stamp.py                  # 3 rounds, concurrency 1 and 4 (~1 min)
+    .venv/bin/python benchmarks/client_stamp.py --quick          # 1 round, concurrency 2, 8 requests (CI)
 """
 
 from __future__ import annotations
@@ -135,7 +136,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="one round, concurrency 2, 8 requests, for CI")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.concurrency, args.requests = 1, "2", 8
     sys.path.insert(0, str(ROOT))
     from adapters.serving.server_process import free_port
 

@@ -3,6 +3,7 @@ and from how many seeds? And how often does it call two identical servers differ
 
     python benchmarks/endpoint_power.py [--seeds 16 64] [--prompts 4] [--null-runs 10] [--null-seeds 16]
                                         [--null-start 0] [--lr-null-runs 10]
+    python benchmarks/endpoint_power.py --quick   # 2 prompts, 4 seeds, one run of each part (CI)
 
 Three llama-cpp-python servers on the built-in tiny model (fp32, fp32 again, q4_0; f32 KV cache, one
 thread each), the prompts of tests/e2e/test_serve.py, temperature 0.8 / top-p 0.95, 16 tokens a sample,
@@ -91,7 +92,10 @@ def main() -> None:
     ap.add_argument("--null-seeds", type=int, default=16)
     ap.add_argument("--null-start", type=int, default=0, help="the first null run (k); runs are deterministic in k")
     ap.add_argument("--lr-null-runs", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="2 prompts, 4 seeds, one comparison of each part, for CI")
     args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.prompts, args.null_runs, args.null_seeds, args.lr_null_runs = [4], 2, 1, 4, 1
     cache = default_cache_root()
     source = resolve_builtin("tiny", cache)
     ggufs = {q: str(gguf_for(str(source), q, cache)[0]) for q in ("fp32", "q4_0")}

@@ -22,6 +22,7 @@ intervals hold 1. Output: a Markdown table (and --json FILE: every round's numbe
 
     python benchmarks/env_pair_noise.py --rounds 4                     # quiet and busy, ~12 min on 2 cores
     python benchmarks/env_pair_noise.py --rounds 4 --conditions busy --busy-period 0.3 3
+    python benchmarks/env_pair_noise.py --quick     # one quiet round, 2 repeats: the three `bench run`s (CI)
 """
 
 from __future__ import annotations
@@ -136,7 +137,10 @@ def main() -> None:
                     help="busy host: the background process is busy, then idle, for LO-HI s each (uniform)")
     ap.add_argument("--wheels", default=str(ROOT / ".cache" / "wheels"))
     ap.add_argument("--json", type=Path, help="Write every round's (ratio, lo, hi) here")
+    ap.add_argument("--quick", action="store_true", help="one quiet round of 2 repeats, for CI")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.repeats, args.conditions = 1, 2, ["quiet"]
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="env-pair-noise-") as tmp:
         work = Path(tmp)

@@ -87,7 +87,7 @@ def traced_group_task(job_blob: bytes):
                 tr.setdefault("exit_seen", time.time())
             return rc
 
-    L.subprocess = types.SimpleNamespace(Popen=Popen, STDOUT=sp.STDOUT, DEVNULL=sp.DEVNULL)
+    L.subprocess = types.SimpleNamespace(**(vars(sp) | {"Popen": Popen}))   # PIPE, TimeoutExpired ... as they are
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -107,8 +107,11 @@ def traced_group_task(job_blob: bytes):
         return events, offset
 
     L._read_events = read_events
-    L.measured = timed("arrow_s", L.measured)   # the supervisor's own references to the rows' builders
-    L.read_logprob_rows = timed("arrow_s", L.read_logprob_rows)
+    # the supervisor's own references to the rows' builders (the cell's row; its logprob, task and sample rows),
+    # those this checkout has (a checkout of before 7d18aa2 calls cell_row `measured`)
+    for name in ("measured", "cell_row", "read_logprob_rows", "read_task_rows", "read_sample_rows"):
+        if hasattr(L, name):
+            setattr(L, name, timed("arrow_s", getattr(L, name)))
     rows = orchestrator.execution.scheduling.scheduler._run_on_node(job)   # run_group, and the rows as the task hands them back
     tr["returned"] = time.time()
     return rows, tr
@@ -207,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-e2e", action="store_true", help="skip the `bench run` end-to-end line")
     p.add_argument("--root", type=Path, default=ROOT, help="the checkout to measure (default: this one; e.g. a "
                    "copy without a fix, for before/after)")
+    p.add_argument("--quick", action="store_true", help="the smallest run of the same code path, for CI: llamacpp "
+                   "alone, one group, the `bench run` line included (about a minute)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.engines, args.repeats = "llamacpp", 1
     sys.path.insert(0, str(args.root))
     engines = args.engines.split(",")
     cache = Path(os.environ.get("LOSSLESS_BENCH_CACHE", Path.home() / ".cache" / "lossless-bench"))

@@ -15,6 +15,7 @@ point estimate, median over pairs. Output is a Markdown table.
 
     python benchmarks/interval_coverage.py                   # 10,000 pairs per setting, ~30 s
     python benchmarks/interval_coverage.py --trials 20000 --seed 1
+    python benchmarks/interval_coverage.py --quick           # 200 pairs per setting (CI)
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=10_000, help="(cell, baseline) pairs per setting")
     ap.add_argument("--ratio", type=float, default=1.2, help="the true speed-up")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="200 pairs per setting, for CI (seconds)")
     args = ap.parse_args()
+    if args.quick:
+        args.trials = 200
 
     print(f"true ratio {args.ratio}, {args.trials:,} simulated pairs per row, nominal level 95%, seed {args.seed}\n")
     print("| repeats per side | log sigma | bootstrap coverage | welch-log coverage "
@@ -66,6 +70,8 @@ def main() -> None:
                 cover = np.mean((lo <= args.ratio) & (args.ratio <= hi))
                 rows.append((cover, np.median((hi - lo) / point)))
             (bc, bw), (wc, ww) = rows
+            if not (0 < bc <= 1 and 0 < wc <= 1 and bw > 0 and ww > 0):
+                sys.exit(f"coverage or width out of range: {rows}")
             print(f"| {n} | {sigma} | {bc:.1%} | {wc:.1%} | {bw:.3f} | {ww:.3f} |", flush=True)
 
 

@@ -48,6 +48,7 @@ Run it with the main venv's python (it starts the vLLM side in .venvs/vllm by it
     .venv/bin/python benchmarks/overhead.py --engines hf --rounds 3
     .venv/bin/python benchmarks/overhead.py --json /tmp/overhead.json
     .venv/bin/python benchmarks/overhead.py --root /tmp/old-checkout   # bench from another checkout
+    .venv/bin/python benchmarks/overhead.py --quick    # hf, batch 1, one round of 2 batches, no idle wait (CI)
 
 `--bare ENGINE JOB OUT` is the child's entry point (not for people).
 """
@@ -418,7 +419,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="timed batches per side and batch size in the paired table (0: no paired table)")
     p.add_argument("--bare", nargs=3, metavar=("ENGINE", "JOB", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--paired", nargs=3, metavar=("ENGINE", "JOB", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--quick", action="store_true", help="hf, batch 1, one round of 2 timed batches (8 tokens), "
+                   "2 paired batches, no idle wait, for CI")
     args = p.parse_args(argv)
+    if args.quick:
+        args.engines, args.batch_sizes, args.rounds, args.output_len = "hf", "1", 1, 8
+        args.warmup, args.repeats, args.paired_repeats, args.wait_idle = 1, 2, 2, 0
     for flag, loop in (("bare", bare_loop), ("paired", paired_loop)):
         if getattr(args, flag):
             engine, job, out = getattr(args, flag)

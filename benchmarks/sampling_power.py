@@ -2,6 +2,7 @@
 
     python benchmarks/sampling_power.py [--engine hf|llamacpp] [--seeds 16] [--prompts 8] [--tokens 16]
                                         [--seeding per-prompt|shared]
+    python benchmarks/sampling_power.py --quick    # 2 prompts x 4 seeds x 4 tokens, 2 repeats (CI, seconds)
 
 On the built-in tiny model, with the engine's own seeded sampler (the adapter's `sample`, in this
 process), at the settings of matrices/smoke.yaml (temperature 0.8, top-p 0.95), both tests of
@@ -91,7 +92,10 @@ def main() -> None:
     ap.add_argument("--seeding", default="per-prompt", choices=["per-prompt", "shared"],
                     help="per-prompt: the engine gets engine_seed(seed, prompt), as bench run sends it; shared: the "
                     "same engine seed for every prompt (before that fix)")
+    ap.add_argument("--quick", action="store_true", help="2 prompts x 4 seeds x 4 tokens, 2 repeats, for CI")
     args = ap.parse_args()
+    if args.quick:
+        args.seeds, args.prompts, args.tokens, args.repeats = 4, 2, 4, 2
     global SEEDING
     SEEDING = args.seeding
 

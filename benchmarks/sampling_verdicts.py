@@ -2,6 +2,7 @@
 changes that move the distribution, at fixed seeds and at `seeds: auto`, and what it says across engines.
 
     python benchmarks/sampling_verdicts.py [--offsets 20] [--seeds 16] [--out DIR]
+    python benchmarks/sampling_verdicts.py --quick --out DIR   # one offset, 4 seeds, auto up to 8 (CI)
 
 Everything runs through `bench run` (a real local Ray cluster, real engines on the built-in tiny model)
 and is judged by `analyse_sampling`, as `bench compare` prints it. Each configuration is a flag set with a
@@ -41,8 +42,8 @@ SHOW = ["framework", "quantization", "flags", "samples_n", "dist_seeds_cell", "d
         "model_verdict", "served_verdict", "sampling_verdict", "seeds_needed"]
 
 
-def matrix(offsets: int, seeds: int) -> dict:
-    auto = {"seeds": "auto", "auto_seeds": {"min_seeds": seeds, "step": 16, "max_seeds": 256}}
+def matrix(offsets: int, seeds: int, max_seeds: int = 256) -> dict:
+    auto = {"seeds": "auto", "auto_seeds": {"min_seeds": seeds, "step": 16, "max_seeds": max_seeds}}
     hf_sets = {f"off{k}": {"num_threads": 1, "sampling": {"seed_offset": 1000 * k}} for k in range(1, offsets + 1)}
     lc_sets = {"f32_kv": EXACT_KV, "f32_kv_auto": EXACT_KV | {"sampling": auto}, "default_auto": {"sampling": auto}}
     include = [{"framework": "hf", "flags": f, "quantization": "fp32"} for f in hf_sets]
@@ -74,12 +75,16 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=16, help="seeds per prompt (the first draw of seeds: auto)")
     ap.add_argument("--out", type=Path, default=None, help="where the run and the CSV tables go")
     ap.add_argument("--reuse", action="store_true", help="judge the run already under --out again, without running")
+    ap.add_argument("--quick", action="store_true", help="one offset, 4 seeds, seeds: auto up to 8, for CI")
     a = ap.parse_args()
+    max_seeds = 256
+    if a.quick:
+        a.offsets, a.seeds, max_seeds = 1, 4, 8
     out = a.out or Path(tempfile.mkdtemp(prefix="sampling-verdicts-"))
     out.mkdir(parents=True, exist_ok=True)
     path = out / "matrix.yaml"
     if not a.reuse:
-        path.write_text(yaml.safe_dump(matrix(a.offsets, a.seeds)))
+        path.write_text(yaml.safe_dump(matrix(a.offsets, a.seeds, max_seeds)))
     t0 = time.perf_counter()
     root = out / "run" if a.reuse else run_matrix(path, out / "run").root
     print(f"bench run: {time.perf_counter() - t0:.0f} s, run dir {root}")

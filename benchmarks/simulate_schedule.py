@@ -13,6 +13,7 @@ holds its resources for its true duration, which the dispatcher never sees.
     python benchmarks/simulate_schedule.py --cells 50000
     python benchmarks/simulate_schedule.py --gpus 64 --cells 2000 --seed 3
     python benchmarks/simulate_schedule.py --from-run results/smoke   # durations measured by a real run
+    python benchmarks/simulate_schedule.py --quick            # 32 GPUs, 300 cells (CI, seconds)
 
 Default workload (seeded, `--seed`): engine groups of 6-16 cells are drawn for five frameworks and
 six models of 1B-70B parameters in the quantizations each framework runs; a group's GPU count (its
@@ -640,7 +641,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="sigma of the run-to-run LogNormal between the earlier run's measurements and the truth")
     p.add_argument("--no-steal", action="store_true", help="the dispatcher without run-time work stealing (run.steal_cells: false)")
     p.add_argument("--from-run", metavar="DIR", help="draw groups and durations from a measured run's cells table")
+    p.add_argument("--quick", action="store_true", help="32 GPUs, 300 cells, for CI (seconds)")
     a = p.parse_args(argv)
+    if a.quick:
+        a.gpus, a.cells = 32, 300
     t0 = time.perf_counter()
     cluster = default_cluster(a.gpus)
     if a.seeds:

@@ -3,6 +3,7 @@ its verification (every journal part checked, the compacted files read back), an
 every journal record would add to storing a cell.
 
     .venv/bin/python benchmarks/store_fsync.py [--cells 2000] [--rows 256] [--repeats 3] [--dir /tmp]
+    .venv/bin/python benchmarks/store_fsync.py --quick    # 50 cells x 16 rows, one repeat (CI)
 
 Each variant runs on its own copy of one journal, the variants interleaved per repeat; medians are printed.
 The folder (--dir) decides the file system and disk measured: give the one results/ lives on.
@@ -77,7 +78,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--quick", action="store_true", help="50 cells x 16 rows, one repeat, for CI (seconds)")
     a = ap.parse_args()
+    if a.quick:
+        a.cells, a.rows, a.repeats = 50, 16, 1
     base = Path(tempfile.mkdtemp(prefix="store-fsync-", dir=a.dir))
     try:
         appends = {"no fsync (as shipped)": [], "fdatasync per record": []}

