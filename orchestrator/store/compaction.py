@@ -69,6 +69,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from orchestrator.store.bulk_parquet import RowGroupWriter, scan_in_order
+from orchestrator.store.integrity import file_facts, parquet_format, refuse_links, seal
 from orchestrator.store.journal import JournalReader, fsync_dir
 from orchestrator.store.layout import COMMIT_FILE, COMPACTED_PREFIX, STAGING_PREFIX, Layout, read_commit
 from orchestrator.store.run_store import RunStore, atomic_write_text
@@ -95,7 +96,8 @@ class _Writer(RowGroupWriter):
 def _commit(store: RunStore, record: dict) -> None:
     # durable when it names files to delete: a power loss must not leave the journal deleted and the
     # commit that names the compacted files unwritten
-    atomic_write_text(store.root / COMMIT_FILE, json.dumps(record, sort_keys=True), durable=bool(record.get("delete")))
+    atomic_write_text(store.root / COMMIT_FILE, seal(json.dumps(record, sort_keys=True)),
+                      durable=bool(record.get("delete") or record.get("damaged")))
 
 
 class Incomplete(RuntimeError):
@@ -160,8 +162,18 @@ def _finish(store: RunStore, record: dict) -> None:
             os.unlink(os.path.join(root, rel))
         except FileNotFoundError:
             pass
-    if record.get("staged") or record.get("delete"):
-        _commit(store, {k: v for k, v in record.items() if k not in ("staged", "delete")})
+    _keep_damaged(root, record.get("damaged") or [])
+    if record.get("staged") or record.get("delete") or record.get("damaged"):
+        _commit(store, {k: v for k, v in record.items() if k not in ("staged", "delete", "damaged")})
+
+
+def _keep_damaged(root: str, rels: list[str]) -> None:
+    """Journal files holding bytes no record was folded from (a torn or damaged tail): kept as
+    <name>.damaged, never read again, never deleted by bench."""
+    for rel in rels:
+        src = os.path.join(root, rel)
+        if os.path.exists(src):
+            os.replace(src, src + ".damaged")
 
 
 def remove_partial_writes(store: RunStore) -> int:
@@ -169,6 +181,7 @@ def remove_partial_writes(store: RunStore) -> int:
     (`recover`). Never read; removed on resume (by the writer only). Returns files removed."""
     if not store.root.exists():
         return 0
+    refuse_links(store.root)
     removed = recover(store)
     stale = list(store.root.rglob(".tmp-*"))
     for path in stale:
@@ -180,7 +193,7 @@ def recover(store: RunStore) -> int:
     """Finish a committed compaction that was killed, and remove what an uncommitted one wrote.
     Only a writer (it holds the run dir's lock, or is the driver) calls this. Returns files removed."""
     record = read_commit(store.root)
-    if record.get("staged") or record.get("delete"):
+    if record.get("staged") or record.get("delete") or record.get("damaged"):
         _finish(store, record)
         record = read_commit(store.root)
     live = set((record.get("cells") or {}).values())
@@ -222,7 +235,7 @@ def _read_cell_rows(paths: list[str]) -> pa.Table:
 
 
 def _read_cells_file(path) -> pa.Table:
-    return ds.dataset(str(path), format="parquet", schema=CELLS_FILE_SCHEMA).to_table()
+    return ds.dataset(str(path), format=parquet_format(), schema=CELLS_FILE_SCHEMA).to_table()
 
 
 def _part_cells(path, info: dict, skip: set[str]) -> Iterator[tuple[str, pa.Table]]:
@@ -231,7 +244,7 @@ def _part_cells(path, info: dict, skip: set[str]) -> Iterator[tuple[str, pa.Tabl
     pending: list[pa.Table] = []
     have = 0
     cid, need = next(counts, (None, 0))
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+    for batch in pq.ParquetFile(path, page_checksum_verification=True).iter_batches(batch_size=ROW_GROUP_ROWS):
         pending.append(pa.Table.from_batches([batch]))
         have += batch.num_rows
         while cid is not None and have >= need:
@@ -297,10 +310,13 @@ def compact(store: RunStore) -> dict:
 
 def _compact(store: RunStore) -> dict:
     started = time.monotonic()
+    refuse_links(store.root)
+    store.close_journal()   # this process's journal file ends with its end record
     recover(store)
     for tmp in store.root.rglob(".tmp-*"):   # partial writes of a killed driver (we hold the lock)
         tmp.unlink(missing_ok=True)
     lay = Layout.scan(store.root)   # a journal record that does not verify, with records after it: DamagedJournal
+    lay.checked_all()               # every live compacted file as compacted.json recorded it
     for path, records in lay.journal_records.items():   # every part of every record, before any is folded
         with JournalReader(path, lay.journal_schemas[path]) as reader:
             reader.verify(records)
@@ -309,12 +325,14 @@ def _compact(store: RunStore) -> dict:
     # read after the commit (a per-cell side file without its cells row is an interrupted write)
     old_files = [f"cells/framework={fw}/{cid}.parquet" for fw, cid in lay.percell_files]
     old_files += [f"{name}/framework={fw}/{cid}.parquet" for name, files in lay.percell_side.items() for fw, cid in files]
-    old_files += [str(p.relative_to(store.root)) for p in lay.journal_files]
+    old_files += [str(p.relative_to(store.root)) for p in lay.journal_files if p not in lay.tails]
+    damaged = [str(p.relative_to(store.root)) for p in lay.tails]   # bytes not folded: kept as *.damaged
     live = {**lay.percell, **{cid: rec.framework for cid, rec in lay.journal.items()}}   # cell_id -> framework
     stats = {"generation": lay.generation, "cells_folded": len(live), "frameworks": [], "seconds": 0.0}
     if not live:
         for rel in old_files:   # orphans and empty journals only
             (store.root / rel).unlink(missing_ok=True)
+        _keep_damaged(str(store.root), damaged)
         return stats
 
     gen = lay.generation + 1
@@ -357,7 +375,8 @@ def _compact(store: RunStore) -> dict:
             if written is not None:
                 written.result()
             (store.root / "cells" / part).mkdir(parents=True, exist_ok=True)
-            written = cells_writes.submit(pq.write_table, cells, str(store.root / stage_cells), compression="zstd")
+            written = cells_writes.submit(pq.write_table, cells, str(store.root / stage_cells), compression="zstd",
+                                          write_page_checksum=True)
             staged[final_cells] = stage_cells
             new["cells"][fw] = final_cells
             for name, side in SIDE_TABLES.items():
@@ -367,7 +386,12 @@ def _compact(store: RunStore) -> dict:
             written.result()
 
     _read_back(store, lay, by_fw, new, staged)
-    commit = {"version": 1, "generation": gen, **new, "staged": staged, "delete": sorted(set(delete) - set(staged))}
+    # what a reader checks each live file against (integrity.py): the new files' facts, the others' as recorded
+    live_files = set(new["cells"].values()) | {rel for name in SIDE_TABLES for rel in new[name]}
+    files = {rel: f for rel, f in (record.get("files") or {}).items() if rel in live_files and rel not in staged}
+    files.update((final, file_facts(store.root / stage)) for final, stage in staged.items())
+    commit = {"version": 2, "generation": gen, **new, "files": files, "staged": staged,
+              "delete": sorted(set(delete) - set(staged)), "damaged": damaged}
     _commit(store, commit)
     _finish(store, commit)
     stats.update(generation=gen, seconds=round(time.monotonic() - started, 3))

@@ -57,7 +57,7 @@ import tempfile
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -195,6 +195,27 @@ class JournalWriter:
         finally:
             os.close(fd)
 
+    def close(self) -> None:
+        """The end record: this file is complete (a record that does not verify before it is damage,
+        never a torn write). The next append, if any, starts a new file."""
+        if self.path is None:
+            return
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+        except FileNotFoundError:   # folded and deleted by a compaction
+            self.path = None
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_ino, st.st_size) == (self.ino, self.size):
+                if self.rows:
+                    self._write_rows(fd)
+                self._write(fd, _end_record(self.schemas["cells"]))
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+            self.path = None
+
     def _write_rows(self, fd: int) -> None:
         """A rows record of the cells rows written since the last one. Only a shortcut for readers:
         when it cannot be written the cells are stored all the same (and the next record goes to a
@@ -205,6 +226,13 @@ class JournalWriter:
             self._write(fd, _encode({"rows_of": offsets}, [("cells", *_message(pa.concat_batches(rows), True))])[0])
         except Exception:
             pass
+
+
+def _end_record(cells: pa.Schema) -> bytes:
+    """The last record of a file its writer finished: a rows record of no rows, marked end (read by
+    earlier version-3 readers as an empty rows record)."""
+    empty = pa.RecordBatch.from_pylist([], schema=cells)
+    return _encode({"rows_of": [], "end": True}, [("cells", *_message(empty, True))])[0]
 
 
 def _schemas_record(schemas: dict[str, pa.Schema]) -> bytes:
@@ -377,10 +405,12 @@ def _start(path: Path, mm, size: int) -> int | None:
     return 0
 
 
-def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
+def scan(path: Path, tails: dict | None = None) -> tuple[dict[str, pa.Schema], list[Record]]:
     """The schemas and complete records of one journal file (headers only: the parts are read, and
-    checked against their checksums, when needed). A torn last record (a killed writer) is left out;
-    a record that does not verify before others that do is DamagedJournal."""
+    checked against their checksums, when needed). A torn last record (a killed writer) is left out
+    (and, with `tails`, recorded there: path -> (byte, the cell its header names, if it can be told));
+    a record that does not verify before others that do is DamagedJournal: after a verified one
+    (the end record of a finished file included)."""
     path = Path(path)
     schemas: dict[str, pa.Schema] = {}
     found: list[tuple] = []          # the cell records' fields
@@ -396,8 +426,10 @@ def scan(path: Path) -> tuple[dict[str, pa.Schema], list[Record]]:
         for event in events:
             if event[0] == "bad":
                 _, at, nxt = event
-                if nxt == size:
-                    break   # a torn tail
+                if nxt == size:   # a torn tail
+                    if tails is not None:
+                        tails[path] = (at, torn_cell(mm, at, size))
+                    break
                 after = [e[2]["cell_id"] for e in events if e[0] == "record" and "cell_id" in e[2]]
                 raise DamagedJournal(path, at, f"{nxt - at} bytes that are no record that verifies (the next one "
                                      f"starts at byte {nxt})", after)
@@ -426,10 +458,15 @@ class Salvaged:
     records: list[tuple[dict, list[tuple[str, bytes, int]]]]   # (header less parts, [(table, message, raw)])
     lost: list[tuple[int, str]]
     torn_tail: int = 0                                          # bytes of a torn last record (not damage)
+    torn_cell: str | None = None                                # the cell its header names, if it can be read
+    lost_cells: list[str] = field(default_factory=list)         # cells whose records do not verify
+    rebuilt: bool = False                                       # the schemas record lost: read with this version's
 
 
-def salvage_scan(path: Path) -> Salvaged:
-    """Every record of one journal file that verifies, parts included, and where the rest lies."""
+def salvage_scan(path: Path, schemas: dict[str, pa.Schema] | None = None) -> Salvaged:
+    """Every record of one journal file that verifies, parts included, and where the rest lies.
+    `schemas`: the tables' schemas to read the records with when the file's own schemas record does
+    not verify (this version's types; else those records are lost too)."""
     path = Path(path)
     out = Salvaged({}, [], [])
     v3 = _suffix(path) == SUFFIX
@@ -445,6 +482,7 @@ def salvage_scan(path: Path) -> Salvaged:
                 _, at, nxt = event
                 if nxt == size:   # nothing verifies after it: a torn last record (or damage to the last one)
                     out.torn_tail = nxt - at
+                    out.torn_cell = torn_cell(mm, at, size)
                 else:
                     out.lost.append((at, f"{nxt - at} bytes that are no record that verifies (a cell's record whose "
                                          f"header is damaged: which cell is not known)"))
@@ -457,17 +495,29 @@ def salvage_scan(path: Path) -> Salvaged:
                        if zlib.crc32(mm[start + p[1]:start + p[1] + p[2]]) != p[3]]
                 what = "the schemas" if header.get("schemas") else f"cell {header.get('cell_id')}"
                 out.lost.append((at, f"the record of {what}: its {', '.join(bad)} part does not verify"))
+                if header.get("cell_id"):
+                    out.lost_cells.append(header["cell_id"])
                 continue
             messages = [(p[0], bytes(mm[start + p[1]:start + p[1] + p[2]]), p[4] if len(p) > 4 else 0)
                         for p in header["parts"]]
             if header.get("schemas"):
                 out.schemas = out.schemas or {n: ipc.read_schema(pa.py_buffer(m)) for n, m, _ in messages}
-            elif out.schemas:
+            elif out.schemas or schemas:
+                if not out.schemas:
+                    out.schemas, out.rebuilt = schemas, True
                 out.records.append(({k: v for k, v in header.items() if k != "parts"}, messages))
             else:
                 out.lost.append((at, f"the record of cell {header.get('cell_id')}: no schemas record before it "
                                      f"to decode it with"))
     return out
+
+
+def torn_cell(mm, at: int, size: int) -> str | None:
+    """The cell a record that does not verify names in its header, when that much can be read."""
+    import re
+
+    m = re.search(rb'"cell_id":"([^"\\]{1,200})"', bytes(mm[at:min(size, at + 4096)]))
+    return m.group(1).decode(errors="replace") if m else None
 
 
 def _read_part(f, part: tuple[int, int, int], path, what: str) -> bytes:

@@ -4,7 +4,6 @@ records over per-cell files over compacted files.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from orchestrator.store.bulk_parquet import conform
+from orchestrator.store.integrity import DamagedFile, LinkRefused, check_file, parquet_format, read_sealed, refuse_links
 from orchestrator.store.journal import JournalReader, Record, journal_files, scan
 from orchestrator.store.schema import CELLS_FILE_SCHEMA, CELLS_SCHEMA, SIDE_TABLES
 
@@ -80,8 +80,8 @@ def _upgrade_workload(t: pa.Table) -> pa.Table:
 
 
 def read_commit(root: Path) -> dict:
-    path = Path(root) / COMMIT_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
+    """compacted.json (sealed: DamagedFile when it does not verify); {} when there is none."""
+    return read_sealed(Path(root) / COMMIT_FILE) or {}
 
 
 def _per_cell(table_dir: Path, compacted: list | None = None) -> dict[tuple[str, str], Path]:
@@ -91,10 +91,14 @@ def _per_cell(table_dir: Path, compacted: list | None = None) -> dict[tuple[str,
     if not table_dir.is_dir():
         return out
     for part in os.scandir(table_dir):
+        if part.is_symlink():
+            raise LinkRefused(Path(part.path))
         if not (part.is_dir() and part.name.startswith("framework=")):
             continue
         fw = part.name.split("=", 1)[1]
         for entry in os.scandir(part.path):
+            if entry.is_symlink():
+                raise LinkRefused(Path(entry.path))
             if is_cell_file(entry.name):
                 out[(fw, entry.name[: -len(".parquet")])] = Path(entry.path)
             elif compacted is not None and entry.name.startswith(COMPACTED_PREFIX):
@@ -143,20 +147,56 @@ class Layout:
             name: {resolve(rel): info for rel, info in (record.get(name) or {}).items()} for name in SIDE_TABLES}
         self.percell_side: dict[str, dict[tuple[str, str], Path]] = percell_side
         self.lp_parts, self.percell_lp = self.side_parts["logprobs"], percell_side["logprobs"]
+        # what compacted.json recorded of each live compacted file (bytes, rows, sha256s): checked when first read
+        self.facts: dict[Path, dict] = {resolve(rel): f for rel, f in (record.get("files") or {}).items()}
+        self.held: dict[Path, list[str]] = {p: info["cells"] for parts in self.side_parts.values()
+                                            for p, info in parts.items()}
+        self._checked: set[Path] = set()
+        self.tails: dict[Path, tuple[int, str | None]] = {}
+
+    def checked(self, path: Path, framework: str | None = None) -> Path:
+        """`path` (a compacted file) once it verifies against compacted.json (DamagedFile otherwise)."""
+        if path not in self._checked:
+            cells = self.held.get(path) or ([f"every cell of framework {framework}"] if framework else None)
+            check_file(path, self.facts.get(path), cells)
+            self._checked.add(path)
+        return path
+
+    def checked_all(self) -> None:
+        for fw, path in self.cells_parts.items():
+            self.checked(path, fw)
+        for parts in self.side_parts.values():
+            for path in parts:
+                self.checked(path)
+
+    def read_compacted(self, path: Path, read, framework: str | None = None):
+        """read(path) of a compacted file, checked first; its pages' checksum errors are DamagedFile."""
+        self.checked(path, framework)
+        try:
+            return read(str(path))
+        except (OSError, pa.ArrowException) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise DamagedFile(path, f"it does not read back ({str(e)[:200]})",
+                              self.held.get(path) or ([f"every cell of framework {framework}"] if framework else None)) from e
 
     @classmethod
     def scan(cls, root: Path) -> "Layout":
         root = Path(root)
+        refuse_links(root)
         compacted: list[Path] = []
         record = read_commit(root)
         percell = _per_cell(root / "cells", compacted)
         percell_side = {name: _per_cell(root / name, compacted) for name in SIDE_TABLES}
         if compacted and not record:  # never guess, and never write over them
-            raise RuntimeError(f"{root} has compacted files ({compacted[0].relative_to(root)}, ...) but no "
-                               f"{COMMIT_FILE}, which says which rows they hold: restore it (it was copied or "
-                               f"removed without them?), or move the compacted files away")
-        journals = [(path, *scan(path)) for path in journal_files(root)]
-        return cls(root, record, percell, percell_side, journals)
+            raise DamagedFile(root / COMMIT_FILE, f"missing, and the run dir has compacted files "
+                              f"({compacted[0].relative_to(root)}, ...): it says which rows they hold; restore it "
+                              f"(copied or removed without them?)")
+        tails: dict = {}
+        journals = [(path, *scan(path, tails)) for path in journal_files(root)]
+        lay = cls(root, record, percell, percell_side, journals)
+        lay.tails = tails   # journal file -> (byte, cell) of a torn last record: a cell not stored
+        return lay
 
     @property
     def compacted(self) -> bool:
@@ -200,7 +240,8 @@ class Layout:
         tables = []
         newer = pa.array(sorted(self.newer), pa.string())
         for fw, path in sorted(self.cells_parts.items()):
-            t = ds.dataset(str(path), format="parquet", schema=CELLS_FILE_SCHEMA).to_table(columns=read)
+            t = self.read_compacted(path, lambda p: ds.dataset(p, format=parquet_format(), schema=CELLS_FILE_SCHEMA)
+                                    .to_table(columns=read), fw)
             if len(newer):
                 t = t.filter(pc.invert(pc.is_in(t["cell_id"], value_set=newer)))
             tables.append(t.append_column("framework", pa.array([fw] * t.num_rows, pa.string())))
@@ -222,8 +263,8 @@ class Layout:
         A compacted or journal file also holds other cells (and maybe older rows of a cell stored
         again since): select by cell_id and file; a journal file is read through journal_rows."""
         out: dict[str, Path] = {}
-        for path, info in self.side_parts[name].items():
-            out.update(dict.fromkeys(info["cells"], path))
+        for path, info in self.side_parts[name].items():   # read by path (DuckDB): checked here, before
+            out.update(dict.fromkeys(info["cells"], self.checked(path)))
         percell = self.percell_side[name]
         for cid, fw in self.percell.items():
             own = percell.get((fw, cid))
@@ -289,11 +330,19 @@ class Layout:
         for path, info in sorted(self.side_parts[name].items()):
             stale = [c for c in info["cells"] if c in self.newer]
             where = pc.invert(pc.field("cell_id").isin(pa.array(stale, pa.string()))) if stale else None
-            yield from ds.dataset(str(path), format="parquet", schema=schema).to_batches(
-                columns=columns, filter=where, batch_size=batch_size)
+            batches = self.read_compacted(path, lambda p: ds.dataset(p, format=parquet_format(), schema=schema)
+                                          .to_batches(columns=columns, filter=where, batch_size=batch_size))
+            while True:   # a page that does not verify is found as the batches are read
+                try:
+                    b = next(batches, None)
+                except (OSError, pa.ArrowException) as e:
+                    raise DamagedFile(path, f"it does not read back ({str(e)[:200]})", self.held.get(path)) from e
+                if b is None:
+                    break
+                yield b
         live = [str(p) for (fw, cid), p in sorted(self.percell_side[name].items()) if self.percell.get(cid) == fw]
         if live:
-            yield from ds.dataset(live, format="parquet", schema=schema).to_batches(
+            yield from ds.dataset(live, format=parquet_format(), schema=schema).to_batches(
                 columns=columns, batch_size=batch_size)
         for _, t in self.journal_batches(name, self.journal.values(), columns):
             yield from t.to_batches()

@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from orchestrator.store.integrity import LinkRefused, open_nofollow, read_sealed, refuse_links, seal
 from orchestrator.store.journal import JOURNAL_DIR, JournalWriter, atomic_file
 from orchestrator.store.layout import Layout
 from orchestrator.store.manifest import Manifest
@@ -127,6 +128,7 @@ class RunStore:
         key = (str(self.root.resolve()), os.getpid())   # a forked child writes its own file
         writer = _JOURNALS.get(key)
         if writer is None:
+            refuse_links(self.root)
             schemas = {"cells": CELLS_FILE_SCHEMA, **{n: t.schema for n, t in SIDE_TABLES.items()}}
             writer = _JOURNALS[key] = JournalWriter(self.root, schemas)
         writer.append(row["cell_id"], row["framework"], batches)
@@ -144,6 +146,13 @@ class RunStore:
                 path.unlink(missing_ok=True)
         atomic_write_table(cells_file_row(row), self.cell_path(fw, cid), CELL_FILE_OPTIONS)
 
+    def close_journal(self) -> None:
+        """This process's journal file of the run dir ends with its end record (journal.py): a record
+        that does not verify in it is damage from then on, not a torn write."""
+        writer = _JOURNALS.pop((str(self.root.resolve()), os.getpid()), None)
+        if writer is not None:
+            writer.close()
+
     @contextlib.contextmanager
     def writing(self):
         """Hold the run dir's writer lock (re-entrant in this process): one writer per run dir.
@@ -154,7 +163,9 @@ class RunStore:
             held[1] += 1
         else:
             self.root.mkdir(parents=True, exist_ok=True)
-            f = open(self.root / ".lock", "w")
+            refuse_links(self.root)
+            # never truncated, never through a link: the lock is the flock, not the file's content
+            f = os.fdopen(open_nofollow(self.root / ".lock", os.O_WRONLY | os.O_CREAT), "w")
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -222,13 +233,14 @@ class RunStore:
         """Write the manifest (a dict is read as a Manifest first, as a stored one would be)."""
         if not isinstance(manifest, Manifest):
             manifest = Manifest.model_validate(manifest)
+        if os.path.islink(self.root / "manifest.json"):
+            raise LinkRefused(self.root / "manifest.json")
         atomic_write_text(self.root / "manifest.json",
-                          json.dumps(manifest.to_json(), indent=2, sort_keys=True, default=str))
+                          seal(json.dumps(manifest.to_json(), indent=2, sort_keys=True, default=str)))
 
     def read_manifest(self) -> Manifest:
         """The manifest (orchestrator/store/manifest.py); an empty one where the run dir has none."""
-        path = self.root / "manifest.json"
-        return Manifest.model_validate(json.loads(path.read_text()) if path.exists() else {})
+        return Manifest.model_validate(read_sealed(self.root / "manifest.json") or {})
 
 
 _WRITER_LOCKS: dict[str, list] = {}   # resolved run dir -> [open lock file, depth]

@@ -224,7 +224,8 @@ def _parquet_options(schema: pa.Schema) -> dict:
         leaf = t.value_type if pa.types.is_list(t) else t
         path = f"{field.name}.list.element" if pa.types.is_list(t) else field.name
         (floats if pa.types.is_floating(leaf) else others).append(path)
-    return {"compression": "zstd", "use_dictionary": others, "use_byte_stream_split": floats}
+    return {"compression": "zstd", "use_dictionary": others, "use_byte_stream_split": floats,
+            "write_page_checksum": True}
 
 
 LOGPROBS_WRITE_OPTIONS = _parquet_options(LOGPROBS_SCHEMA)
@@ -252,4 +253,5 @@ SIDE_TABLES: dict[str, SideTable] = {
 
 # A one-row cells file is all footer (~80 column chunks): compression, dictionaries and statistics
 # only make it slower to write and to read (~3x and ~2x here); compaction compresses the table.
-CELL_FILE_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+CELL_FILE_OPTIONS = {"compression": "none", "use_dictionary": False, "write_statistics": False,
+                     "write_page_checksum": True}

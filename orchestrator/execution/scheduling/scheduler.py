@@ -51,8 +51,11 @@ def ray_log_into(path) -> None:
     worker (log_to_driver=False); a cell's reason keeps its tail."""
     import logging
 
+    from orchestrator.store.integrity import open_nofollow
+
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    os.close(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND))   # a link there: LinkRefused, nothing written
     for name in RAY_LOGGERS:
         log = logging.getLogger(name)
         for h in list(log.handlers):   # Ray's stderr handler, and the file of an earlier run in this process
