@@ -135,13 +135,19 @@ def read_sealed(path: Path) -> dict | None:
 
 # ------------------------------------------------------------------ file digests
 
-def file_digest(path: Path) -> str:
-    """sha256 of a file, streamed (never held whole), opened without following a link."""
+def file_digest(path: Path, fd: int | None = None) -> str:
+    """sha256 of a file (or of the open file `fd`), streamed (never held whole), opened without following a link."""
     h = hashlib.sha256()
-    fd = open_nofollow(path)
-    with os.fdopen(fd, "rb", buffering=0) as f:
-        while chunk := f.read(_CHUNK):
+    own = fd is None
+    fd = open_nofollow(path) if own else fd
+    try:
+        at = 0
+        while chunk := os.pread(fd, _CHUNK, at):
             h.update(chunk)
+            at += len(chunk)
+    finally:
+        if own:
+            os.close(fd)
     return h.hexdigest()
 
 
@@ -170,16 +176,15 @@ def file_facts(path: Path) -> dict:
             "footer_sha256": footer}
 
 
-def check_file(path: Path, facts: dict | None, cells: list[str] | None = None, whole: bool | None = None) -> None:
+def check_file(path: Path, facts: dict | None, cells: list[str] | None = None, whole: bool | None = None,
+               fd: int | None = None) -> None:
     """`path` as compacted.json recorded it (`facts`; None: written by an earlier version, not checked):
     size and footer, and its whole sha256 when `whole` (default: at most WHOLE_CHECK bytes). DamagedFile
-    naming the file and the cells it holds otherwise."""
+    naming the file and the cells it holds otherwise. `fd`: the file as opened already (a reader's snapshot)."""
     if not facts:
         return
-    try:
-        fd = open_nofollow(path)
-    except FileNotFoundError:
-        raise
+    own = fd is None
+    fd = open_nofollow(path) if own else fd
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -188,11 +193,11 @@ def check_file(path: Path, facts: dict | None, cells: list[str] | None = None, w
             raise DamagedFile(path, f"{st.st_size} bytes where {facts.get('bytes')} were written", cells)
         if hashlib.sha256(_footer(fd, st.st_size)).hexdigest() != facts.get("footer_sha256"):
             raise DamagedFile(path, "its Parquet footer does not match the digest recorded in compacted.json", cells)
-    finally:
-        os.close(fd)
-    if (st.st_size <= WHOLE_CHECK) if whole is None else whole:
-        if file_digest(path) != facts.get("sha256"):
+        if ((st.st_size <= WHOLE_CHECK) if whole is None else whole) and file_digest(path, fd) != facts.get("sha256"):
             raise DamagedFile(path, "its bytes do not match the sha256 recorded in compacted.json", cells)
+    finally:
+        if own:
+            os.close(fd)
 
 
 def parquet_format():

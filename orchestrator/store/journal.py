@@ -463,10 +463,11 @@ class Salvaged:
     rebuilt: bool = False                                       # the schemas record lost: read with this version's
 
 
-def salvage_scan(path: Path, schemas: dict[str, pa.Schema] | None = None) -> Salvaged:
+def salvage_scan(path: Path, schemas: dict[str, pa.Schema] | None = None, keep: bool = True) -> Salvaged:
     """Every record of one journal file that verifies, parts included, and where the rest lies.
     `schemas`: the tables' schemas to read the records with when the file's own schemas record does
-    not verify (this version's types; else those records are lost too)."""
+    not verify (this version's types; else those records are lost too). `keep` false: the records'
+    parts are checked, not copied (`bench verify`: the file is mapped, never held in memory)."""
     path = Path(path)
     out = Salvaged({}, [], [])
     v3 = _suffix(path) == SUFFIX
@@ -498,7 +499,7 @@ def salvage_scan(path: Path, schemas: dict[str, pa.Schema] | None = None) -> Sal
                 if header.get("cell_id"):
                     out.lost_cells.append(header["cell_id"])
                 continue
-            messages = [(p[0], bytes(mm[start + p[1]:start + p[1] + p[2]]), p[4] if len(p) > 4 else 0)
+            messages = [(p[0], bytes(mm[start + p[1]:start + p[1] + p[2]]) if keep or header.get("schemas") else b"", p[4] if len(p) > 4 else 0)
                         for p in header["parts"]]
             if header.get("schemas"):
                 out.schemas = out.schemas or {n: ipc.read_schema(pa.py_buffer(m)) for n, m, _ in messages}
@@ -536,8 +537,8 @@ READ_CELLS = 4096   # cells rows per IPC stream (~40 MB of messages)
 class JournalReader:
     """Reads the parts of records of one journal file (each checked against its checksum)."""
 
-    def __init__(self, path: Path, schemas: dict[str, pa.Schema]):
-        self.path, self.schemas = Path(path), schemas
+    def __init__(self, path: Path, schemas: dict[str, pa.Schema], name: Path | None = None):
+        self.path, self.schemas = Path(name or path), schemas   # `name`: the file's own, when read from `path`
         self.f = open(path, "rb")
 
     def batch(self, rec: Record, table: str) -> pa.RecordBatch | None:

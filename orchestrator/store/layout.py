@@ -11,7 +11,15 @@ import numpy as np
 import pyarrow as pa
 
 from orchestrator.store.bulk_parquet import conform
-from orchestrator.store.integrity import DamagedFile, LinkRefused, check_file, parquet_format, read_sealed, refuse_links
+from orchestrator.store.integrity import (
+    DamagedFile,
+    LinkRefused,
+    check_file,
+    open_nofollow,
+    parquet_format,
+    read_sealed,
+    refuse_links,
+)
 from orchestrator.store.journal import JournalReader, Record, journal_files, scan
 from orchestrator.store.schema import CELLS_FILE_SCHEMA, CELLS_SCHEMA, SIDE_TABLES
 
@@ -152,13 +160,36 @@ class Layout:
         self.held: dict[Path, list[str]] = {p: info["cells"] for parts in self.side_parts.values()
                                             for p, info in parts.items()}
         self._checked: set[Path] = set()
+        self.fds: dict[Path, int] = {}   # snapshot(): path -> the file opened
         self.tails: dict[Path, tuple[int, str | None]] = {}
+
+    def snapshot(self) -> "Layout":
+        """Every file this Layout reads opened now (FileNotFoundError when one is gone already): read
+        through these, a compaction that deletes them after this does not change what is read."""
+        for path in [*self.cells_parts.values(), *(p for parts in self.side_parts.values() for p in parts),
+                     *self.journal_files]:
+            if path not in self.fds:
+                self.fds[path] = open_nofollow(path)
+        return self
+
+    def opened(self, path: Path) -> str:
+        """Where to read `path` from: the file opened by snapshot() (even when deleted since), else the path."""
+        fd = self.fds.get(path)
+        return f"/proc/self/fd/{fd}" if fd is not None and os.path.exists(f"/proc/self/fd/{fd}") else str(path)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+    def __del__(self):
+        self.close()
 
     def checked(self, path: Path, framework: str | None = None) -> Path:
         """`path` (a compacted file) once it verifies against compacted.json (DamagedFile otherwise)."""
         if path not in self._checked:
             cells = self.held.get(path) or ([f"every cell of framework {framework}"] if framework else None)
-            check_file(path, self.facts.get(path), cells)
+            check_file(path, self.facts.get(path), cells, fd=self.fds.get(path))
             self._checked.add(path)
         return path
 
@@ -173,7 +204,7 @@ class Layout:
         """read(path) of a compacted file, checked first; its pages' checksum errors are DamagedFile."""
         self.checked(path, framework)
         try:
-            return read(str(path))
+            return read(self.opened(path))
         except (OSError, pa.ArrowException) as e:
             if isinstance(e, FileNotFoundError):
                 raise
@@ -184,6 +215,10 @@ class Layout:
     def scan(cls, root: Path) -> "Layout":
         root = Path(root)
         refuse_links(root)
+        # the journal before the commit record: a compaction deletes the journal files it folded only
+        # after its commit, so a journal file gone here means the record read next is that commit
+        tails: dict = {}
+        journals = [(path, *scan(path, tails)) for path in journal_files(root)]
         compacted: list[Path] = []
         record = read_commit(root)
         percell = _per_cell(root / "cells", compacted)
@@ -192,8 +227,6 @@ class Layout:
             raise DamagedFile(root / COMMIT_FILE, f"missing, and the run dir has compacted files "
                               f"({compacted[0].relative_to(root)}, ...): it says which rows they hold; restore it "
                               f"(copied or removed without them?)")
-        tails: dict = {}
-        journals = [(path, *scan(path, tails)) for path in journal_files(root)]
         lay = cls(root, record, percell, percell_side, journals)
         lay.tails = tails   # journal file -> (byte, cell) of a torn last record: a cell not stored
         return lay
@@ -213,7 +246,7 @@ class Layout:
         tables, where, have = [], np.empty(len(recs), np.int64), 0
         for path, idx in by_file.items():   # the rows of one file share its schema
             group = [recs[i] for i in idx]
-            with JournalReader(path, self.journal_schemas[path]) as r:
+            with JournalReader(self.opened(path), self.journal_schemas[path], path) as r:
                 t, pos = r.cells(group)
             fws = np.full(t.num_rows, None, object)   # a row no record asked for (an older copy) is dropped below
             fws[pos] = [rec.framework for rec in group]
@@ -309,7 +342,7 @@ class Layout:
             for rec in records:
                 r = readers.get(rec.path)
                 if r is None:
-                    r = readers[rec.path] = JournalReader(rec.path, self.journal_schemas[rec.path])
+                    r = readers[rec.path] = JournalReader(self.opened(rec.path), self.journal_schemas[rec.path], rec.path)
                 b = r.batch(rec, name)
                 if b is not None:
                     yield rec.cell_id, conform(pa.Table.from_batches([b]), schema)

@@ -188,9 +188,23 @@ class RunStore:
         """Which files hold the run's rows now: per-cell files, and the compacted ones compacted.json names."""
         return Layout.scan(self.root)
 
+    def snapshot(self, read):
+        """read(a Layout of the run dir), once more on a new Layout when a file it names was gone: a
+        compaction swapped its files in between (its commit is one rename; the files it replaced are
+        deleted after it), so a reader sees the old files or the new ones, never a mix."""
+        try:
+            return read(self.layout().snapshot())
+        except FileNotFoundError:
+            return read(self.layout().snapshot())
+
+    def _batches(self, batches_of):
+        """snapshot() for a stream of batches: retried when a file was gone before the first one."""
+        it = self.snapshot(lambda lay: _started(batches_of(lay)))
+        yield from it
+
     def read_cells_table(self, columns: list[str] | None = None) -> pa.Table:
         """The cells table as Arrow (CELLS_SCHEMA order, or `columns`): one row per cell, its newest copy."""
-        return self.layout().read_cells(columns)
+        return self.snapshot(lambda lay: lay.read_cells(columns))
 
     def stored_status(self) -> dict[str, str]:
         """cell_id -> status of every cell stored so far."""
@@ -205,11 +219,11 @@ class RunStore:
         """cell_id -> the file holding its logprobs, for every stored cell that has logprobs. A
         compacted file also holds other cells (and maybe older rows of a cell stored again since):
         select its rows by cell_id and file."""
-        return self.layout().logprob_files()
+        return self.snapshot(lambda lay: lay.logprob_files())
 
     def logprob_batches(self, columns: list[str] | None = None, batch_size: int = 65536):
         """The logprobs table as Arrow record batches: every stored cell's rows once (its newest copy)."""
-        return self.layout().logprob_batches(columns, batch_size)
+        return self._batches(lambda lay: lay.logprob_batches(columns, batch_size))
 
     def read_logprobs(self, columns: list[str] | None = None) -> pa.Table:
         """The whole logprobs table as Arrow (large runs: prefer logprob_batches)."""
@@ -227,7 +241,7 @@ class RunStore:
     def _read_side_table(self, name: str, columns: list[str] | None) -> pa.Table:
         schema = SIDE_TABLES[name].schema
         schema = schema if columns is None else pa.schema([schema.field(c) for c in columns])
-        return pa.Table.from_batches(list(self.layout().side_batches(name, columns)), schema=schema)
+        return self.snapshot(lambda lay: pa.Table.from_batches(list(lay.side_batches(name, columns)), schema=schema))
 
     def write_manifest(self, manifest: Manifest | dict) -> None:
         """Write the manifest (a dict is read as a Manifest first, as a stored one would be)."""
@@ -241,6 +255,14 @@ class RunStore:
     def read_manifest(self) -> Manifest:
         """The manifest (orchestrator/store/manifest.py); an empty one where the run dir has none."""
         return Manifest.model_validate(read_sealed(self.root / "manifest.json") or {})
+
+
+def _started(batches):
+    """The batches, the first one read already (a file gone is found before anything was handed on)."""
+    import itertools
+
+    first = next(batches, None)
+    return iter(()) if first is None else itertools.chain([first], batches)
 
 
 _WRITER_LOCKS: dict[str, list] = {}   # resolved run dir -> [open lock file, depth]

@@ -93,3 +93,49 @@ def test_sigkill_mid_write_leaves_every_stored_cell_complete(tmp_path):
     assert (cells.duration_s == cells.index.str[1:].astype(float)).all()
     record = json.loads((run / COMMIT_FILE).read_text())
     assert sum(sum(info["rows"]) for info in record["logprobs"].values()) == 50_000 * len(status)
+
+
+_READER = """
+import sys, time, traceback
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from orchestrator.store.run_store import RunStore
+store, stop, n = RunStore(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+reads = fails = 0
+while not stop.exists():
+    try:
+        ids = store.read_cells_table(["cell_id"])["cell_id"].to_pylist()
+        lps = store.read_logprobs(["cell_id"]).num_rows
+        assert sorted(ids) == sorted(f"c{i}" for i in range(n)) and lps == sum(4 + i for i in range(n)), (len(ids), lps)
+        reads += 1
+    except Exception:
+        fails += 1
+        traceback.print_exc()
+print(reads, fails, flush=True)
+"""
+
+
+def test_readers_racing_compaction_see_the_old_files_or_the_new(tmp_path):
+    """20 rounds of a run's cells stored again and compacted while two reader processes read the run
+    in a loop: every read whole (every cell once, every logprob row), no error."""
+    from tests.helpers import lp, row
+
+    n = 40
+    store = RunStore(tmp_path / "run")
+    for i in range(n):
+        store.write_cell(row(f"c{i}", "hf" if i % 2 else "vllm"), lp(f"c{i}", 4 + i, -float(i)))
+    compact(store)
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([sys.executable, "-c", _READER, str(ROOT), str(store.root), str(stop), str(n)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        for r in range(20):
+            for i in range(0, n, 3):   # a third of the cells stored again: a journal that the compaction folds
+                store.write_cell(row(f"c{i}", "hf" if i % 2 else "vllm"), lp(f"c{i}", 4 + i, -float(r)))
+            compact(store)
+    finally:
+        stop.touch()
+        outs = [p.communicate(timeout=120) for p in readers]
+    for out, err in outs:
+        reads, fails = map(int, out.split())
+        assert fails == 0 and reads > 0, err[-3000:]
