@@ -32,8 +32,11 @@ Compaction <g> (under the run dir's writer lock; the driver is the only writer):
   4. commit: write compacted.json (temp file + rename), naming the new files, the staging names
      they still have, and the files that are no longer live (the folded journal and per-cell
      files, the replaced compacted files)
-  5. rename the staging files to their names, delete the files no longer live, and rewrite
-     compacted.json without those lists
+  5. rename the staging files to their names, delete the files no longer live, rename a journal
+     file with a torn tail (bytes not folded) to *.damaged, and rewrite compacted.json without those
+     lists
+compacted.json (sealed: orchestrator/store/integrity.py) records each live file's bytes, rows and
+sha256s, which readers check; the files are written with Parquet page checksums.
 The commit record is fsynced (file and folder) before anything is deleted, so a power loss after it
 finds the new files (fsynced in 3) and the record naming them. A kill before 4 leaves the run as it was (the staging files are hidden and removed by the next
 writer); a kill after 4 leaves a committed compaction whose journal files are still there: they

@@ -13,11 +13,13 @@ them), then one record per stored cell. A record (version 3) is
              row's plain (raw length 0)
 
 and goes to the file in one write(), so the cell row and its side rows are stored together or not
-at all: a killed writer leaves at most a torn last record, which readers skip. A file is never
+at all: a killed writer leaves at most a torn last record, which readers skip (and list its cell as
+not stored). A writer that finishes a file appends an end record (a rows record of no rows, marked
+"end"): a record that does not verify before it is damage, never a torn write. A file is never
 opened for writing again once its process is gone, so a torn tail is never followed by a good
 record, and hard-linked copies of a run dir stay independent. A cell stored twice has two records;
 the later one wins (file order, then record order). Compaction folds the journal files into the
-compacted Parquet files and deletes them.
+compacted Parquet files and deletes them (one with a torn tail it keeps as `*.damaged`).
 
 Every record verifies on its own: the header checksum covers the marker, both lengths and the
 header, the parts lie end to end and fill the payload, and each part has its checksum. A record
