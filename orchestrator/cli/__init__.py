@@ -1,6 +1,6 @@
 """The `bench` command: `app` (app.py, with what every command shares) and one module per group of commands,
 each registering its commands on `app` when imported here: running.py (validate, schema, run, submit, status,
-model), reading.py (report, ls, show, plan, export, compact, history), judging.py (compare, gate), endpoints.py
+model), reading.py (report, ls, show, plan, export, compact, verify, history), judging.py (compare, gate), endpoints.py
 (diff-endpoints); `bench explain` and `bench env` have their bodies in orchestrator/explain and
 orchestrator/environments.
 

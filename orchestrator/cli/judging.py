@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from orchestrator.cli.app import FORMAT, WIDE, a_run, app, axes, check_format, fail
+from orchestrator.cli.reading import say_missing
 from orchestrator.report.console import (
     against_table,
     changes_lines,
@@ -68,6 +69,7 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
         {"cell_id": list(v.disagree), "line": list(v.disagree.values())})}, tables, lines, v.disagree_lines())
     if not against and fmt == "table":
         print_searches(RunStore(run_dir).read_cells())
+    say_missing(run_dir)
     if output:
         df.to_parquet(output)
 

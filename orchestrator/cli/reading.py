@@ -1,4 +1,4 @@
-"""`bench report`, `ls`, `show`, `plan`, `export`, `compact` and `history`: reading stored runs."""
+"""`bench report`, `ls`, `show`, `plan`, `export`, `compact`, `verify` and `history`: reading stored runs."""
 
 from __future__ import annotations
 
@@ -73,6 +73,23 @@ def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callb
     emit(fmt, {"cells": cells}, [(summary_table if wide else summary_compact)(cells, title=title)])
     if fmt == "table":
         print_searches(everything)
+    say_missing(run)
+
+
+MISSING_SHOWN = 20   # missing cells named one a line; the rest counted
+
+
+def say_missing(run: Path) -> None:
+    """Every planned cell the run dir holds no row of, on stderr (stdout stays the table or its CSV/JSON):
+    `<cell>: missing: not stored (why, when known)`."""
+    from orchestrator.store.run_store import RunStore
+    from orchestrator.store.verify import missing_cells
+
+    missing = missing_cells(RunStore(run))
+    for cid, why in missing[:MISSING_SHOWN]:
+        err.print(escape(f"{cid}: missing: {why}"), soft_wrap=True)
+    if len(missing) > MISSING_SHOWN:
+        err.print(f"and {len(missing) - MISSING_SHOWN} more cells missing: not stored")
 
 
 @app.command("plan")
@@ -125,6 +142,7 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, cal
         fail(str(e))
     for path, n in written.items():
         print(f"{path}\t{n} rows")
+    say_missing(run)
 
 
 @app.command("compact")
@@ -154,6 +172,19 @@ def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, ca
               f"({', '.join(stats['frameworks'])}) in {stats['seconds']:.1f}s")
     else:
         print(f"{run}: nothing to compact (compaction {stats['generation']})")
+
+
+@app.command("verify")
+def verify_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callback=a_run, help="A run directory")) -> None:
+    """Check every file and every record of a run dir (digests, page checksums, journal records, no links),
+    streamed, for CI and archives: exit 4 when anything does not verify."""
+    from orchestrator.store.verify import report_lines, verify_run
+
+    report = verify_run(run)
+    for line in report_lines(run, report):
+        print(line)
+    if not report.ok:
+        raise typer.Exit(4)
 
 
 

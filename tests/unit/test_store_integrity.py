@@ -198,7 +198,7 @@ def test_no_link_inside_a_run_dir_is_followed(tmp_path, name):
             target.write_text("keep me\n")
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in outside.rglob("*") if p.is_file()}
     (store.root / name).symlink_to(target, target_is_directory=target.is_dir())
-    from orchestrator.execution.scheduler import ray_log_into
+    from orchestrator.execution.scheduling.scheduler import ray_log_into
 
     calls = [lambda: compact(store), lambda: store.read_cells_table(), lambda: store.read_manifest(),
              lambda: ray_log_into(store.root / "run.log")]
@@ -214,3 +214,30 @@ def test_no_link_inside_a_run_dir_is_followed(tmp_path, name):
     assert after == before   # nothing outside changed
     assert not verify_run(store.root).ok
 
+
+
+def test_bench_verify_show_and_compact_say_it_in_one_line_and_exit_4(tmp_path):
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    store = small_store(tmp_path)
+    _planned(store, 7)   # c6 planned, never stored
+    compact(store)
+    res = CliRunner().invoke(app, ["verify", str(store.root)])
+    assert res.exit_code == 0 and "journal record(s) verify" in res.output, res.output
+    res = CliRunner().invoke(app, ["show", str(store.root), "--format", "csv"])
+    assert res.exit_code == 0 and "c6: missing: not stored" in res.output, res.output
+    part = next(store.root.glob("logprobs/framework=*/compacted-*.parquet"))
+    data = bytearray(part.read_bytes())
+    data[len(data) // 3] ^= 0x04
+    part.write_bytes(bytes(data))
+    for cmd in (["verify"], ["export", "--no-verdicts", "--logprobs"], ["compact"]):
+        res = CliRunner().invoke(app, [*cmd, str(store.root)])
+        assert res.exit_code == 4 and str(part) in res.output.replace("\n", ""), (cmd, res.output)
+    (store.root / ".lock").unlink(missing_ok=True)
+    (tmp_path / "elsewhere").write_text("precious\n")
+    (store.root / ".lock").symlink_to(tmp_path / "elsewhere")
+    res = CliRunner().invoke(app, ["compact", str(store.root)])
+    assert res.exit_code == 2 and "symbolic link" in res.output and res.output.count("error") == 1, res.output
+    assert (tmp_path / "elsewhere").read_text() == "precious\n"
