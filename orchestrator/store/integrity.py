@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -37,8 +38,7 @@ class DamagedFile(RuntimeError):
             held = f"; it holds {len(cells)} cell(s): " + ", ".join(cells[:8]) + (
                 f" and {len(cells) - 8} more" if len(cells) > 8 else "")
         super().__init__(f"{path}: damaged: {what}{held}. Nothing was read from it or changed; restore the run dir "
-                         f"from a copy, or `bench verify {self.path.parent if self.path.parent.name else path}` "
-                         f"for every file that does not verify")
+                         f"from a copy (`bench verify RUN` lists every file that does not verify)")
 
 
 class LinkRefused(RuntimeError):
@@ -74,7 +74,7 @@ def open_nofollow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> in
     try:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as e:
-        if e.errno == 40 or os.path.islink(path):   # ELOOP: the last component is a link
+        if e.errno == errno.ELOOP or os.path.islink(path):   # the last component is a link
             raise LinkRefused(Path(path)) from None
         raise
 

@@ -178,7 +178,7 @@ class Layout:
         return f"/proc/self/fd/{fd}" if fd is not None and os.path.exists(f"/proc/self/fd/{fd}") else str(path)
 
     def close(self) -> None:
-        for fd in self.fds.values():
+        for fd in getattr(self, "fds", {}).values():
             os.close(fd)
         self.fds = {}
 
