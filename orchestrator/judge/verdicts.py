@@ -226,7 +226,16 @@ def judge_run(run: str | Path, *, against: str | Path | None = None, baseline: d
     rules read). With `against`, every cell against the same configuration in OLD (`match`: pair on these axes;
     `noise_run` / `history`: the run-to-run noise of the speed calls, default the folder holding OLD). Raises
     ValueError for arguments that do not go together. keep_going: a task or sampling layer that fails is left out
-    with its reason in `errors` (the report still shows the rest); the logit, text and speed layers always raise."""
+    with its reason in `errors` (the report still shows the rest); the logit, text and speed layers always raise.
+    A compaction that commits while it reads: read again once (orchestrator/store/run_store.py: once_more)."""
+    from orchestrator.store.run_store import once_more
+
+    return once_more(lambda: _judge_run(run, against, baseline, tolerances, match, noise_run, history, tasks,
+                                        sampling, keep_going))
+
+
+def _judge_run(run, against, baseline, tolerances, match, noise_run, history, tasks, sampling,
+               keep_going) -> Verdicts:
     from orchestrator.judge.reconcile import reconcile
 
     errors: dict[str, str] = {}

@@ -189,13 +189,11 @@ class RunStore:
         return Layout.scan(self.root)
 
     def snapshot(self, read):
-        """read(a Layout of the run dir), once more on a new Layout when a file it names was gone: a
-        compaction swapped its files in between (its commit is one rename; the files it replaced are
-        deleted after it), so a reader sees the old files or the new ones, never a mix."""
-        try:
-            return read(self.layout().snapshot())
-        except FileNotFoundError:
-            return read(self.layout().snapshot())
+        """read(a Layout of the run dir whose files are all open), again on a new Layout when a file it
+        names was gone: a compaction swapped its files in between (its commit is one rename; the files
+        it replaced are deleted one by one after it), so a reader sees the old files or the new ones,
+        never a mix."""
+        return once_more(lambda: read(self.layout().snapshot()))
 
     def _batches(self, batches_of):
         """snapshot() for a stream of batches: retried when a file was gone before the first one."""
@@ -255,6 +253,20 @@ class RunStore:
     def read_manifest(self) -> Manifest:
         """The manifest (orchestrator/store/manifest.py); an empty one where the run dir has none."""
         return Manifest.model_validate(read_sealed(self.root / "manifest.json") or {})
+
+
+def once_more(read, tries: int = 5):
+    """read(), again when a file of a run dir it read was gone (a compaction committed between its reads
+    and deleted what it folded; at most `tries` times: compactions back to back): for readers that open
+    files by path more than once (the judge's DuckDB scans), as RunStore.snapshot is for one Layout."""
+    for left in range(tries - 1, -1, -1):
+        try:
+            return read()
+        except Exception as e:   # noqa: BLE001 - only a file gone is retried, the rest raised as it was
+            gone = isinstance(e, FileNotFoundError) or (type(e).__name__ == "IOException" and any(
+                s in str(e) for s in ("No files found", "No such file")))
+            if not gone or not left:
+                raise
 
 
 def _started(batches):
