@@ -258,7 +258,7 @@ def _duration(s: dict) -> str:
 
 def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_error: str | None = None,
                 against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None,
-                culprits: Any = None) -> str:
+                culprits: Any = None, missing: list[tuple[str, str]] | None = None) -> str:
     """The page; against (a report_data.Against) adds the moves from OLD to the quality plot and the
     section with this run against OLD; tasks (a report_data.TaskLayer) the task quality axes and panel;
     searches (a report_searches.SearchLayer) the SLO-search panel."""
@@ -278,6 +278,10 @@ def render_html(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_er
     if analysis_error:
         parts.append(f'<div class="banner">The analysis could not run, so verdicts, KL and speedups are empty: '
                      f'{esc(analysis_error)}</div>')
+    if missing:   # planned cells the run dir holds no row of (orchestrator/store/verify.py: missing_cells)
+        parts.append(f'<div class="banner">{len(missing)} planned cell(s) missing: '
+                     + "; ".join(esc(f"{c}: {why}") for c, why in missing[:20])
+                     + (f"; and {len(missing) - 20} more" if len(missing) > 20 else "") + "</div>")
 
     # summary
     parts.append("<h2>Summary</h2>")

@@ -50,7 +50,7 @@ def _md(v: Any) -> str:
 
 def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysis_error: str | None = None,
                     against: Any = None, tasks: Any = None, sampling: Any = None, searches: Any = None,
-                    culprits: Any = None) -> str:
+                    culprits: Any = None, missing: list[tuple[str, str]] | None = None) -> str:
     baseline = manifest.baseline
     sc = ", ".join(f"{n} {s}" for s, n in count_statuses(df).items() if n)
     vc = ", ".join(f"{n} {v}" for v, n in count_verdicts(df).items() if n)
@@ -62,6 +62,9 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
            + f"Baseline: {', '.join(f'{k}={v}' for k, v in baseline.items()) or '-'}.", ""]
     if analysis_error:
         out += [f"> The analysis could not run: {_md(analysis_error)}", ""]
+    if missing:   # planned cells the run dir holds no row of (orchestrator/store/verify.py: missing_cells)
+        out += [f"> {len(missing)} planned cell(s) missing: " + "; ".join(_md(f"{c}: {why}") for c, why in missing[:20])
+                + (f"; and {len(missing) - 20} more" if len(missing) > 20 else ""), ""]
     multi_len = df[["input_len", "output_len"]].drop_duplicates().shape[0] > 1
     named = report_telemetry.has_workloads(df)
     head = ["framework", "model", "quant", "flags"] + (["workload"] if named else []) + ["batch"] + (

@@ -52,12 +52,14 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, against:
         from orchestrator.report.data import load_against
 
         vs = load_against(df, root, Path(against), match)
-    from orchestrator.store.run_store import atomic_write_text
+    from orchestrator.store.run_store import RunStore, atomic_write_text
+    from orchestrator.store.verify import missing_cells
 
+    missing = missing_cells(RunStore(root))
     atomic_write_text(html_path, render_html(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling,
-                                             searches=searches, culprits=culprits))
+                                             searches=searches, culprits=culprits, missing=missing))
     atomic_write_text(md_path, render_markdown(df, manifest, name, err, against=vs, tasks=tasks, sampling=sampling,
-                                               searches=searches, culprits=culprits))
+                                               searches=searches, culprits=culprits, missing=missing))
     for p in (html_path, md_path):  # a temporary file is private; a report is for sharing
         p.chmod(0o644)
     return html_path, md_path

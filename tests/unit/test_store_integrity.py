@@ -228,6 +228,10 @@ def test_bench_verify_show_and_compact_say_it_in_one_line_and_exit_4(tmp_path):
     assert res.exit_code == 0 and "journal record(s) verify" in res.output, res.output
     res = CliRunner().invoke(app, ["show", str(store.root), "--format", "csv"])
     assert res.exit_code == 0 and "c6: missing: not stored" in res.output, res.output
+    from orchestrator.report.write import write_report
+
+    for page in write_report(store.root):
+        assert "1 planned cell(s) missing: c6: not stored" in page.read_text(), page
     part = next(store.root.glob("logprobs/framework=*/compacted-*.parquet"))
     data = bytearray(part.read_bytes())
     data[len(data) // 3] ^= 0x04
