@@ -172,6 +172,8 @@ def compact_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, ca
               f"({', '.join(stats['frameworks'])}) in {stats['seconds']:.1f}s")
     else:
         print(f"{run}: nothing to compact (compaction {stats['generation']})")
+    for line in stats.get("kept_damaged") or []:   # a torn or damaged last record: its bytes kept, never deleted
+        print(f"kept {line}")
 
 
 @app.command("verify")

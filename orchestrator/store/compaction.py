@@ -331,7 +331,9 @@ def _compact(store: RunStore) -> dict:
     old_files += [str(p.relative_to(store.root)) for p in lay.journal_files if p not in lay.tails]
     damaged = [str(p.relative_to(store.root)) for p in lay.tails]   # bytes not folded: kept as *.damaged
     live = {**lay.percell, **{cid: rec.framework for cid, rec in lay.journal.items()}}   # cell_id -> framework
-    stats = {"generation": lay.generation, "cells_folded": len(live), "frameworks": [], "seconds": 0.0}
+    stats = {"generation": lay.generation, "cells_folded": len(live), "frameworks": [], "seconds": 0.0,
+             "kept_damaged": [f"{p.relative_to(store.root)}.damaged: from byte {at} no record verifies"
+                              + (f" (cell {cid} not stored)" if cid else "") for p, (at, cid) in lay.tails.items()]}
     if not live:
         for rel in old_files:   # orphans and empty journals only
             (store.root / rel).unlink(missing_ok=True)

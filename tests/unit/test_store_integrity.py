@@ -170,7 +170,13 @@ def test_a_torn_tail_of_a_killed_writer_is_a_listed_missing_cell_and_is_kept(tmp
     path.write_bytes(data[:-7])    # the last write cut off
     assert dict(missing_cells(store)) == {"c6": f"not stored (its record in {path.relative_to(store.root)} at byte "
                                                 f"{_torn_at(path)} does not verify (a write cut off, or damage))"}
-    compact(store)
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    res = CliRunner().invoke(app, ["compact", str(store.root)])
+    assert res.exit_code == 0 and f"kept {path.relative_to(store.root)}.damaged: from byte" in res.output, res.output
+    assert "(cell c6 not stored)" in res.output, res.output
     assert path.with_name(path.name + ".damaged").exists() and not path.exists()
     assert sorted(store.stored_status()) == [f"c{i}" for i in range(6)]
 
