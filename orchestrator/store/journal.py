@@ -54,6 +54,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import struct
 import tempfile
 import time
@@ -501,7 +502,8 @@ def salvage_scan(path: Path, schemas: dict[str, pa.Schema] | None = None, keep: 
                 if header.get("cell_id"):
                     out.lost_cells.append(header["cell_id"])
                 continue
-            messages = [(p[0], bytes(mm[start + p[1]:start + p[1] + p[2]]) if keep or header.get("schemas") else b"", p[4] if len(p) > 4 else 0)
+            copy = keep or header.get("schemas")   # `bench verify`: checked above, not copied
+            messages = [(p[0], bytes(mm[start + p[1]:start + p[1] + p[2]]) if copy else b"", p[4] if len(p) > 4 else 0)
                         for p in header["parts"]]
             if header.get("schemas"):
                 out.schemas = out.schemas or {n: ipc.read_schema(pa.py_buffer(m)) for n, m, _ in messages}
@@ -517,8 +519,6 @@ def salvage_scan(path: Path, schemas: dict[str, pa.Schema] | None = None, keep: 
 
 def torn_cell(mm, at: int, size: int) -> str | None:
     """The cell a record that does not verify names in its header, when that much can be read."""
-    import re
-
     m = re.search(rb'"cell_id":"([^"\\]{1,200})"', bytes(mm[at:min(size, at + 4096)]))
     return m.group(1).decode(errors="replace") if m else None
 

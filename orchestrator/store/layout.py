@@ -208,8 +208,8 @@ class Layout:
         except (OSError, pa.ArrowException) as e:
             if isinstance(e, FileNotFoundError):
                 raise
-            raise DamagedFile(path, f"it does not read back ({str(e)[:200]})",
-                              self.held.get(path) or ([f"every cell of framework {framework}"] if framework else None)) from e
+            held = self.held.get(path) or ([f"every cell of framework {framework}"] if framework else None)
+            raise DamagedFile(path, f"it does not read back ({str(e)[:200]})", held) from e
 
     @classmethod
     def scan(cls, root: Path) -> "Layout":
@@ -342,7 +342,8 @@ class Layout:
             for rec in records:
                 r = readers.get(rec.path)
                 if r is None:
-                    r = readers[rec.path] = JournalReader(self.opened(rec.path), self.journal_schemas[rec.path], rec.path)
+                    r = readers[rec.path] = JournalReader(self.opened(rec.path), self.journal_schemas[rec.path],
+                                                          rec.path)
                 b = r.batch(rec, name)
                 if b is not None:
                     yield rec.cell_id, conform(pa.Table.from_batches([b]), schema)
@@ -363,8 +364,9 @@ class Layout:
         for path, info in sorted(self.side_parts[name].items()):
             stale = [c for c in info["cells"] if c in self.newer]
             where = pc.invert(pc.field("cell_id").isin(pa.array(stale, pa.string()))) if stale else None
-            batches = self.read_compacted(path, lambda p: ds.dataset(p, format=parquet_format(), schema=schema)
-                                          .to_batches(columns=columns, filter=where, batch_size=batch_size))
+            batches = self.read_compacted(
+                path, lambda p, where=where: ds.dataset(p, format=parquet_format(), schema=schema).to_batches(
+                    columns=columns, filter=where, batch_size=batch_size))
             while True:   # a page that does not verify is found as the batches are read
                 try:
                     b = next(batches, None)

@@ -262,7 +262,7 @@ def once_more(read, tries: int = 5):
     for left in range(tries - 1, -1, -1):
         try:
             return read()
-        except Exception as e:   # noqa: BLE001 - only a file gone is retried, the rest raised as it was
+        except Exception as e:   # only a file gone is retried, the rest raised as it was
             gone = isinstance(e, FileNotFoundError) or (type(e).__name__ == "IOException" and any(
                 s in str(e) for s in ("No files found", "No such file")))
             if not gone or not left:

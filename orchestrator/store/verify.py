@@ -83,7 +83,7 @@ def verify_run(root: Path) -> VerifyReport:
     _sealed(root, "manifest.json", report)
     record = _sealed(root, COMMIT_FILE, report) or {}
     facts = record.get("files") or {}
-    live = dict((rel, fw) for fw, rel in (record.get("cells") or {}).items())
+    live = {rel: fw for fw, rel in (record.get("cells") or {}).items()}
     for name in SIDE_TABLES:
         live.update((rel, None) for rel in record.get(name) or {})
     for rel in sorted(live):
