@@ -13,6 +13,7 @@ function, the tokenizers library and pynvml), so every engine environment can im
   tokenizer.py   the model's tokenizer, the same on both sides
   openai_api.py  what an engine's OpenAI-compatible server does, and the request bodies sent to it
   claims.py      which node runs a cell when unstarted cells move between nodes
+  disturbance.py how disturbed each timed repeat was by the rest of the host (CPU from /proc, GPU from NVML)
   processes.py   how a started process ends with its parent, and an engine's processes with the engine child
 
 May import: nothing of adapters/ or orchestrator/ outside this folder.

@@ -179,6 +179,10 @@ class CellRecord(CellMetrics):
     duration_s: float | None = None
     repeat_started_at: list[float] | None = None   # wall clock (epoch s) of each timed repeat's start and end: an env
     repeat_ended_at: list[float] | None = None     # pair's interleaving is visible in them (None: not recorded)
+    # per timed repeat, how disturbed it was (adapters/contract/disturbance.py): the share of the engine cores'
+    # time other processes took, and other processes' mean SM use of the engine's GPUs (None: not measured)
+    host_busy_runs: list[float] | None = None
+    gpu_busy_runs: list[float] | None = None
     notes: list[str] = Field(default_factory=list)
     # serve.search (adapters/serving/slo_search.py). A probe's row: its number, whether it met every SLO, what it
     # missed and each SLO's check. The search's own row: the highest load that met them, the first load

@@ -17,6 +17,7 @@ import numpy as np
 
 from adapters.base import Unsupported
 from adapters.contract.claims import claim_cell
+from adapters.contract.disturbance import Disturbance
 from adapters.contract.events import (
     CellDone,
     CellFailed,
@@ -112,11 +113,13 @@ def chunks(items: list, size: int):
 
 
 def timed_repeats(cell: CellSpec, run_one: Callable[[int], TimedRun], turns: Turns | None = None,
-                  clock: list[tuple[float, float]] | None = None) -> tuple[list[TimedRun], float | None]:
+                  clock: list[tuple[float, float]] | None = None,
+                  disturbance: Disturbance | None = None) -> tuple[list[TimedRun], float | None]:
     """`cell.repeats` timed runs; with `cell.auto`, runs until the output throughput's 95% interval is
     within auto.half_width (at least min_repeats, at most max_repeats or max_s of timed runs; never
     more than the prompts prepared). Returns the runs and the interval's relative half-width. Each run
-    waits for its turn (`turns`: an env pair), and its wall-clock start and end go into `clock`."""
+    waits for its turn (`turns`: an env pair), its wall-clock start and end go into `clock`, and how
+    disturbed it was by the rest of the host into `disturbance`."""
     runs: list[TimedRun] = []
     auto = cell.auto
     most = cell.repeats if auto is None else min(cell.repeats, auto.max_repeats)
@@ -124,7 +127,8 @@ def timed_repeats(cell: CellSpec, run_one: Callable[[int], TimedRun], turns: Tur
     while len(runs) < most:
         with turns.hold("timed", cell.cell_id, len(runs)) if turns else contextlib.nullcontext():
             began = time.time()
-            run = run_one(len(runs))
+            index = len(runs)
+            run = disturbance.measure(lambda: run_one(index)) if disturbance else run_one(index)
             if clock is not None:
                 clock.append((began, time.time()))
         runs.append(run)

@@ -28,6 +28,7 @@ import numpy as np
 from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
 from adapters.contract.arrivals import TraceArrival
+from adapters.contract.disturbance import Disturbance
 from adapters.contract.events import End, GroupUnsupported, Loaded, Started
 from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
@@ -172,7 +173,8 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
     spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
     energy.reset()
     clock: list[tuple[float, float]] = []
-    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r], True)), turns, clock)
+    host = Disturbance()
+    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r], True)), turns, clock, host)
     spec = _spec_figures(spec_before, adapter.spec_counters())
     tel, tel_missing = telemetry.figures(
         engine_before, adapter.engine_metrics(), None,
@@ -183,8 +185,8 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
     peak, why = memory.peak()
     if why:
         metrics.missing["peak_mem_bytes"] = why
-    metrics.missing.update(tel_missing | joules_missing)
-    record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
+    metrics.missing.update(tel_missing | joules_missing | host.missing)
+    record = CellRecord(**metrics.model_dump(), **host.figures(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
                         notes=list(cell.notes), repeat_started_at=[a for a, _ in clock],
                         repeat_ended_at=[b for _, b in clock], **spec, **tel, **joules)
     if spec and record.spec_acceptance is None:

@@ -19,6 +19,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from adapters.contract.disturbance import DISTURBED_SHARE, disturbed_repeats  # noqa: F401 (the report's too)
 from adapters.contract.intervals import log_mean_intervals, log_ratio_intervals
 from orchestrator.values import finite
 

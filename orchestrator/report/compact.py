@@ -149,8 +149,11 @@ def compare_compact(df: pd.DataFrame) -> Table:
 
 
 def summary_compact(df: pd.DataFrame, title: str) -> Table:
-    """`bench show` and `bench run`: one line per cell: status, TTFT, TPOT, throughput, peak memory and,
+    """`bench show` and `bench run`: one line per cell: status, TTFT, TPOT, throughput, peak memory, how many
+    timed repeats the rest of the host disturbed (host busy) and,
     for a cell that did not run, the first words of why."""
+    from orchestrator.report.console import host_busy_label
+
     def num(v, spec: str) -> str:
         return format(v, spec) if finite(v) else "-"
 
@@ -159,7 +162,8 @@ def summary_compact(df: pd.DataFrame, title: str) -> Table:
                         na_position="first")
     names, shared = _labels(df)
     t = _table(title + (f" ({shared})" if shared else ""), "--wide: every column; --format csv|json|md: for scripts")
-    for col in ("cell", "status", "TTFT p50 ms", "TPOT p50 ms", "out tok/s", "peak MiB", *(["errors"] if serve else [])):
+    for col in ("cell", "status", "TTFT p50 ms", "TPOT p50 ms", "out tok/s", "peak MiB", "host busy",
+                *(["errors"] if serve else [])):
         _col(t, col, right=col not in ("cell", "status"))
     _col(t, "reason", fold=True, min_width=12)
     for name, r in zip(names, df.to_dict("records")):
@@ -167,7 +171,8 @@ def summary_compact(df: pd.DataFrame, title: str) -> Table:
         reason = r["reason"].strip().splitlines() if isinstance(r.get("reason"), str) else []
         t.add_row(name, f"[{color}]{r['status']}[/]", num(r.get("ttft_ms_p50"), ".2f"), num(r.get("tpot_ms_p50"), ".2f"),
                   num(r.get("output_tok_s"), ".1f"), num((r.get("peak_mem_bytes") or float("nan")) / 2**20, ".0f"),
-                  *([num(r.get("errors"), ".0f")] if serve else []), escape(reason[0]) if reason else "")
+                  host_busy_label(r), *([num(r.get("errors"), ".0f")] if serve else []),
+                  escape(reason[0]) if reason else "")
     return _fit(t)
 
 

@@ -113,6 +113,19 @@ def _config(r: dict) -> str:
                   + (f" [{wl}]" if isinstance(wl, str) else ""))
 
 
+def host_busy_label(r: dict) -> str:
+    """How many of a cell's timed repeats the rest of the host disturbed (adapters/contract/disturbance.py), and
+    the largest share of the engine cores' time (or GPU) other processes took in one: '2/6 48%'; '-' unmeasured."""
+    from orchestrator.judge.speed import disturbed_repeats
+
+    cpu, gpu = r.get("host_busy_runs"), r.get("gpu_busy_runs")
+    counted = disturbed_repeats(cpu, gpu)
+    if counted is None:
+        return "-"
+    top = max(float(v) for x in (cpu, gpu) if x is not None and hasattr(x, "__len__") for v in x)
+    return f"{counted[0]}/{counted[1]} {top:.0%}"
+
+
 def _telemetry_columns(df) -> list[str]:
     """The engine-telemetry and energy columns a table shows: only where some cell measured them."""
     return [name for name, col in (("prefix hit", "prefix_cache_hit_rate"), ("preempt", "preemptions"),
@@ -143,7 +156,7 @@ def summary_table(df, title: str) -> Table:
     for col in ("framework", "model", "quant", "flags", "workload" if named else None, "mode" if serve else None,
                 "batch" if not serve else "load",
                 "status", "load s", "TTFT p50 ms", *extra, "TPOT p50 ms", "e2e p50 ms", "out tok/s", "peak MiB",
-                "errors" if serve else None, "reason"):
+                "host busy", "errors" if serve else None, "reason"):
         if col:
             table.add_column(col, overflow="fold")
     df = df.sort_values(["framework", "model", "quantization", "flags", *(["workload"] if named else []),
@@ -157,7 +170,7 @@ def summary_table(df, title: str) -> Table:
         table.add_row(*head,
                       f"[{color}]{r.status}[/{color}]", _fmt(r.load_s, ".2f"), _fmt(r.ttft_ms_p50, ".2f"),
                       *[_telemetry_cell(r, _TELEMETRY[c]) for c in extra], _fmt(r.tpot_ms_p50, ".2f"), _fmt(r.e2e_ms_p50, ".1f"), _fmt(r.output_tok_s),
-                      _fmt(r.peak_mem_bytes / 2**20, ".0f"), *tail,
+                      _fmt(r.peak_mem_bytes / 2**20, ".0f"), host_busy_label(r._asdict()), *tail,
                       reason)
     return table
 

@@ -1,0 +1,161 @@
+"""How disturbed one timed repeat was by the rest of the host, measured once here (`Disturbance`).
+
+CPU: the share of the engine cores' time (the cores this process may run on, `sched_getaffinity`) that
+other processes took during the repeat: the busy time of those cores in /proc/stat (user, nice, system,
+irq, softirq, steal) minus the CPU time of the engine's own processes (every process of this process's
+session in /proc/PID/stat: the engine child leads its own session, and an engine's processes stay in
+it, adapters/contract/processes.py), over the repeat's wall time times the core count; clamped to [0, 1].
+GPU: where NVML answers, the mean SM utilisation (percent / 100) that processes outside this session
+had on the visible GPUs during the repeat (nvmlDeviceGetProcessUtilization); null with the reason
+otherwise. Both are stored per repeat (CellRecord.host_busy_runs, gpu_busy_runs)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_BUSY = (0, 1, 2, 5, 6, 7)   # /proc/stat cpuN fields: user nice system (idle iowait) irq softirq steal
+
+
+def _cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def cores_busy_ticks(cores: list[int]) -> int | None:
+    """The summed busy ticks of `cores` since boot (None: no /proc/stat)."""
+    want, total = {f"cpu{c}" for c in cores}, 0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] in want:
+                    total += sum(int(parts[1 + i]) for i in _BUSY if 1 + i < len(parts))
+    except OSError:
+        return None
+    return total
+
+
+def session_pids(session: int | None = None) -> list[int]:
+    """Every live process of this process's session (the engine's process tree)."""
+    session = os.getsid(0) if session is None else session
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None and int(stat[3]) == session:
+                pids.append(int(name))
+    return pids
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state is [0], session [3], utime [11])."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+def session_ticks(session: int | None = None) -> int:
+    """CPU ticks the session's processes used: each live one's utime + stime + its reaped children's."""
+    total = 0
+    for pid in session_pids(session):
+        stat = _stat(pid)
+        if stat is not None:
+            total += sum(int(x) for x in stat[11:15])
+    return total
+
+
+class Disturbance:
+    """Measures each repeat it wraps; `cpu`, `gpu` hold one share per repeat, `missing` why one is null."""
+
+    def __init__(self) -> None:
+        self.cores = _cores()
+        self.cpu: list[float] = []
+        self.gpu: list[float] = []
+        self.missing: dict[str, str] = {}
+        self._nvml = _nvml_handles(self.missing)
+
+    def measure(self, fn: Callable[[], T]) -> T:
+        busy0, own0, began = cores_busy_ticks(self.cores), session_ticks(), time.time()
+        gpu_since = int(began * 1e6)
+        result = fn()
+        wall = time.time() - began
+        busy1, own1 = cores_busy_ticks(self.cores), session_ticks()
+        if busy0 is None or busy1 is None:
+            self.missing.setdefault("host_busy_runs", "no /proc/stat on this host")
+        else:
+            other = (busy1 - busy0) - (own1 - own0)
+            self.cpu.append(min(1.0, max(0.0, other / max(wall * _TICK * len(self.cores), 1e-9))))
+        if self._nvml:
+            share = _gpu_other_share(self._nvml, gpu_since, set(session_pids()), self.missing)
+            if share is not None:
+                self.gpu.append(share)
+        return result
+
+    def figures(self) -> dict:
+        """The CellRecord fields: per-repeat shares (None where not measured, `missing` says why)."""
+        return {"host_busy_runs": self.cpu if "host_busy_runs" not in self.missing else None,
+                "gpu_busy_runs": self.gpu if "gpu_busy_runs" not in self.missing else None}
+
+
+def _nvml_handles(missing: dict[str, str]) -> list:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = pynvml.nvmlDeviceGetCount()
+        indices = [int(i) for i in visible.split(",") if i.strip().isdigit()] if visible else range(count)
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices if i < count]
+    except Exception as err:   # no NVML: a CPU host, or the library missing
+        missing["gpu_busy_runs"] = f"NVML unavailable: {type(err).__name__}"
+        return []
+    if not handles:
+        missing["gpu_busy_runs"] = "no GPU visible to the engine"
+    return handles
+
+
+def _gpu_other_share(handles: list, since_us: int, ours: set[int], missing: dict[str, str]) -> float | None:
+    import pynvml
+
+    total = 0.0
+    for h in handles:
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(h, since_us)
+        except pynvml.NVMLError_NotFound:   # no process sampled on it since: nobody else used it
+            continue
+        except Exception as err:
+            missing["gpu_busy_runs"] = f"NVML gave no per-process utilisation: {type(err).__name__}"
+            return None
+        others: dict[int, list[int]] = {}
+        for s in samples:
+            if s.pid not in ours:
+                others.setdefault(s.pid, []).append(s.smUtil)
+        total += sum(sum(v) / len(v) for v in others.values()) / 100.0
+    return min(1.0, total / len(handles))
+
+
+# a repeat is disturbed when other processes took more than this share of the engine cores' time, or of its
+# GPUs: a quarter of the cores is what a single busy loop takes on a 4-core node (docs/verdicts.md)
+DISTURBED_SHARE = 0.25
+
+
+def disturbed_repeats(cpu, gpu=None) -> tuple[int, int] | None:
+    """(repeats disturbed, repeats measured) of one cell's per-repeat shares; None: none measured."""
+    def shares(x) -> list[float]:
+        return [float(v) for v in x] if x is not None and hasattr(x, "__len__") else []
+    c, g = shares(cpu), shares(gpu)
+    n = max(len(c), len(g))
+    if not n:
+        return None
+    flags = [max(c[i] if i < len(c) else 0.0, g[i] if i < len(g) else 0.0) > DISTURBED_SHARE for i in range(n)]
+    return sum(flags), n

@@ -1,0 +1,56 @@
+"""(e2e: it starts busy child processes.) The per-repeat disturbance measure (adapters/contract/disturbance.py) on this host's real /proc: a busy
+process in another session shows up as other processes' share of the engine cores; the engine's own
+processes (this session, a child included) do not."""
+
+import os
+import subprocess
+import sys
+import time
+
+from adapters.contract.disturbance import Disturbance
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"
+
+
+def _spin(seconds: float) -> None:
+    t = time.time()
+    while time.time() - t < seconds:
+        pass
+
+
+def test_busy_process_in_another_session_counts_as_disturbance():
+    d = Disturbance()
+    d.measure(lambda: _spin(0.6))
+    quiet = d.cpu[-1]
+    cores = len(d.cores)
+    others = [subprocess.Popen([sys.executable, "-c", BUSY.format(s=3)], start_new_session=True)
+              for _ in range(cores)]
+    try:
+        time.sleep(0.3)
+        d.measure(lambda: _spin(1.0))
+    finally:
+        for p in others:
+            p.wait()
+    # every engine core had a busy loop of someone else's for the whole repeat: about half its time
+    # (the engine's spin shares each core it runs on), more than a quiet repeat measured just before
+    assert d.cpu[-1] > 0.3 and d.cpu[-1] > quiet, (quiet, d.cpu)
+    assert d.figures()["host_busy_runs"] == d.cpu
+
+
+def test_the_engines_own_children_are_not_disturbance():
+    d = Disturbance()
+    def engine_with_child():   # the child stays in this session, as an engine's processes do
+        child = subprocess.Popen([sys.executable, "-c", BUSY.format(s=1)])
+        _spin(1.0)
+        child.wait()
+    baseline = Disturbance()
+    baseline.measure(lambda: _spin(1.0))
+    d.measure(engine_with_child)
+    assert d.cpu[-1] < max(0.25, baseline.cpu[-1] + 0.2), (d.cpu, baseline.cpu, os.cpu_count())
+
+
+def test_gpu_share_is_null_with_a_reason_without_nvml():
+    d = Disturbance()
+    d.measure(lambda: None)
+    if d.figures()["gpu_busy_runs"] is None:
+        assert d.missing["gpu_busy_runs"]
