@@ -10,6 +10,9 @@ An env pair (a cell and its baseline the same configuration in two matrix envs, 
 turns on one node: repeat_started_at / repeat_ended_at never overlap) is paired: the interval is the t
 interval of the mean log ratio of repeat i to the baseline's repeat i (n pairs, n - 1 degrees of freedom), so
 host drift that falls on both sides of a pair drops out. `speed_test` says which test each interval is.
+
+A call whose cell or baseline had more than MAX_DISTURBED of its timed repeats disturbed by the rest of the
+host (per-repeat shares in host_busy_runs / gpu_busy_runs) is `cannot judge`, and speed_reason says why.
 """
 
 from __future__ import annotations
@@ -112,3 +115,30 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     df["speed_call"] = speed_call(lo, hi, tolerance)
     df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if p else WELCH
                         for a, z, p in zip(lo, hi, paired)]
+    withhold_busy(df, b)
+
+
+# a speed call is withheld ("cannot judge") where more than this share of a side's timed repeats were disturbed
+# (adapters/contract/disturbance.py: other processes took more than DISTURBED_SHARE of the engine cores or GPU):
+# one disturbed repeat in six widens a t interval; more move its center, which the interval cannot show
+MAX_DISTURBED = 0.25
+
+
+def host_busy_reason(cell_cpu, cell_gpu, base_cpu, base_gpu) -> str | None:
+    """Why the host's load leaves a speed call unjudgeable ('host busy during 4 of 6 repeats'), or None."""
+    parts = []
+    for side, cpu, gpu in (("", cell_cpu, cell_gpu), (" of the baseline", base_cpu, base_gpu)):
+        counted = disturbed_repeats(cpu, gpu)
+        if counted and counted[0] > MAX_DISTURBED * counted[1]:
+            parts.append(f"host busy during {counted[0]} of {counted[1]} repeats{side}")
+    return "; ".join(parts) or None
+
+
+def withhold_busy(df: pd.DataFrame, base: pd.DataFrame) -> None:
+    """speed_call = 'cannot judge' where the host was busy (host_busy_reason), speed_reason says so."""
+    def col(frame, name):
+        return frame[name].tolist() if name in frame else [None] * len(frame)
+    reasons = [host_busy_reason(*x) for x in zip(col(df, "host_busy_runs"), col(df, "gpu_busy_runs"),
+                                                  col(base, "host_busy_runs"), col(base, "gpu_busy_runs"))]
+    df["speed_reason"] = reasons
+    df["speed_call"] = [c if c is None or why is None else "cannot judge" for c, why in zip(df.speed_call, reasons)]

@@ -120,6 +120,8 @@ def speed_text(r: dict, call: bool = True) -> str:
         return ""
     ci = f" [{_bound(r.get('speedup_lo'))}, {_bound(r.get('speedup_hi'))}]" if finite(r.get("speedup_lo")) else ""
     word = _CALL.get(r.get("speed_call"), r.get("speed_call")) if call and isinstance(r.get("speed_call"), str) else ""
+    if isinstance(r.get("speed_reason"), str) and word == "cannot judge":   # the host was busy: the call withheld
+        word += f" ({r['speed_reason']})"
     return f"{r['speedup']:.2f}x{ci} {word}".rstrip()
 
 

@@ -241,6 +241,8 @@ def compare_table(df: pd.DataFrame) -> Table:
     for r in df.to_dict("records"):
         load = load_label(r["mode"], r["batch_size"], r["request_rate"], r.get("load")) if serve else str(r["batch_size"])
         call = r.get("speed_call") if isinstance(r.get("speed_call"), str) else ""   # None or NaN: no interval
+        if call == "cannot judge" and isinstance(r.get("speed_reason"), str):   # the host was busy
+            call += f" ({r['speed_reason']})"
         speed = "" if not finite(r["speedup"]) else \
             f"{r['speedup']:.2f}x [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}] {call}".rstrip()
         greedy = "" if not finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
@@ -392,7 +394,7 @@ def env_pair_lines(pairs: pd.DataFrame) -> list[str]:
             n = (f"n={int(r['speedup_n_cell'])} pairs" if r["speed_test"] == "paired t"
                  else f"n={int(r['speedup_n_cell'])}/{int(r['speedup_n_base'])}")
             speed = (f"{r['speedup']:.3f} [{r['speedup_lo']:.3f}, {r['speedup_hi']:.3f}] {n}, {r['speed_test']}: "
-                     f"{r['speed_call']}")
+                     f"{r['speed_call']}" + (f" ({r['speed_reason']})" if isinstance(r.get("speed_reason"), str) else ""))
         else:
             speed = "no interval (fewer than 2 timed repeats on a side, or a side did not run)"
         out.append(f"  {cell}: {r['env']}/{r['baseline_env']} = {speed}")

@@ -44,6 +44,9 @@ def test_one_row_per_cell_with_sane_numbers(small_run):
         assert r.ttft_ms_p50 <= r.ttft_ms_p99
         assert r.tpot_ms_p50 > 0 and r.output_tok_s > 0 and r.total_tok_s > r.output_tok_s
         assert len(r.output_tok_s_runs) == M["repeats"]
+        # how disturbed each repeat was: one share of the engine cores per repeat; no GPU here, so null with why
+        assert len(r.host_busy_runs) == M["repeats"] and all(0 <= x <= 1 for x in r.host_busy_runs)
+        assert r.gpu_busy_runs is None and json.loads(r.missing)["gpu_busy_runs"]
         assert r.load_s > 0 and r.peak_mem_bytes > 50 * 2**20 and r.mem_source == "rss-peak-tree"
         assert json.loads(r.versions)["torch"].startswith("2.13.0")
         assert r.batch_mode == "batched"
