@@ -24,6 +24,7 @@ import numpy as np
 
 from adapters.base import Adapter, Unsupported
 from adapters.contract.arrivals import TraceArrival
+from adapters.contract.disturbance import Disturbance
 from adapters.contract.events import End, Loaded, LoadFacts
 from adapters.contract.openai_api import STREAM_COUNT_NOTES, ServerApi, stream_count
 from adapters.contract.records import CellRecord
@@ -238,8 +239,9 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
     tel_before, no_tel = _scrape(target)
     if not no_tel:
         target.metrics.start_sampling()
+    host = Disturbance() if energy else None   # the server runs in the engine child's session, here
     try:
-        runs, width = timed_repeats(cell, one_run)
+        runs, width = timed_repeats(cell, one_run, disturbance=host)
     finally:
         gauges = None if no_tel else target.metrics.stop_sampling()
     tel_after, no_tel = _scrape(target) if not no_tel else (None, no_tel)
@@ -266,8 +268,11 @@ def measure_load_point(target: Target, cell: CellSpec, prompts, lengths, first: 
     peak, why = memory.peak() if memory else (None, "an endpoint given by the matrix: its memory is not ours to measure")
     if why:
         metrics.missing["peak_mem_bytes"] = why
+    busy = host.figures() if host else {}
+    metrics.missing.update(host.missing if host else dict.fromkeys(
+        ("host_busy_runs", "gpu_busy_runs"), "an endpoint given by the matrix: its host is not ours to watch"))
     record = CellRecord(**metrics.model_dump(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
-                        notes=notes, **tel, **joules)
+                        notes=notes, **busy, **tel, **joules)
     record.missing.update({k: "not counted through a server's API" for k in NO_SPECULATION})
     return record
 
