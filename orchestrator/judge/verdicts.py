@@ -71,6 +71,7 @@ CELL_VERDICT_COLUMNS = pa.schema([
     ('token_mismatch', pa.float64()),
     ('has_logprobs', pa.bool_()),
     ('speed_test', pa.string()),
+    ('speed_reason', pa.string()),   # why speed_call is 'cannot judge' (the host was busy)
     ('task_verdict', pa.string()),
     ('task_reason', pa.string()),
     ('sampling_verdict', pa.string()),
