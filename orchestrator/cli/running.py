@@ -18,8 +18,8 @@ from orchestrator.report.console import err, matrix_table, out, print_table, sum
 @app.command()
 def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
     """Expand and check a matrix; runs nothing."""
-    from orchestrator.matrix.cells import expand, group
     from orchestrator.inputs.task_sets import notes
+    from orchestrator.matrix.cells import expand, group
     from orchestrator.matrix.validate import deferred_checks, load_matrix
 
     try:

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-
 from pathlib import Path
 
 import pytest
@@ -169,7 +168,7 @@ def test_another_instruction_set_gives_the_same_bytes_or_another_name(tiny, tmp_
              "print(torch.backends.cpu.get_cpu_capability()); print(resolve_builtin('tiny', sys.argv[1]))")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", child, str(tmp_path)], env=env, cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     capability, other = out.stdout.split()[-2], Path(out.stdout.split()[-1])
     assert capability == "DEFAULT"
