@@ -18,6 +18,7 @@ from orchestrator.report.console import err, matrix_table, out, print_table, sum
 @app.command()
 def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
     """Expand and check a matrix; runs nothing."""
+    from orchestrator.inputs.task_sets import notes
     from orchestrator.matrix.cells import expand, group
     from orchestrator.matrix.validate import deferred_checks, load_matrix
 
@@ -30,6 +31,8 @@ def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) ->
     out.print(matrix_table(f"{m.name}: {len(cells)} cells in {len(groups)} engine groups", cells))
     for line in deferred_checks(m):   # what only the node can check: said, not passed over
         out.print(f"not checked here: {line}", highlight=False)
+    for line in notes(m.tasks):   # how an item file was read, where it is not plain
+        out.print(f"note: {line}", highlight=False)
 
 
 @app.command()

@@ -10,7 +10,8 @@ scored against each of the item's answers (the best counts):
   chrf, bleu   sacrebleu's sentence chrF and BLEU, divided by 100
 Choice items, as lm-eval's multiple choice: acc is 1 when the answer's summed continuation logprob is the
 highest (ties: the lower index, as numpy's argmax); acc_norm divides each sum by the characters of the
-choice's text, acc_bytes by its UTF-8 bytes. lm-eval items come scored by lm-eval's own task definition.
+choice's text, acc_bytes by its UTF-8 bytes: the choice alone, without the target_delimiter that is scored
+before it (lm-eval's `completion_len`). lm-eval items come scored by lm-eval's own task definition.
 
 A task's figure aggregates its items' scores as lm-eval aggregates them (`AGGREGATIONS`, by lm-eval's
 names; tests/unit/test_task_encoding.py pins each against lm-eval's own function):

@@ -7,7 +7,9 @@
       - {kind: lm_eval, task: my_task, include_path: tasks/, limit: 50}
 
 Item files are JSONL: generation `{prompt, answer}` or `{prompt, answers: [...]}`; choice
-`{prompt, choices: [...], answer_index}`. lm-eval tasks are lm-eval's own (a local task YAML with
+`{prompt, choices: [...], answer_index}`, each choice without the `target_delimiter` that joins it to the
+prompt (" " by default, as lm-eval's; a file whose every choice starts with it is the old form: read, with
+a note). lm-eval tasks are lm-eval's own (a local task YAML with
 `dataset_path: json` and `data_files` runs without a network). Files are read and checked by
 `bench validate`, before any engine starts; the driver tokenizes every item with the group's
 tokenizer (`task_specs`), so every engine of a model scores the same ids.
@@ -65,9 +67,12 @@ class GenerationTask(_Strict):
 class ChoiceTask(_Strict):
     kind: Literal["choice"]
     name: str
-    path: str = Field(description="JSONL of {prompt, choices: [...], answer_index}")
+    path: str = Field(description="JSONL of {prompt, choices: [...], answer_index}, choices without the delimiter")
     metric: Literal[CHOICE_METRICS] = Field("acc", description="acc: the highest summed logprob; acc_norm: per "
-                                            "character of the choice's text, acc_bytes: per UTF-8 byte (lm-eval's)")
+                                            "character of the choice's text, acc_bytes: per UTF-8 byte (lm-eval's: "
+                                            "the choice alone, without the delimiter)")
+    target_delimiter: str = Field(" ", description="What joins the prompt and each choice (lm-eval's "
+                                  "target_delimiter): scored with the choice, not counted by acc_norm/acc_bytes")
     limit: int | None = Field(None, ge=1)
 
 
@@ -110,8 +115,9 @@ class Items:
 
     prompts: list[str]
     answers: list[list[str]] = field(default_factory=list)      # generation: an item's acceptable answers
-    choices: list[list[str]] = field(default_factory=list)      # choice: the continuations' texts
+    choices: list[list[str]] = field(default_factory=list)      # choice: the choices' texts, without the delimiter
     answer_index: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)              # how the file was read, where it is not plain
 
 
 def read_items(entry: GenerationTask | ChoiceTask) -> Items:
@@ -143,7 +149,28 @@ def read_items(entry: GenerationTask | ChoiceTask) -> Items:
             items.answer_index.append(k)
     if not items.prompts:
         raise ValueError(f"{entry.path} holds no items")
+    if isinstance(entry, ChoiceTask):
+        _strip_old_delimiter(entry, items)
     return items
+
+
+def _strip_old_delimiter(entry: ChoiceTask, items: Items) -> None:
+    """A file of the old form (every choice starts with the delimiter, as the continuation lm-eval scores)
+    is read as choices without it, with a note; a file where only some do is read as written, with a note."""
+    d = entry.target_delimiter
+    if not d:
+        return
+    starting = sum(c.startswith(d) for cs in items.choices for c in cs)
+    total = sum(map(len, items.choices))
+    if starting == total:
+        if any(c == d for cs in items.choices for c in cs):
+            raise ValueError(f"{entry.path}: a choice is only the target_delimiter {d!r}")
+        items.choices = [[c[len(d):] for c in cs] for cs in items.choices]
+        items.notes.append(f"{entry.path}: every choice starts with the target_delimiter {d!r} (the old form): read "
+                           "without it, as lm-eval's choices; write choices without it (or set target_delimiter: '')")
+    elif starting:
+        items.notes.append(f"{entry.path}: {starting} of {total} choices start with the target_delimiter {d!r}, "
+                           f"which is put before each choice again; set target_delimiter: '' if they carry their own")
 
 
 def problems(entries: list) -> list[str]:
@@ -182,6 +209,19 @@ def problems(entries: list) -> list[str]:
 Loaded = dict[str, tuple[TaskEntry, Items | None]]   # task name -> its entry and items (lm-eval: None)
 
 
+def notes(entries: list) -> list[str]:
+    """How the item files of the tasks section were read, where that needs saying (bench validate)."""
+    out = []
+    for i, e in enumerate(entries):
+        e = BUILTIN_TASKS.get(e) if isinstance(e, str) else e
+        if isinstance(e, ChoiceTask) and Path(e.path).is_file():
+            try:
+                out += [f"tasks[{i}]: {n}" for n in read_items(e).notes]
+            except (ValueError, OSError):
+                pass   # said by `problems`
+    return out
+
+
 def load_tasks(entries: list) -> Loaded:
     """The matrix's tasks, built-in names resolved and item files read once (lm-eval reads its own)."""
     return {task_name(e): (e, None if isinstance(e, LmEvalTask) else read_items(e)) for e in resolve(entries)}
@@ -203,8 +243,9 @@ def task_specs(tasks: Loaded, tok: Tokenizer, tokenizer_source: str, trust_remot
         if isinstance(e, GenerationTask):   # encoded as lm-eval's HF backend encodes a generation context
             specs.append(GenerationTaskSpec(name=e.name, prompts=[tok.encode_task(p) for p in items.prompts],
                                             max_tokens=e.max_tokens))
-        else:   # split as lm-eval's loglikelihood splits (context, continuation): one number with its twin
-            pairs = [[tok.encode_pair(prompt, c) for c in texts] for prompt, texts in zip(items.prompts, items.choices)]
+        else:   # split as lm-eval's loglikelihood splits (context, delimiter + choice): one number with its twin
+            pairs = [[tok.encode_pair(prompt, e.target_delimiter + c) for c in texts]
+                     for prompt, texts in zip(items.prompts, items.choices)]
             specs.append(ChoiceTaskSpec(name=e.name, contexts=[[ctx for ctx, _ in item] for item in pairs],
                                         choices=[[cont for _, cont in item] for item in pairs]))
     return specs

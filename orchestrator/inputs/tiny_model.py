@@ -1,8 +1,13 @@
 """The built-in tiny model: a small Llama (or Qwen2) trained in seconds on shipped text.
 
-It lets every engine be exercised end to end without downloading anything. The build is
-deterministic (seeded, fixed thread count), so the same machine always gets the same bytes,
-and `resolve_builtin` caches it under a fingerprint of the builder and its training text.
+It lets every engine be exercised end to end without downloading anything. The build is seeded and
+runs on one thread, so one machine always gets the same bytes; another CPU (another instruction set
+for torch's kernels, another torch) may get other bytes from the same recipe (measured: loglikelihoods
+2.5e-3 apart). So a built model is named by both: `<name>-<recipe>-<content>`, the recipe's fingerprint
+(`fingerprint`: the builder's version, its training text, the architecture, the chat template) and a
+digest of the files the build wrote (`content_digest`: weights, config, tokenizer). `resolve_builtin`
+finds a build of the recipe in the cache by its folder name, or builds one; two hosts that built other
+bytes give two names, never one name for both.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -248,32 +254,61 @@ def default_cache_root() -> Path:
 
 
 def fingerprint(arch: str) -> str:
+    """The recipe's fingerprint: what the build is asked to do (not what this CPU made of it)."""
     h = hashlib.sha256()
     for part in (BUILD_VERSION.encode(), (DATA_DIR / "corpus.txt").read_bytes(), arch.encode(), CHAT_TEMPLATE.encode()):
         h.update(len(part).to_bytes(8, "little") + part)
     return h.hexdigest()[:12]
 
 
+def content_digest(model_dir: Path) -> str:
+    """A digest of every file a build wrote (names and bytes): the part of the name that says which bytes."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(model_dir).iterdir() if p.is_file()):
+        for part in (f.name.encode(), f.read_bytes()):
+            h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()[:12]
+
+
+_DIGEST = re.compile(r"[0-9a-f]{12}")
+
+
+def _built(models: Path, recipe: str) -> Path | None:
+    """A finished build of `recipe` in the cache (`<recipe>-<content digest>`): the first by name where a
+    shared cache holds several (each named by its own bytes)."""
+    done = sorted(p for p in models.glob(f"{recipe}-*") if _DIGEST.fullmatch(p.name[len(recipe) + 1:])
+                  and (p / "model.safetensors").exists())
+    return done[0] if done else None
+
+
 def resolve_builtin(name: str, cache_root: Path | None = None) -> Path:
-    """The cached checkpoint dir of builtin `name`, built on first use (once, across processes)."""
+    """The cached checkpoint dir of builtin `name` (`<name>-<recipe fingerprint>-<content digest>`), built on
+    first use (once, across processes)."""
     if name not in BUILTIN:
         raise ValueError(f"unknown builtin model {name!r}; known: {', '.join(sorted(BUILTIN))}")
     arch = BUILTIN[name]
     models = Path(cache_root if cache_root is not None else default_cache_root()) / "models"
-    final = models / f"{name}-{fingerprint(arch)}"
-    if (final / "model.safetensors").exists():
-        return final
+    recipe = f"{name}-{fingerprint(arch)}"
+    found = _built(models, recipe) if models.is_dir() else None
+    if found:
+        return found
     models.mkdir(parents=True, exist_ok=True)
-    with open(models / f"{final.name}.lock", "w") as lock:
+    with open(models / f"{recipe}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits here, then finds it built
-        if not (final / "model.safetensors").exists():
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=models))
-            try:
-                build_tiny_model(tmp, arch)
+        found = _built(models, recipe)
+        if found:
+            return found
+        tmp = Path(tempfile.mkdtemp(prefix=f".{recipe}.", dir=models))
+        try:
+            build_tiny_model(tmp, arch)
+            final = models / f"{recipe}-{content_digest(tmp)}"
+            if (final / "model.safetensors").exists():   # the same bytes, built meanwhile (a cache shared by hosts)
+                shutil.rmtree(tmp)
+            else:
                 os.replace(tmp, final)  # atomic: readers never see a half-written dir
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return final
 
 

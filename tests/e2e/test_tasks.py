@@ -117,7 +117,8 @@ def _choice_logprobs_by_hand(model_dir, prompt: str, choices: list[str]) -> list
 def test_a_choice_item_scored_by_hand_gets_the_adapters_answer(task_run, tiny_model):
     _, cells, items, _ = task_run
     item = json.loads((ROOT / "orchestrator/inputs/data/tasks/tiny-ending.jsonl").read_text().splitlines()[0])
-    mine = _choice_logprobs_by_hand(tiny_model, item["prompt"], item["choices"])
+    # the task's target_delimiter (" ") joins prompt and choice, as lm-eval's multiple choice joins them
+    mine = _choice_logprobs_by_hand(tiny_model, item["prompt"], [" " + c for c in item["choices"]])
     # llama.cpp keeps its KV cache in f16 by default: ~3e-4 per token off an fp32 reference, summed
     for fw, atol in (("hf", 1e-5), ("vllm", 1e-3), ("llamacpp", 2e-2)):
         row = items[(items.cell_id == _cell_id(cells, fw)) & (items.task == "tiny-ending") & (items.item_index == 0)].iloc[0]

@@ -1,9 +1,15 @@
-"""The built-in tiny model: deterministic, loadable by HF loaders, actually trained, cached. Each build
-trains it with torch here (tens of seconds), so this module builds once (through an empty cache) and holds that
-build to the session's; the cache's bookkeeping without a build: unit/test_tiny_model_cache.py."""
+"""The built-in tiny model: deterministic on one machine, named by its bytes across machines, loadable by HF
+loaders, actually trained, cached. Each build trains it with torch here (tens of seconds), so this module builds
+once (through an empty cache) and holds that build to the session's, and once more in a child on torch's
+portable kernels (ATEN_CPU_CAPABILITY=default), as another CPU would; the cache's bookkeeping without a build:
+unit/test_tiny_model_cache.py."""
 
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,7 +124,7 @@ def test_generates_english_like_text(tiny):
 def test_resolve_builtin_caches(tiny, cache_root, monkeypatch):
     monkeypatch.setenv("LOSSLESS_BENCH_CACHE", str(cache_root))
     assert tiny.parent == cache_root / "models"
-    assert tiny.name.startswith("tiny-") and tiny.name.endswith(tiny_model.fingerprint("llama"))
+    assert tiny.name == f"tiny-{tiny_model.fingerprint('llama')}-{tiny_model.content_digest(tiny)}"
     mtime = (tiny / "model.safetensors").stat().st_mtime_ns
 
     def no_rebuild(*args, **kwargs):
@@ -147,3 +153,27 @@ def test_qwen2_variant(tiny_qwen2):
     ppl = tiny_model.perplexity(tiny_qwen2)
     print(f"\ntiny-qwen2 eval perplexity: {ppl:.2f}")
     assert ppl < 100
+
+
+def test_another_instruction_set_gives_the_same_bytes_or_another_name(tiny, tmp_path):
+    """The recipe built in a child on torch's portable kernels (ATEN_CPU_CAPABILITY=default: no AVX), as a CPU
+    without this one's vector units would: equal bytes under one name, or other bytes under another name,
+    never other bytes under one name. Either way each name's digest is of its own folder's files."""
+    import torch
+
+    from tests.helpers import ROOT
+
+    here = torch.backends.cpu.get_cpu_capability()
+    child = ("import sys, torch; from orchestrator.inputs.tiny_model import resolve_builtin; "
+             "print(torch.backends.cpu.get_cpu_capability()); print(resolve_builtin('tiny', sys.argv[1]))")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", child, str(tmp_path)], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    capability, other = out.stdout.split()[-2], Path(out.stdout.split()[-1])
+    assert capability == "DEFAULT"
+    same_bytes = all((tiny / f.name).read_bytes() == f.read_bytes() for f in other.iterdir()) and \
+        sorted(p.name for p in tiny.iterdir()) == sorted(p.name for p in other.iterdir())
+    print(f"\nbuilt on {here}: {tiny.name}; on DEFAULT: {other.name}; bytes equal: {same_bytes}")
+    assert (other.name == tiny.name) == same_bytes
+    assert other.name.endswith(tiny_model.content_digest(other)) and tiny.name.endswith(tiny_model.content_digest(tiny))

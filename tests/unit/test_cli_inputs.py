@@ -98,3 +98,15 @@ def test_every_shipped_matrix_name_is_still_valid():
     for path in [*(ROOT / "matrices").glob("*.yaml"), ROOT / "cluster" / "gpu-sweep.yaml"]:
         if "name" in (yaml.safe_load(path.read_text()) or {}):
             load_matrix(path)
+
+
+def test_validate_notes_a_choice_file_of_the_old_form(tmp_path):
+    """Choices that carry the target_delimiter (the old form) still validate, and `bench validate` says how it read them."""
+    items = tmp_path / "mc.jsonl"
+    items.write_text('{"prompt": "The sea", "choices": [" grey", " old"], "answer_index": 0}\n')
+    path = tmp_path / "m.yaml"
+    path.write_text("models: {tiny: builtin:tiny}\naxes: {framework: [hf], model: [tiny], quantization: [fp32], "
+                    f"batch_size: [1], input_len: [8], output_len: [8]}}\ntasks: [{{kind: choice, name: mc, path: {items}}}]\n")
+    res = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    assert "note: tasks[0]: " in res.output and "(the old form): read without it" in res.output, res.output

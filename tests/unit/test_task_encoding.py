@@ -159,3 +159,73 @@ def test_perplexity_changes_are_judged_by_a_paired_permutation_test():
     # every document lost loglikelihood: perplexity up by exp(0.05), a regression of every item
     assert worse.verdict == "regressed" and worse.worse == 40 and worse.p_value < 0.001
     assert math.isclose(worse.ratio, math.exp(0.05), rel_tol=1e-9)
+
+
+def test_acc_norm_divides_by_the_choice_without_the_delimiter(tmp_path, monkeypatch):
+    """lm-eval's multiple choice (its own task code, default target_delimiter " "): the request is
+    (context, delimiter + choice) and acc_norm/acc_bytes divide by the choice alone; the native kind the same.
+    The sums are picked so that dividing by one more character (the delimiter) would pick the other choice."""
+    from lm_eval.tasks import TaskManager
+
+    from orchestrator.inputs.task_metrics import choice_pick
+    from orchestrator.inputs.task_sets import ChoiceTask
+
+    lm_eval_dir = ROOT / "tests" / "data" / "lm_eval"
+    monkeypatch.chdir(lm_eval_dir)   # the YAML's data_files are relative to its folder
+    task = TaskManager(include_path=str(lm_eval_dir), include_defaults=False).load(["ref_delim_mc"])
+    task = task["tasks"]["ref_delim_mc"]
+    doc = {"prompt": "The sea", "choices": ["ab", "abcd"], "answer_index": 1}
+    lls = [-2.0, -3.9]   # per character of the choice: -1.0 < -0.975; per character of " " + choice: -0.67 > -0.78
+    requests = task.construct_requests(doc, task.doc_to_text(doc), metadata=("ref_delim_mc", 0, 1))
+    assert [r.arguments for r in requests] == [("The sea", " ab"), ("The sea", " abcd")]
+    assert task.process_results(doc, [(x, False) for x in lls])["acc_norm"] == 1.0
+    for metric in ("acc_norm", "acc_bytes"):
+        native = ChoiceTask(kind="choice", name="mc", path=str(tmp_path / "mc.jsonl"), metric=metric)
+        assert native.target_delimiter == " "
+        assert choice_pick(native, [[-1.0, -1.0], [-1.9, -2.0]], doc["choices"]) == 1
+        assert choice_pick(native, [[-2.0], [-3.9]], [" " + c for c in doc["choices"]]) == 0   # the old divisor
+
+
+def _choice_file(path, choices: list[list[str]]):
+    path.write_text("".join(json.dumps({"prompt": "The sea", "choices": cs, "answer_index": 0}) + "\n"
+                            for cs in choices))
+    return str(path)
+
+
+def test_choice_files_old_and_new_form(tmp_path):
+    """Choices without the delimiter are read as written; a file whose every choice starts with it (the old
+    form) is read without it, with a note; a file where some do is read as written, with a note; with
+    target_delimiter "" nothing is stripped. Either form gives the same continuation ids."""
+    from orchestrator.inputs.task_sets import ChoiceTask, notes, read_items
+
+    def entry(path, delimiter=" "):
+        return ChoiceTask(kind="choice", name="mc", path=path, target_delimiter=delimiter)
+
+    new = _choice_file(tmp_path / "new.jsonl", [["grey sea.", "old mill."], ["a", "bc"]])
+    old = _choice_file(tmp_path / "old.jsonl", [[" grey sea.", " old mill."], [" a", " bc"]])
+    mixed = _choice_file(tmp_path / "mixed.jsonl", [[" grey sea.", "old mill."], ["a", "bc"]])
+    assert read_items(entry(new)).choices == read_items(entry(old)).choices == [["grey sea.", "old mill."], ["a", "bc"]]
+    assert read_items(entry(new)).notes == []
+    assert "(the old form): read without it" in read_items(entry(old)).notes[0]
+    assert read_items(entry(mixed)).choices[0] == [" grey sea.", "old mill."]
+    assert "1 of 4 choices start with the target_delimiter ' '" in read_items(entry(mixed)).notes[0]
+    assert read_items(entry(old, "")).choices[0] == [" grey sea.", " old mill."] and not read_items(entry(old, "")).notes
+    said = notes([entry(new), entry(old), "tiny-ending"])
+    assert len(said) == 1 and said[0].startswith("tasks[1]: ")
+    only_delimiter = _choice_file(tmp_path / "bad.jsonl", [[" ", " b"]])
+    with pytest.raises(ValueError, match="only the target_delimiter"):
+        read_items(entry(only_delimiter))
+
+
+def test_old_and_new_choice_files_score_the_same_ids(tiny_model, tmp_path):
+    from orchestrator.inputs.task_sets import ChoiceTask, load_tasks, task_specs
+
+    tok = Tokenizer(str(tiny_model))
+    texts = [["grey sea.", "old mill."], ["a", "bc"]]
+    specs = []
+    for name, cs in (("new", texts), ("old", [[" " + c for c in item] for item in texts])):
+        path = _choice_file(tmp_path / f"{name}.jsonl", cs)
+        tasks = load_tasks([ChoiceTask(kind="choice", name=name, path=path)])
+        specs += task_specs(tasks, tok, str(tiny_model), False, None)
+    assert specs[0].contexts == specs[1].contexts and specs[0].choices == specs[1].choices
+    assert specs[0].choices[0][0] == tok.encode_pair("The sea", " grey sea.")[1]

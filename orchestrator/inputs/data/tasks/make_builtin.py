@@ -5,6 +5,7 @@
 tiny-lastword  generation: a sentence without its last word; the answer is that word
 tiny-continue  generation: a sentence's first half; the reference is its second half (ROUGE-L)
 tiny-ending    choice: a sentence's first half; its own second half among 3 taken from other sentences
+               (choices without the " " that joins them to the prompt: the task's target_delimiter)
 """
 
 import json
@@ -24,7 +25,7 @@ def sentences() -> list[str]:
 def halves(s: str) -> tuple[str, str]:
     w = s.split()
     k = len(w) // 2
-    return " ".join(w[:k]), " " + " ".join(w[k:])
+    return " ".join(w[:k]), " ".join(w[k:])
 
 
 def write(name: str, rows: list[dict]) -> None:
@@ -35,7 +36,7 @@ def main() -> None:
     sents = sentences()
     write("tiny-lastword", [{"prompt": " ".join(s.rstrip(".!?").split()[:-1]),
                              "answer": s.rstrip(".!?").split()[-1]} for s in sents])
-    write("tiny-continue", [{"prompt": halves(s)[0], "answer": halves(s)[1].strip()} for s in sents])
+    write("tiny-continue", [{"prompt": halves(s)[0], "answer": halves(s)[1]} for s in sents])
     rng = np.random.default_rng(0)
     rows = []
     for i, s in enumerate(sents):
