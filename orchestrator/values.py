@@ -34,3 +34,18 @@ def shown(v: Any) -> str:
     (a value built by YAML aliases can be astronomically long written out)."""
     text = _SHOWN.repr(v)
     return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX - 3] + "..."
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(v: Any) -> Any:
+    """A CSV cell a spreadsheet will not run (OWASP, CSV injection): text beginning = + - @ tab or CR
+    gets a leading ' ; numbers and other values pass as they are (a negative number stays a number)."""
+    return "'" + v if isinstance(v, str) and v.startswith(_FORMULA_START) else v
+
+
+def md_inert(v: Any) -> str:
+    """Text for a Markdown page a viewer renders: & and < as entities (no raw HTML tag, no entity), > kept
+    (readable, harmless alone)."""
+    return str(v).replace("&", "&amp;").replace("<", "&lt;")

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.matrix.cells import load_label
-from orchestrator.values import finite
+from orchestrator.values import csv_safe, finite
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -232,7 +232,7 @@ def markdown(table: Table) -> str:
     """A rich table as a Markdown pipe table: the same header and cells, markup dropped."""
     cols = [[_plain(c.header)] + [_plain(x) for x in c.cells] for c in table.columns]
     rows = list(zip(*cols))
-    line = lambda cells: "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"   # noqa: E731
+    line = lambda cells: "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
     align = ["---:" if c.justify == "right" else "---" for c in table.columns]
     head = [f"### {_plain(table.title)}", ""] if table.title else []
     return "\n".join(head + [line(rows[0]), "| " + " | ".join(align) + " |", *map(line, rows[1:])]) + "\n"
@@ -248,7 +248,7 @@ def render(fmt: str, frames: dict[str, pd.DataFrame], tables: list[Table]) -> st
     column; md the tables as printed."""
     if fmt == "csv":
         buf = io.StringIO()
-        next(iter(frames.values())).to_csv(buf, index=False)
+        next(iter(frames.values())).map(csv_safe).to_csv(buf, index=False)
         return buf.getvalue()
     if fmt == "json":
         return json.dumps({name: records(df) for name, df in frames.items()}, indent=1) + "\n"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from orchestrator.judge.gate import Check
+from orchestrator.values import md_inert
 
 
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return md_inert(text).replace("|", "\\|").replace("\n", " ")
 
 
 def gate_markdown(checks: list[Check], title: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.runs import is_run
 from orchestrator.store.schema import LOGPROBS_SCHEMA, SAMPLES_SCHEMA, TASKS_SCHEMA
+from orchestrator.values import csv_safe
 
 
 def _plain(v: Any) -> Any:
@@ -41,7 +42,7 @@ def _write_rows(batches, names: list[str], path: Path, fmt: str) -> int:
                 for row in batch.to_pylist():
                     values = [_plain(row.get(k)) for k in names]
                     if writer:
-                        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v
+                        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else csv_safe(v)
                                          for v in values])
                     else:
                         f.write(json.dumps(dict(zip(names, values)), allow_nan=False) + "\n")
@@ -60,7 +61,8 @@ def export_run(run_dir: str | Path, fmt: str = "csv", out_dir: str | Path | None
     `logprobs`: a row per scored token, the largest table by far) in out_dir (default RUN/export);
     {path: rows written}.
 
-    CSV: one header row, list columns as JSON arrays, missing values empty. JSONL: one JSON object
+    CSV: one header row, list columns as JSON arrays, missing values empty, text beginning = + - @ tab or
+    CR prefixed with ' (a spreadsheet does not run it as a formula). JSONL: one JSON object
     per line, missing values and NaN as null.
     """
     check_format(fmt)
