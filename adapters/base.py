@@ -145,6 +145,12 @@ class Adapter:
         engine can promise that; Unsupported where the engine has no per-request seed."""
         raise Unsupported(f"{self.name}: seeded sampling is not implemented in this adapter")
 
+    def hidden_states(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        """The residual stream of each prompt, one float32 array [layers + 1, positions, hidden] each: the
+        embeddings, then the output of every block, the last one after the final norm (transformers'
+        `output_hidden_states` convention). Unsupported where the engine cannot expose it."""
+        raise Unsupported(f"{self.name}: per-layer hidden states are not exposed by this adapter")
+
     def spec_counters(self) -> tuple[int, int] | None:
         """Speculative decoding's (draft tokens proposed, draft tokens accepted) since load, where the
         engine speculates and counts them; None otherwise. The worker takes differences per cell."""

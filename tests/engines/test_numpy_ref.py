@@ -49,3 +49,17 @@ def test_a_cell_runs_on_it_through_the_worker_and_is_judged(ray_local, tiny_mode
     v = judge_run(store.root).cells.set_index("framework")
     assert v.loc["numpy", "verdict"] in ("identical", "lossless"), v.loc["numpy", "verdict_reason"]
     assert v.loc["numpy", "max_abs"] < 1e-4 and v.loc["numpy", "greedy_match"] == 1.0
+
+
+def test_hidden_states_per_layer_agree_with_transformers(tiny_model):
+    """Adapter.hidden_states: [layers + 1, positions, hidden] per prompt, the same residual stream in both engines."""
+    ref, hf = _loaded("numpy", tiny_model), _loaded("hf", tiny_model)
+    rng = np.random.default_rng(1)
+    prompts = [list(map(int, rng.integers(3, 500, n))) for n in (12, 5)]
+    for p, a, b in zip(prompts, ref.hidden_states(prompts), hf.hidden_states(prompts)):
+        assert a.shape == b.shape and a.shape[:2] == (ref.model.cfg.layers + 1, len(p))
+        for layer in range(a.shape[0]):
+            rel = np.linalg.norm(a[layer] - b[layer]) / np.linalg.norm(b[layer])
+            assert rel < 1e-4, (layer, rel)
+    ref.close()
+    hf.close()

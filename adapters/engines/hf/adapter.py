@@ -151,6 +151,16 @@ class HfAdapter(Adapter):
             out.append(topk_dense(lp, np.asarray(p[1:]), top_k))
         return out
 
+    def hidden_states(self, prompts) -> list[np.ndarray]:
+        # one prompt per forward pass: no padding, so every position is the prompt's own
+        torch, out = self.torch, []
+        with torch.inference_mode():
+            for p in prompts:
+                ids = torch.tensor([p], dtype=torch.long, device=self.device)
+                hs = self.model(ids, output_hidden_states=True).hidden_states
+                out.append(torch.stack([h[0] for h in hs]).float().cpu().numpy())
+        return out
+
     def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
         ids, mask = self._left_padded(prompts)
         with self.torch.inference_mode():

@@ -98,5 +98,13 @@ class NumpyAdapter(Adapter):
             out.append(topk_dense(log_softmax(steps), np.asarray(tokens), top_k))
         return out
 
+    def hidden_states(self, prompts) -> list[np.ndarray]:
+        out = []
+        for p in prompts:
+            states: list = []
+            self.model.forward(list(p), states=states)
+            out.append(np.stack(states).astype(np.float32))
+        return out
+
     def close(self) -> None:
         self.model = None

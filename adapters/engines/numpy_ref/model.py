@@ -77,14 +77,19 @@ class Llama:
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin                                  # x: [heads, t, d]
 
-    def forward(self, ids: list[int], cache: list | None = None) -> tuple[np.ndarray, list]:
-        """Logits [len(ids), vocab] of `ids` following what `cache` holds (None: nothing); the cache after them."""
+    def forward(self, ids: list[int], cache: list | None = None,
+                states: list | None = None) -> tuple[np.ndarray, list]:
+        """Logits [len(ids), vocab] of `ids` following what `cache` holds (None: nothing); the cache after them.
+        `states`, where given, receives the residual stream: the embeddings, every block's output, the last
+        one after the final norm (transformers' hidden_states convention)."""
         c, w = self.cfg, self.w
         start = 0 if not cache else cache[0][0].shape[1]
         positions = np.arange(start, start + len(ids))
         x = w["model.embed_tokens.weight"][np.asarray(ids)]
         cache = cache or [None] * c.layers
         new_cache = []
+        keep = states.append if states is not None else (lambda _: None)
+        keep(x)
         for i in range(c.layers):
             p = f"model.layers.{i}."
             h = self._norm(x, w[p + "input_layernorm.weight"])
@@ -106,5 +111,8 @@ class Llama:
             h = self._norm(x, w[p + "post_attention_layernorm.weight"])
             gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
             x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
+            keep(x)
         x = self._norm(x, w["model.norm.weight"])
+        if states is not None:
+            states[-1] = x
         return x @ self.head.T, new_cache
