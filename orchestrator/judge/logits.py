@@ -68,7 +68,9 @@ _LN_FLOOR = math.log(1e-12)  # probabilities are floored at 1e-12 inside the KL
 # combined with ref's own counts, so positions only one side scored still count.
 #
 # KL(a || b) = sum_i p_i (ln p_i - ln q_i) + tail term, over a's top-k ids plus one tail bucket,
-# with probabilities floored at 1e-12. What depends on a alone (p, sum p ln p, a's tail) is
+# with probabilities floored at 1e-12. An id of a's missing from b's top-k gets q_i = min(b's k-th
+# probability, b's tail mass / the number of a's ids missing): the truth lies in (0, b's k-th prob]
+# and all of them together in b's tail (docs/verdicts.md, "The logit and text layers"). What depends on a alone (p, sum p ln p, a's tail) is
 # computed once in `ref`, not once per pair.
 _REF_SQL = """
 CREATE OR REPLACE TEMP TABLE ref AS
@@ -110,12 +112,19 @@ j AS (
          a.p, a.plnp, a.p_tail, a.topk_ids AS a_ids, b.topk_ids AS b_ids, b.topk_logprobs AS b_lps
   FROM b LEFT JOIN ref a ON a.cell_id = b.a_cell AND a.repeat = b.a_rep AND a.kind = b.kind
                          AND a.prompt_index = b.prompt_index AND a.position = b.position),
-t AS (
+t0 AS (
   SELECT *,
          CASE WHEN aligned THEN plnp - list_dot_product(p, b_lps::DOUBLE[]) END AS kl_top_aligned,
          CASE WHEN aligned THEN list_sum(list_transform(b_lps, lambda x: exp(x::DOUBLE))) END AS q_sum_aligned,
-         CASE WHEN NOT aligned THEN list_transform(a_ids, lambda x: b_lps[list_position(b_ids, x)]::DOUBLE) END AS lq
+         CASE WHEN NOT aligned THEN list_transform(a_ids, lambda x: b_lps[list_position(b_ids, x)]::DOUBLE) END AS lq0,
+         CASE WHEN NOT aligned THEN greatest(1 - list_sum(list_transform(b_lps, lambda x: exp(x::DOUBLE))), 0) END AS q_tail,
+         CASE WHEN NOT aligned THEN exp(list_min(b_lps)::DOUBLE) END AS q_kth
   FROM j),
+t2 AS (  -- a's ids missing from b's top-k share b's tail: each min(b's k-th prob, tail / n missing)
+  SELECT * EXCLUDE (lq0), CASE WHEN NOT aligned THEN list_transform(lq0, lambda x: coalesce(x, ln(greatest(least(
+           q_kth, q_tail / greatest(list_count(a_ids) - list_count(list_filter(lq0, lambda y: y IS NOT NULL)), 1)),
+           1e-12)))) END AS lq
+  FROM t0),
 k AS (  -- exactly 0 where the rows are bitwise equal; elsewhere a negative KL is rounding, clipped
   SELECT *, CASE WHEN same AND kind = 'prompt' THEN 0.0
                  WHEN aligned IS NOT NULL THEN greatest(0, coalesce(kl_top_aligned,
@@ -123,7 +132,7 @@ k AS (  -- exactly 0 where the rows are bitwise equal; elsewhere a negative KL i
                                                lambda z: z[1] * greatest(coalesce(z[2], {ln_floor}), {ln_floor}))))
             + greatest(p_tail, 1e-12) * (ln(greatest(p_tail, 1e-12)) - ln(greatest(1 - coalesce(
                 q_sum_aligned, list_sum(list_transform(lq, lambda x: exp(x))), 0), 1e-12)))) END AS kl
-  FROM t)
+  FROM t2)
 SELECT pair_id, kind, prompt_index, count(*) AS n_b, count(*) FILTER (WHERE matched) AS n_common,
        min(position) AS b_first, bool_and(same) AS same,
        sum(tok_mismatch::INT) AS tok_mismatch, max(d) AS max_d, sum(d) AS sum_d,
