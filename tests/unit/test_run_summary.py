@@ -12,9 +12,9 @@ def test_the_first_screen_answers_both_questions():
     v = judge_run(RUN)
     lines = summary_lines(v, "RUN")
     assert lines[0] == "verdicts (5 cells, 4 ran):"
-    assert lines[1] == "  logits and text: 1 identical, 1 lossless, 1 near-lossless, 1 lossy, 1 n/a"
+    assert lines[1] == "  logits and text: 1 identical, 1 lossless, 2 near-lossless, 1 n/a"
     assert any(line.startswith("  tasks (2 task(s)") for line in lines)
-    # the fastest cell whose outputs did not change: lossless f32_kv, not the faster but lossy q8_0
+    # the fastest cell whose outputs did not change: lossless f32_kv, not the faster but near-lossless q8_0
     best = fastest_unchanged(v.cells)
     assert (best["flags"], best["quantization"], best["verdict"]) == ("f32_kv", "fp32", "lossless")
     fastest = next(line for line in lines if line.startswith("fastest with outputs unchanged:"))
