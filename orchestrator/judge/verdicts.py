@@ -136,6 +136,10 @@ TASK_VERDICT_COLUMNS = pa.schema([
     ('ratio_dropped', pa.int64()),
     ('test', pa.string()),
     ('p_value', pa.float64()),
+    ('q_value', pa.float64()),       # p adjusted over the run's task tests (orchestrator/judge/families.py)
+    ('change_se', pa.float64()),
+    ('family_level', pa.float64()),  # the per-test level the family held: a test not called needed p below it
+    ('family_size', pa.int64()),     # the tests in the family (every judged (cell, task) of the run)
     ('worse', pa.int64()),
     ('better', pa.int64()),
     ('mde', pa.float64()),
