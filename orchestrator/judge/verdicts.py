@@ -61,6 +61,8 @@ CELL_VERDICT_COLUMNS = pa.schema([
     ('speedup_lo', pa.float64()),
     ('speedup_hi', pa.float64()),
     ('speed_call', pa.string()),
+    ('speed_p', pa.float64()),       # the test the speed-up's interval inverts
+    ('speed_q', pa.float64()),       # p adjusted over the run's speed tests (orchestrator/judge/families.py)
     ('speedup_n_cell', pa.int64()),
     ('speedup_n_base', pa.int64()),
     ('ttft_ratio', pa.float64()),
