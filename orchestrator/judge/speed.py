@@ -128,6 +128,22 @@ def env_paired(df: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
                          base.repeat_started_at, base.repeat_ended_at)], bool)
 
 
+def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float, run_var: float = 0.0,
+                 run_df: float = math.inf, paired=None) -> tuple[np.ndarray, list]:
+    """(q, calls): each test's q over the family of the tests not `out` (orchestrator/judge/families.py: BH at
+    SPEED_ALPHA; an `out` row keeps its p as q), and speed_call's words: faster / slower where q < SPEED_ALPHA,
+    "no difference" only where the interval at the family's level (1 - the level a test not called had to beat)
+    lies within the tolerance. `paired`: the rows whose interval is the paired one (paired_intervals)."""
+    fam = family(np.where(out, np.nan, p), SPEED_ALPHA, BH)
+    q = np.where(out, p, fam.q)
+    _, band_lo, band_hi, *_ = speed_intervals(num, den, run_var, run_df, level=1 - fam.level)
+    if paired is not None and paired.any():
+        at = np.flatnonzero(paired)
+        _, band_lo[paired], band_hi[paired], _ = paired_intervals([num[i] for i in at], [den[i] for i in at],
+                                                                  1 - fam.level)
+    return q, speed_call(lo, hi, tolerance, q, center, SPEED_ALPHA, band_lo, band_hi)
+
+
 def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     b = cells.set_index("cell_id").reindex(df.baseline_cell_id)
     df["speedup"] = [ratio(x, y) for x, y in zip(df.output_tok_s, b.output_tok_s)]
@@ -142,18 +158,11 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     at = np.flatnonzero(paired)
     if paired.any():   # the paired ratio (its center: the geometric mean of the ratios, the same as Welch's)
         _, lo[paired], hi[paired], p[paired] = paired_intervals([num[i] for i in at], [den[i] for i in at])
-    # the family: every speed test of the run's ok cells (the baseline against itself is none); its level is that
-    # of the interval a "no difference" must lie in
-    own = ((df.cell_id == df.baseline_cell_id) | (df.get("status", "ok") != "ok")).to_numpy()
-    fam = family(np.where(own, np.nan, p), SPEED_ALPHA, BH)
-    q = np.where(own, p, fam.q)
-    _, band_lo, band_hi, *_ = speed_intervals(num, den, level=1 - fam.level)
-    if paired.any():
-        _, band_lo[paired], band_hi[paired], _ = paired_intervals([num[i] for i in at], [den[i] for i in at],
-                                                                  1 - fam.level)
+    # the family: every speed test of the run's ok cells (the baseline against itself is none)
+    out = ((df.cell_id == df.baseline_cell_id) | (df.get("status", "ok") != "ok")).to_numpy()
+    q, calls = family_calls(num, den, center, lo, hi, p, out, tolerance, paired=paired)
     df["speedup_lo"], df["speedup_hi"], df["speedup_n_cell"], df["speedup_n_base"] = lo, hi, n_cell, n_base
-    df["speed_p"], df["speed_q"] = p, q
-    df["speed_call"] = speed_call(lo, hi, tolerance, q, center, SPEED_ALPHA, band_lo, band_hi)
+    df["speed_p"], df["speed_q"], df["speed_call"] = p, q, calls
     df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if pr else WELCH
                         for a, z, pr in zip(lo, hi, paired)]
     withhold_busy(df, b)
