@@ -186,6 +186,8 @@ SAMPLING_VERDICT_COLUMNS = pa.schema([
     ('whole_reason', pa.string()),
     ('model_test', pa.string()),
     ('model_p', pa.float64()),
+    ('sampling_p', pa.float64()),    # the cell's tests together: min(1, tests x the smallest p) (Bonferroni)
+    ('sampling_q', pa.float64()),    # sampling_p adjusted over the run's sampling cells (orchestrator/judge/families.py)
     ('dist_level', pa.float64()),
     ('dist_detectable', pa.float64()),
     ('seeds_needed', pa.int64()),
