@@ -229,6 +229,28 @@ class Verdicts:
     alpha: float = 0.05
     against: Path | None = None
     errors: dict[str, str] = field(default_factory=dict)
+    sampling_alpha: float = 0.01
+
+    def family_lines(self) -> list[str]:
+        """Per layer judged, how many tests its family held and how many it called (orchestrator/judge/families.py):
+        'tasks: 0 of 33 tests called at FDR 0.05 (Benjamini-Hochberg)'."""
+        out = []
+        t = self.tasks
+        if t is not None and "q_value" in t and t.q_value.notna().any():
+            tested = t[t.cell_id != t.baseline_cell_id]
+            out.append(f"tasks: {int(tested.task_verdict.isin(('improved', 'regressed')).sum())} of "
+                       f"{int(tested.q_value.notna().sum())} tests called at FDR {self.alpha:g} (Benjamini-Hochberg)")
+        c = self.cells
+        if "speed_q" in c and c.speed_p.notna().any():
+            tested = c[(c.cell_id != c.baseline_cell_id) & (c.get("status", "ok") == "ok") & c.speed_p.notna()]
+            out.append(f"speed: {int(tested.speed_call.isin(('faster', 'slower')).sum())} of {len(tested)} tests "
+                       "called at FDR 0.05 (Benjamini-Hochberg)")
+        s = self.sampling
+        if s is not None and "sampling_q" in s and s.sampling_p.notna().any():
+            tested = s[(s.cell_id != s.baseline_cell_id) & s.sampling_p.notna()]
+            out.append(f"sampling: {int((tested.sampling_q < self.sampling_alpha).sum())} of {len(tested)} cells "
+                       f"called at FDR {self.sampling_alpha:g} (Benjamini-Hochberg)")
+        return out
 
     def disagree_lines(self) -> list[str]:
         """'layers disagree:' and one line per such cell, named by what tells it apart from the others."""
@@ -298,5 +320,6 @@ def _judge_run(run, against, baseline, tolerances, match, noise_run, history, ta
         cells = cells.merge(summarize_tasks(tv), on="cell_id", how="left")
     if sv is not None:
         cells = cells.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
-    alpha = (tolerances or RunStore(run).read_manifest().tolerances).task_alpha
-    return Verdicts(cells, tv, sv, reconcile(cells, tv, sv, alpha), alpha, old, errors)
+    tol = tolerances or RunStore(run).read_manifest().tolerances
+    return Verdicts(cells, tv, sv, reconcile(cells, tv, sv, tol.task_alpha), tol.task_alpha, old, errors,
+                    tol.sampling_alpha)

@@ -87,3 +87,27 @@ def test_the_smoke_runs_improved_at_p_0047_is_decided_by_its_q():
     tv2 = task_verdicts(_cells(12), strong, strong, 0.05)
     row = tv2[(tv2.quantization == "q8_0") & (tv2.task == "tiny-continue")].iloc[0]
     assert row.q_value < 0.05 and row.task_verdict == "improved"
+
+
+def test_judge_run_says_what_each_family_held_and_bench_gate_prints_it(tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+    from orchestrator.judge.verdicts import judge_run
+    from tests.helpers import ROOT
+
+    run = ROOT / "tests" / "data" / "golden" / "runs" / "new"
+    v = judge_run(run)
+    # 4 cells x 2 tasks, the baseline against itself left out; 3 ok cells with a speed-up test; 3 sampled cells
+    assert v.family_lines()[0] == "tasks: 0 of 6 tests called at FDR 0.05 (Benjamini-Hochberg)"
+    assert (v.tasks[v.tasks.cell_id != v.tasks.baseline_cell_id].family_size == 6).all()
+    assert v.family_lines()[1].startswith("speed: ") and v.family_lines()[2].startswith("sampling: ")
+    assert v.cells.speed_q.notna().any() and v.sampling.sampling_q.notna().any()
+    shutil.copytree(run, tmp_path / "new")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("rules:\n  - match: {framework: llamacpp}\n"
+                      "    task: {name: tiny-ending, no_regression: true, accept_underpowered: true}\n")
+    res = CliRunner().invoke(app, ["gate", str(tmp_path / "new"), "--policy", str(policy)], catch_exceptions=False)
+    assert "family: tasks: 0 of 6 tests called at FDR 0.05" in res.stdout, res.stdout
