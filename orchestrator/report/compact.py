@@ -201,7 +201,7 @@ def task_compact(tv: pd.DataFrame) -> Table:
         cells, tasks = tv[quiet].cell_id.nunique(), tv[quiet].task.nunique()
         t.add_row(f"{cells} other cell{'s' * (cells != 1)}" if not quiet.all() else f"all {cells} cells",
                   f"{tasks} task{'s' * (tasks != 1)}", f"{int(tv[quiet].n.min())}+" if finite(tv[quiet].n.min()) else "",
-                  "", "", "", _styled("no change", _LAYER) + " (every task)")
+                  "", "", "", "", _styled("no change", _LAYER) + " (every task)")
     return t
 
 
