@@ -41,7 +41,7 @@ def test_compare_prints_one_line_per_cell_within_120_columns(run):
     line = dict((name, found[0]) for name, found in rows.items())
     assert "identical" in line["hf/fp32/default"] and "bitwise identical" in line["hf/fp32/default"]
     # the verdict, the other layers, the speed-up with its interval and call, and the bound that decided
-    assert "lossy" in line["llamacpp/q8_0/default"] and "kl_mean 0.015 > kl_near 0.01" in line["llamacpp/q8_0/default"]
+    assert "near-lossless" in line["llamacpp/q8_0/default"] and "max_abs 0.0813 > atol 1e-3" in line["llamacpp/q8_0/default"]
     assert "15.45x [8.01, 28.5] faster" in line["llamacpp/q8_0/default"]
     assert "near-lossless" in line["llamacpp/fp32/default"] and "max_abs 1.7e-3 > atol 1e-3" in line["llamacpp/fp32/default"]
     assert "no change" in line["llamacpp/fp32/default"]
@@ -68,12 +68,12 @@ def test_formats_give_the_rows_of_the_table_with_every_column(run):
     assert len(got["layers_disagree"]) == 2 and got["layers_disagree"][0]["line"].startswith("logits moved")
     assert set(columns) <= set(got["cells"][0])
     q8 = next(c for c in got["cells"] if c["quantization"] == "q8_0")
-    assert q8["verdict"] == "lossy" and q8["kl_mean"] == pytest.approx(0.015, abs=5e-4)
+    assert q8["verdict"] == "near-lossless" and q8["kl_mean"] == pytest.approx(2.8e-4, abs=5e-6)
     rows = list(csv.DictReader(io.StringIO(CliRunner().invoke(app, ["compare", run, "--format", "csv"]).stdout)))
     assert len(rows) == 5 and set(columns) <= set(rows[0])
     md = CliRunner().invoke(app, ["compare", run, "--format", "md"]).stdout
     assert "| cell | verdict | tasks | speed-up [95% CI] | decided by |" in md
-    assert "| llamacpp/q8_0/default | lossy | no change | 15.45x [8.01, 28.5] faster |" in md
+    assert "| llamacpp/q8_0/default | near-lossless | no change | 15.45x [8.01, 28.5] faster |" in md
     shown = list(csv.DictReader(io.StringIO(CliRunner().invoke(app, ["show", run, "--format", "csv"]).stdout)))
     assert len(shown) == 5 and "ttft_ms_p50" in shown[0]
     bad = CliRunner().invoke(app, ["compare", run, "--format", "xml"])

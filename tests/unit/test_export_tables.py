@@ -32,7 +32,7 @@ def test_export_writes_every_table_and_the_verdicts(tmp_path):
     samples = _csv(out / "samples.csv")
     assert len(samples) == store.read_samples().num_rows and len(json.loads(samples[0]["token_ids"])) == 8
     verdicts = {(r["framework"], r["quantization"], r["flags"]): r for r in _csv(out / "verdicts.csv")}
-    assert verdicts["llamacpp", "q8_0", "default"]["verdict"] == "lossy"
+    assert verdicts["llamacpp", "q8_0", "default"]["verdict"] == "near-lossless"
     assert verdicts["llamacpp", "fp8", "default"]["verdict"] == "n/a" and verdicts["hf", "fp32", "default"]["kl_mean"] == "0.0"
     tasks = _csv(out / "task_verdicts.csv")
     assert len(tasks) == 8 and {r["task_verdict"] for r in tasks} == {"no change"} and tasks[0]["n"] == "111"
