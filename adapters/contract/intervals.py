@@ -169,24 +169,77 @@ def log_ratio_intervals(num, den, level: float = 0.95, run_var: float = 0.0,
     `run_var` adds a between-run component to the variance of the log ratio, estimated on `run_df`
     degrees of freedom (`run_noise`): two runs are two draws of the machine's state, which the
     repeats inside each run do not see."""
+    ratio, se, df, ok = _welch(num, den, run_var, run_df)
+    shape = len(ratio)
+    if df is None:   # no spread to estimate on one side
+        return ratio, np.full(shape, np.nan), np.full(shape, np.nan)
+    spread = ok & (se > 0)
+    half = np.zeros(shape)   # both sides constant: the interval is the point
+    half[spread] = t_quantile(0.5 + level / 2, df[spread]) * se[spread]
+    return ratio, np.where(ok, ratio * np.exp(-half), np.nan), np.where(ok, ratio * np.exp(half), np.nan)
+
+
+def _welch(num, den, run_var: float, run_df: float):
+    """(ratio, se, df, ok) per row pair: the ratio of geometric means, the standard error of the log ratio and its
+    Welch-Satterthwaite degrees of freedom (df None where a side has fewer than 2 repeats)."""
     num = np.atleast_2d(np.asarray(num, dtype=float))
     den = np.atleast_2d(np.asarray(den, dtype=float))
-    (n1, n2), shape = (num.shape[1], den.shape[1]), len(num)
+    n1, n2 = num.shape[1], den.shape[1]
     m1, s1, ok1 = _logs(num)
     m2, s2, ok2 = _logs(den)
     ok = ok1 & ok2
     ratio = np.where(ok, np.exp(m1 - m2), np.nan)
-    if n1 < 2 or n2 < 2:   # no spread to estimate on one side
-        return ratio, np.full(shape, np.nan), np.full(shape, np.nan)
+    if n1 < 2 or n2 < 2:
+        return ratio, None, None, ok
     v1, v2 = s1 / n1, s2 / n2
     se = np.sqrt(v1 + v2 + run_var)
     with np.errstate(divide="ignore", invalid="ignore"):
         # Welch-Satterthwaite; where one side has no spread it is the other side's n - 1
         df = (v1 + v2 + run_var) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1) + run_var**2 / run_df)
-    spread = ok & (se > 0)
-    half = np.zeros(shape)   # both sides constant: the interval is the point
-    half[spread] = t_quantile(0.5 + level / 2, df[spread]) * se[spread]
-    return ratio, np.where(ok, ratio * np.exp(-half), np.nan), np.where(ok, ratio * np.exp(half), np.nan)
+    return ratio, se, df, ok
+
+
+def _t_p(t: np.ndarray, df: np.ndarray) -> np.ndarray:
+    """Two-sided p of Student t statistics (NaN where t or df is)."""
+    p = np.full(len(t), np.nan)
+    has = np.isfinite(t) & np.isfinite(df) & (df > 0)
+    if has.any():
+        lg = np.frompyfunc(math.lgamma, 1, 1)
+        v = df[has]
+        log_norm = (lg((v + 1) / 2) - lg(v / 2)).astype(float) - 0.5 * math.log(math.pi)
+        p[has] = np.minimum(1.0, 2.0 * _t_sf(np.abs(t[has]), v, log_norm))
+    return p
+
+
+def log_ratio_p(num, den, run_var: float = 0.0, run_df: float = math.inf) -> np.ndarray:
+    """The two-sided p of Welch's t test that the log ratio is 0, per row pair: the test whose 95% interval
+    log_ratio_intervals gives (p < 0.05 exactly where that interval excludes 1). Both sides constant and equal:
+    p = 1; constant and different: p = 0; NaN where there is no interval."""
+    ratio, se, df, ok = _welch(num, den, run_var, run_df)
+    if df is None:
+        return np.full(len(ratio), np.nan)
+    log_r = np.log(np.where(ok, ratio, 1.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, log_r / np.where(se > 0, se, 1.0), np.where(log_r == 0, 0.0, np.inf))
+    p = _t_p(np.where(np.isinf(t), 0.0, t), np.where(se > 0, df, np.where(ok, 1.0, np.nan)))
+    p[np.isinf(t)] = 0.0
+    return np.where(ok, p, np.nan)
+
+
+def log_mean_p(rows) -> np.ndarray:
+    """The two-sided p of the one-sample t test that the mean log of each row is 0 (the paired ratio's test, the
+    one log_mean_intervals' interval inverts); NaN with fewer than 2 values."""
+    rows = np.atleast_2d(np.asarray(rows, dtype=float))
+    n = rows.shape[1]
+    mean, var, ok = _logs(rows)
+    if n < 2:
+        return np.full(len(rows), np.nan)
+    se = np.sqrt(var / n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(se > 0, mean / np.where(se > 0, se, 1.0), np.where(mean == 0, 0.0, np.inf))
+    p = _t_p(np.where(np.isinf(t), 0.0, t), np.full(len(rows), float(n - 1)))
+    p[np.isinf(t)] = 0.0
+    return np.where(ok, p, np.nan)
 
 
 def run_noise(old_rows: list, repeat_rows: list) -> tuple[float, float]:

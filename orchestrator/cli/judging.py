@@ -116,5 +116,7 @@ def gate(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, callb
     else:
         for c in failed:
             out.print(check_line(c), highlight=False, markup=False, soft_wrap=True)   # one line a check
+        for line in v.family_lines():   # the level the checks' words were decided at
+            out.print(f"family: {line}", highlight=False, markup=False, soft_wrap=True)
         out.print("gate: pass" if not failed else f"gate: FAIL ({len(failed)} check(s))")
     raise typer.Exit(0 if not failed else 1)

@@ -30,7 +30,7 @@ from adapters.contract.intervals import run_noise
 from orchestrator.judge.analysis import cells_logprob_files, duckdb_connection, read_run_cells, run_settings
 from orchestrator.matrix.baselines import CONFIG_AXES, axis_value, noise_pairs
 from orchestrator.judge.logits import journal_layouts, judge, pair_metrics, reference_rows
-from orchestrator.judge.speed import speed_call, speed_intervals
+from orchestrator.judge.speed import family_calls, speed_intervals, speed_p
 from orchestrator.matrix.models import AXES, Tolerances
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.schema import JSON_COLUMNS, json_value
@@ -229,17 +229,22 @@ def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame, noise: pd.DataFrame | 
         run_var, run_df = (0.0, float("inf")) if noise is None else run_noise(
             [_samples(x) for x in noise[runs]], [_samples(x) for x in noise[f"{runs}_rep"]])
         df[f"{name}_run_sd"] = np.sqrt(run_var) if noise is not None else np.nan   # log sd of a run's drift
-        center, lo, hi, n_new, n_old = speed_intervals(num, [_samples(x) for x in base[runs]], run_var, run_df)
+        den = [_samples(x) for x in base[runs]]
+        center, lo, hi, n_new, n_old = speed_intervals(num, den, run_var, run_df)
+        p = speed_p(num, den, run_var, run_df)
+        # the family: this metric's tests over the run's pairs (orchestrator/judge/families.py)
+        q, calls = family_calls(num, den, center, lo, hi, p, ~ok, tolerance, run_var, run_df)
         # the ratio the interval is about (geometric means of the repeats); one repeat a side: the cells' own
         with np.errstate(divide="ignore", invalid="ignore"):
             whole = np.where(ok & (old_v > 0), new_v / old_v, np.nan)
         df[f"{name}_ratio"] = np.where(np.isfinite(center), center, whole)
         # without a run-to-run noise estimate the interval holds the repeats alone: no call across runs
-        calls = speed_call(lo, hi, tolerance) if noise is not None else \
-            [None if c is None else "cannot judge" for c in speed_call(lo, hi, tolerance)]
+        if noise is None:
+            calls = [None if c is None else "cannot judge" for c in calls]
         if not higher_better:   # a latency ratio above 1 is slower
             calls = [{"faster": "slower", "slower": "faster"}.get(c, c) for c in calls]
         df[f"{name}_lo"], df[f"{name}_hi"], df[f"{name}_call"] = lo, hi, calls
+        df[f"{name}_p"], df[f"{name}_q"] = p, q
         df[f"{name}_n"] = [f"{a}/{b}" if a else None for a, b in zip(n_new, n_old)]
     mem_new, mem_old = df.peak_mem_bytes.to_numpy(dtype=float), base.peak_mem_bytes.to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -56,10 +56,13 @@ def _tasks_unmoved(cell: dict, tasks: list[dict], alpha: float) -> str | None:
         return f"{body}, which could miss {miss} on {widest['task']}"
     if n and all(t.get("test") == "mcnemar-exact" for t in judged):
         # no discordant item: the power formula has no spread to work from. McNemar's exact test needs k
-        # items flipped one way (p = 2 x 0.5^k) before it calls a change: fewer pass unseen
-        k = next(k for k in range(1, 64) if 2 * 0.5 ** k < alpha)
+        # items flipped one way (p = 2 x 0.5^k) before it calls a change: fewer pass unseen. The level is the
+        # family's (orchestrator/judge/families.py): what a test the family did not call had to beat
+        levels = [x for x in (_num(t.get("family_level")) for t in judged) if x is not None]
+        level = min(levels) if levels else alpha
+        k = next(k for k in range(1, 64) if 2 * 0.5 ** k < level)
         return (f"{body}, which could miss a drop of up to {k - 1} items ({(k - 1) / n:.1%}; McNemar needs {k} "
-                f"one way at p<{alpha:g})")
+                f"one way at p<{level:.3g}, the task family's level)")
     return body
 
 

@@ -47,6 +47,7 @@ from adapters import ADAPTERS
 from adapters.contract.seed_power import sample_statistic, seeds_to_detect
 from adapters.contract.specs import SamplerSettings
 from orchestrator.judge.analysis import run_settings
+from orchestrator.judge.families import BH, family
 from orchestrator.judge.sampling_stats import (
     first_token_test,
     order_difference,
@@ -220,8 +221,9 @@ def _seeds_needed(first: pd.DataFrame, tol: Tolerances, level: float) -> int | N
 
 
 def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_cell: dict | None,
-                  settings: SamplerSettings | None, changed: str | None, tol: Tolerances) -> str:
-    """Both tests and the distribution verdict into `row`; returns the reason's distribution part."""
+                  settings: SamplerSettings | None, changed: str | None, tol: Tolerances):
+    """Both tests into `row`, and its p (sampling_p); returns finish(cell_alpha): the distribution verdict into
+    `row` at the level the family gives the cell, which returns the reason's distribution part."""
     base_fw = (base_cell or {}).get("framework")
     col, not_rescored = _scored_by(b0, first, base_cell)
     own = None
@@ -245,63 +247,70 @@ def _distribution(row: dict, b0: pd.DataFrame, first: pd.DataFrame, base_cell: d
     row["model_test"] = "whole sample" if "whole_p" in row else "first token" if "first_p" in row else None
     row["model_p"] = row.get("whole_p", row.get("first_p"))
     tests = [x for x in (test.p_value, row["model_p"]) if x is not None and np.isfinite(x)]
-    level = tol.sampling_alpha / max(len(tests), 1)
-    mde = test.detectable_shift(level)
-    row |= {"dist_level": level, "dist_detectable": mde, "seeds_needed": _seeds_needed(first, tol, level)}
-    served = test.p_value < level if np.isfinite(test.p_value) else False
-    model = row.get("model_p") is not None and row["model_p"] < level
     row["sampler_note"] = _sampler_difference(row["framework"], base_fw, settings, kept)
     row["settings_changed"] = changed
-    row["served_verdict"] = "different" if served else "n/a" if not np.isfinite(mde) else         "no difference" if mde <= tol.sampling_shift else "not distinguishable"
-    row["model_verdict"] = "n/a" if row.get("model_p") is None else "different" if model else "no difference found"
-    # asked to sample otherwise (a flag set's override): a served difference is the answer, not the engines'
-    if model or (served and (changed or not row["sampler_note"])):
-        row["dist_verdict"] = "different"
-    elif served:
-        row["dist_verdict"] = "sampler differs"
-    elif row["served_verdict"] == "no difference":
-        row["dist_verdict"] = "same distribution"
-    else:
-        row["dist_verdict"] = "not distinguishable"
-    # how many seeds would find a shift of the size seen (a size, not a verdict)
-    row["seeds_for_shift"] = seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(),
-                                             first.seed.to_numpy(), abs(test.shift), level) \
-        if np.isfinite(test.shift) and test.shift else None
-    verdict = word = row["dist_verdict"]
-    if changed:
-        word += f" (sampler settings against the baseline's: {changed})"
-    if verdict == "sampler differs":
-        word += f": {row['sampler_note']}; the served distributions differ, the model test does not"
-    elif verdict in ("same distribution", "not distinguishable"):
-        word += (f": no difference at n={test.n_cell} ({test.seeds_cell} seeds); it could see a shift of "
-                 f"{mde:.3g} nats/token (80% power), " + ("within" if mde <= tol.sampling_shift else "more than")
-                 + f" the tolerance {tol.sampling_shift:g}"
-                 + (f"; ~{row['seeds_needed']} seeds needed" if verdict == "not distinguishable" and row["seeds_needed"]
-                    else "")
-                 + (f"; ~{row['seeds_for_shift']} seeds would detect the shift seen" if row["seeds_for_shift"]
-                    else ""))
-        if row["sampler_note"]:
-            word += f"; note: {row['sampler_note']}"
-    scored = (f"under the baseline's engine, teacher forced ({own:+.4f} under each engine's own logprobs)"
-              if col == "r_stat" else f"under each engine's own logprobs: {not_rescored}")
-    out = (f"{word} (each test at {level:.3g}: served two-sample p={test.p_value:.3g}, shift {test.shift:+.4f} "
-           f"nats/token {scored}, {test.n_cell} vs {test.n_base} samples, {test.seeds_cell} vs {test.seeds_base} "
-           f"seeds, {test.test}; ")
-    if "whole_p" in row:
-        out += (f"model whole sample p={row['whole_p']:.3g}, {row['whole_n']} tokens of {row['whole_samples']} samples, "
-                f"mean PIT {row['whole_mean_pit']:.3f}" + (f", {row['whole_outside']} outside the baseline's kept "
-                                                           f"tokens" if row["whole_outside"] else "")
-                + f", {row['whole_test']}; beside it, ")
-    else:
-        out += "model " + (f"(whole sample n/a: {row['whole_reason']}) " if col == "r_stat" else "")
-    if "first_p" in row:
-        out += (f"first token p={row['first_p']:.3g}, {row['first_n']} draws over {row['first_prompts']} "
-                f"prompt(s)" + (f", {row['first_outside']} outside the baseline's kept tokens"
-                                if row["first_outside"] else "") + f", {row['first_test']}"
-                + (f"; {row['first_reason']}" if row.get("first_reason") else "") + ")")
-    else:
-        out += f"first token n/a: {row['first_reason']})"
-    return out
+    # the cell's p: its tests together (Bonferroni), a member of the layer's family (orchestrator/judge/families.py)
+    row["sampling_p"] = min(1.0, len(tests) * min(tests)) if tests else math.nan
+
+    def finish(cell_alpha: float) -> str:
+        """The verdict at `cell_alpha`, the level the family gives this cell (each test at it / tests run)."""
+        level = cell_alpha / max(len(tests), 1)
+        mde = test.detectable_shift(level)
+        row.update({"dist_level": level, "dist_detectable": mde, "seeds_needed": _seeds_needed(first, tol, level)})
+        served = test.p_value < level if np.isfinite(test.p_value) else False
+        model = row.get("model_p") is not None and row["model_p"] < level
+        row["served_verdict"] = "different" if served else "n/a" if not np.isfinite(mde) else         "no difference" if mde <= tol.sampling_shift else "not distinguishable"
+        row["model_verdict"] = "n/a" if row.get("model_p") is None else "different" if model else "no difference found"
+        # asked to sample otherwise (a flag set's override): a served difference is the answer, not the engines'
+        if model or (served and (changed or not row["sampler_note"])):
+            row["dist_verdict"] = "different"
+        elif served:
+            row["dist_verdict"] = "sampler differs"
+        elif row["served_verdict"] == "no difference":
+            row["dist_verdict"] = "same distribution"
+        else:
+            row["dist_verdict"] = "not distinguishable"
+        # how many seeds would find a shift of the size seen (a size, not a verdict)
+        row["seeds_for_shift"] = seeds_to_detect(first.stat.to_numpy(), first.prompt_index.to_numpy(),
+                                                 first.seed.to_numpy(), abs(test.shift), level) \
+            if np.isfinite(test.shift) and test.shift else None
+        verdict = word = row["dist_verdict"]
+        if changed:
+            word += f" (sampler settings against the baseline's: {changed})"
+        if verdict == "sampler differs":
+            word += f": {row['sampler_note']}; the served distributions differ, the model test does not"
+        elif verdict in ("same distribution", "not distinguishable"):
+            word += (f": no difference at n={test.n_cell} ({test.seeds_cell} seeds); it could see a shift of "
+                     f"{mde:.3g} nats/token (80% power), " + ("within" if mde <= tol.sampling_shift else "more than")
+                     + f" the tolerance {tol.sampling_shift:g}"
+                     + (f"; ~{row['seeds_needed']} seeds needed" if verdict == "not distinguishable" and row["seeds_needed"]
+                        else "")
+                     + (f"; ~{row['seeds_for_shift']} seeds would detect the shift seen" if row["seeds_for_shift"]
+                        else ""))
+            if row["sampler_note"]:
+                word += f"; note: {row['sampler_note']}"
+        scored = (f"under the baseline's engine, teacher forced ({own:+.4f} under each engine's own logprobs)"
+                  if col == "r_stat" else f"under each engine's own logprobs: {not_rescored}")
+        out = (f"{word} (each test at {level:.3g}: served two-sample p={test.p_value:.3g}, shift {test.shift:+.4f} "
+               f"nats/token {scored}, {test.n_cell} vs {test.n_base} samples, {test.seeds_cell} vs {test.seeds_base} "
+               f"seeds, {test.test}; ")
+        if "whole_p" in row:
+            out += (f"model whole sample p={row['whole_p']:.3g}, {row['whole_n']} tokens of {row['whole_samples']} samples, "
+                    f"mean PIT {row['whole_mean_pit']:.3f}" + (f", {row['whole_outside']} outside the baseline's kept "
+                                                               f"tokens" if row["whole_outside"] else "")
+                    + f", {row['whole_test']}; beside it, ")
+        else:
+            out += "model " + (f"(whole sample n/a: {row['whole_reason']}) " if col == "r_stat" else "")
+        if "first_p" in row:
+            out += (f"first token p={row['first_p']:.3g}, {row['first_n']} draws over {row['first_prompts']} "
+                    f"prompt(s)" + (f", {row['first_outside']} outside the baseline's kept tokens"
+                                    if row["first_outside"] else "") + f", {row['first_test']}"
+                    + (f"; {row['first_reason']}" if row.get("first_reason") else "") + ")")
+        else:
+            out += f"first token n/a: {row['first_reason']})"
+        return out
+
+    return finish
 
 
 def _whole_sample(first: pd.DataFrame, framework: str, settings: SamplerSettings | None) -> dict:
@@ -357,7 +366,7 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
     by_cell = {cid: g for cid, g in samples.groupby("cell_id", sort=False)}
     by_base = {cid: g for cid, g in base_samples.groupby("cell_id", sort=False)}
     base_by_id = base_cells.set_index("cell_id").to_dict("index")
-    rows = []
+    rows, tested = [], []
     for c in cells.to_dict("records"):
         mine = by_cell.get(c["cell_id"])
         if c["status"] != "ok" or mine is None:
@@ -375,17 +384,31 @@ def sampling_verdicts(cells: pd.DataFrame, samples: pd.DataFrame, base_samples: 
         b0, first = _with_scores(base[base.repeat == 0], first, rescored, base_cell)
         settings = _sampler(manifest, c)
         changed = _settings_change(settings, _sampler(base_manifest, base_cell))
-        dist = _distribution(row, b0, first, base_cell, settings, changed, tol)
-        seed = _seed_by_seed(row, c, b0, first, base, base_cell)
-        row["sampling_verdict"] = "identical" if row["seed_verdict"] == "identical" else row["dist_verdict"]
-        row["sampling_reason"] = f"{seed}; distribution: {dist}; repeatable within the cell: " + (
-            "n/a (one repeat)" if row["repeatable"] is None else f"{row['repeatable']:.0%}")
+        finish = _distribution(row, b0, first, base_cell, settings, changed, tol)
+        tested.append((row, finish, _seed_by_seed(row, c, b0, first, base, base_cell)))
         rows.append(row)
+    _decide(tested, tol.sampling_alpha)
     out = pd.DataFrame(rows)
     if out.empty:
         return pd.DataFrame(columns=["cell_id", *AXES, "sampling_verdict", "sampling_reason"])
     out["sampling_verdict"] = out.get("sampling_verdict", pd.Series(index=out.index, dtype=object)).fillna("n/a")
     return out.sort_values([*AXES, "cell_id"], kind="stable", ignore_index=True)
+
+
+def _decide(tested: list, alpha: float) -> None:
+    """Each tested cell's verdict, within the family of the run's sampling cells (Benjamini-Hochberg over their
+    sampling_p: orchestrator/judge/families.py). A cell the family calls has its tests at alpha x R / m (BH's
+    threshold: its sampling_p is below it), one it does not call at the family's level alpha x (R + 1) / m, so
+    its power is stated there; each divided by the cell's tests (Bonferroni within the cell)."""
+    own = [row["cell_id"] == row["baseline_cell_id"] for row, _, _ in tested]   # the baseline against itself
+    fam = family([math.nan if o else row["sampling_p"] for (row, _, _), o in zip(tested, own)], alpha, BH)
+    for (row, finish, seed), q, called, o in zip(tested, fam.q, fam.called, own):
+        row["sampling_q"] = row["sampling_p"] if o else float(q)
+        dist = finish(alpha if o else alpha * fam.n_called / fam.size if called else fam.level)
+        row["sampling_verdict"] = "identical" if row["seed_verdict"] == "identical" else row["dist_verdict"]
+        row["sampling_reason"] = f"{seed}; distribution: {dist}; repeatable within the cell: " + (
+            "n/a (one repeat)" if row["repeatable"] is None else f"{row['repeatable']:.0%}") + \
+            ("" if o else f"; {fam.summary()}")
 
 
 def analyse_sampling(run_dir: str | Path, baseline: dict | None = None, tolerances: Tolerances | None = None) -> pd.DataFrame:

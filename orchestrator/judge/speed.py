@@ -1,10 +1,13 @@
 """The speed figures of a cell against another: speedup = output_tok_s / the other's, with a 95% CI
 (speedup_lo/hi): the Welch t interval on the log ratio of the per-repeat throughputs
 (adapters/contract/intervals.py; the bootstrap under-covers at 3 repeats), over speedup_n_cell /
-speedup_n_base repeats (0: none); speed_call = faster / slower where the interval excludes 1; where it
-holds 1, "no difference" only when it also lies within 1 / (1 + speed_tolerance) .. 1 + speed_tolerance
-(the test could have seen a change of the tolerance's size), else "not distinguishable" (a change of that
-size may hide in the noise); null without an interval; ttft_ratio; mem_saving = 1 - peak_mem / the other's.
+speedup_n_base repeats (0: none); speed_p: the test that interval inverts (p < 0.05 where it excludes 1);
+speed_q: p adjusted over the run's speed tests (orchestrator/judge/families.py, Benjamini-Hochberg at
+SPEED_ALPHA); speed_call = faster / slower where q < SPEED_ALPHA; otherwise "no difference" only when the
+interval at the family's level (1 - the level a test not called had to beat) lies within
+1 / (1 + speed_tolerance) .. 1 + speed_tolerance (the test could have seen a change of the tolerance's size),
+else "not distinguishable" (a change of that size may hide in the noise); null without an interval;
+ttft_ratio; mem_saving = 1 - peak_mem / the other's.
 
 An env pair (a cell and its baseline the same configuration in two matrix envs, their timed repeats taken in
 turns on one node: repeat_started_at / repeat_ended_at never overlap) is paired: the interval is the t
@@ -23,8 +26,12 @@ import numpy as np
 import pandas as pd
 
 from adapters.contract.disturbance import DISTURBED_SHARE, disturbed_repeats  # noqa: F401 (the report's too)
-from adapters.contract.intervals import log_mean_intervals, log_ratio_intervals
+from adapters.contract.intervals import log_mean_intervals, log_mean_p, log_ratio_intervals, log_ratio_p
+from orchestrator.judge.families import BH, family
 from orchestrator.values import finite
+
+# the speed layer's level: its intervals are 95%, its calls control the false discovery rate at 5%
+SPEED_ALPHA = 0.05
 
 
 def ratio(a, b) -> float:
@@ -35,31 +42,53 @@ def _runs(x) -> np.ndarray:
     return np.asarray(x if hasattr(x, "__len__") else [], dtype=float)   # None, NaN and pd.NA: no runs
 
 
-def speed_intervals(num_runs: list, den_runs: list, run_var: float = 0.0, run_df: float = math.inf) -> tuple[np.ndarray, ...]:
-    """(center, lo, hi, n_num, n_den) of the 95% Welch t interval on the log ratio of each cell's runs
+def speed_intervals(num_runs: list, den_runs: list, run_var: float = 0.0, run_df: float = math.inf,
+                    level: float = 0.95) -> tuple[np.ndarray, ...]:
+    """(center, lo, hi, n_num, n_den) of the `level` Welch t interval on the log ratio of each cell's runs
     to its baseline's (adapters/contract/intervals.py says why not the bootstrap); the center is the ratio of
     the runs' geometric means. Cells with the same repeat counts stack into one array, so 100k cells
     are a few vectorised calls."""
     center, lo, hi = (np.full(len(num_runs), np.nan) for _ in range(3))
+    n_num, n_den, groups = _by_counts(num_runs, den_runs)
+    for idx in groups.values():
+        center[idx], lo[idx], hi[idx] = log_ratio_intervals(np.stack([num_runs[i] for i in idx]),
+                                                            np.stack([den_runs[i] for i in idx]), level, run_var, run_df)
+    return center, lo, hi, n_num, n_den
+
+
+def speed_p(num_runs: list, den_runs: list, run_var: float = 0.0, run_df: float = math.inf) -> np.ndarray:
+    """The p of the Welch t test each interval of speed_intervals inverts (NaN where there is none)."""
+    p = np.full(len(num_runs), np.nan)
+    for idx in _by_counts(num_runs, den_runs)[2].values():
+        p[idx] = log_ratio_p(np.stack([num_runs[i] for i in idx]), np.stack([den_runs[i] for i in idx]),
+                             run_var, run_df)
+    return p
+
+
+def _by_counts(num_runs: list, den_runs: list):
+    """(n_num, n_den, {(n_num, n_den): row indices}): the rows that stack into one array."""
     n_num = np.array([len(n) if len(d) else 0 for n, d in zip(num_runs, den_runs)], dtype=np.int64)
     n_den = np.array([len(d) if len(n) else 0 for n, d in zip(num_runs, den_runs)], dtype=np.int64)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, key in enumerate(zip(n_num.tolist(), n_den.tolist())):
         if key[0] and key[1]:
             groups.setdefault(key, []).append(i)
-    for idx in groups.values():
-        center[idx], lo[idx], hi[idx] = log_ratio_intervals(np.stack([num_runs[i] for i in idx]),
-                                                            np.stack([den_runs[i] for i in idx]), 0.95, run_var, run_df)
-    return center, lo, hi, n_num, n_den
+    return n_num, n_den, groups
 
 
-def speed_call(lo: np.ndarray, hi: np.ndarray, tolerance: float) -> list:
-    """'faster' / 'slower' where the interval excludes 1 above / below; where it holds 1, 'no difference'
-    if it lies within 1 / (1 + tolerance) .. 1 + tolerance, else 'not distinguishable': the test could
-    not have seen a change of the tolerance's size. None where there is no interval."""
-    return [None if not (finite(a) and finite(b)) else "faster" if a > 1 else "slower" if b < 1
-            else "no difference" if a >= 1 / (1 + tolerance) and b <= 1 + tolerance else "not distinguishable"
-            for a, b in zip(lo, hi)]
+def speed_call(lo: np.ndarray, hi: np.ndarray, tolerance: float, q=None, center=None, alpha: float = SPEED_ALPHA,
+               band_lo=None, band_hi=None) -> list:
+    """'faster' / 'slower' where the interval excludes 1 above / below (with `q`: where q < alpha, the way
+    `center` lies); otherwise 'no difference' if the interval (with `q`: `band_lo` .. `band_hi`, the interval at
+    the family's level) lies within 1 / (1 + tolerance) .. 1 + tolerance, else 'not distinguishable': the test
+    could not have seen a change of the tolerance's size. None where there is no interval."""
+    if q is None:
+        q = [0.0 if finite(a) and (a > 1 or b < 1) else 1.0 for a, b in zip(lo, hi)]
+        center = [math.sqrt(a * b) if finite(a) and finite(b) else math.nan for a, b in zip(lo, hi)]
+        band_lo, band_hi = lo, hi
+    return [None if not (finite(a) and finite(b)) else ("faster" if c > 1 else "slower") if finite(x) and x < alpha
+            else "no difference" if u >= 1 / (1 + tolerance) and v <= 1 + tolerance else "not distinguishable"
+            for a, b, x, c, u, v in zip(lo, hi, q, center, band_lo, band_hi)]
 
 
 PAIRED, WELCH = "paired t", "Welch t"
@@ -74,17 +103,19 @@ def took_turns(a_start, a_end, b_start, b_end) -> bool:
     return not any(s1 < e2 and s2 < e1 for s1, e1 in spans[0] for s2, e2 in spans[1])
 
 
-def paired_intervals(num_runs: list, den_runs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(center, lo, hi) of the 95% t interval of the geometric mean of num_i / den_i, the paired ratio."""
-    center, lo, hi = (np.full(len(num_runs), np.nan) for _ in range(3))
+def paired_intervals(num_runs: list, den_runs: list, level: float = 0.95) -> tuple[np.ndarray, ...]:
+    """(center, lo, hi, p) of the `level` t interval of the geometric mean of num_i / den_i, the paired ratio,
+    and the p of the t test it inverts."""
+    center, lo, hi, p = (np.full(len(num_runs), np.nan) for _ in range(4))
     groups: dict[int, list[int]] = {}
     for i, (n, d) in enumerate(zip(num_runs, den_runs)):
         if len(n) >= 2 and len(n) == len(d):
             groups.setdefault(len(n), []).append(i)
     for idx in groups.values():
         ratios = np.stack([num_runs[i] for i in idx]) / np.stack([den_runs[i] for i in idx])
-        center[idx], lo[idx], hi[idx] = log_mean_intervals(ratios, 0.95)
-    return center, lo, hi
+        center[idx], lo[idx], hi[idx] = log_mean_intervals(ratios, level)
+        p[idx] = log_mean_p(ratios)
+    return center, lo, hi, p
 
 
 def env_paired(df: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
@@ -97,6 +128,22 @@ def env_paired(df: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
                          base.repeat_started_at, base.repeat_ended_at)], bool)
 
 
+def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float, run_var: float = 0.0,
+                 run_df: float = math.inf, paired=None) -> tuple[np.ndarray, list]:
+    """(q, calls): each test's q over the family of the tests not `out` (orchestrator/judge/families.py: BH at
+    SPEED_ALPHA; an `out` row keeps its p as q), and speed_call's words: faster / slower where q < SPEED_ALPHA,
+    "no difference" only where the interval at the family's level (1 - the level a test not called had to beat)
+    lies within the tolerance. `paired`: the rows whose interval is the paired one (paired_intervals)."""
+    fam = family(np.where(out, np.nan, p), SPEED_ALPHA, BH)
+    q = np.where(out, p, fam.q)
+    _, band_lo, band_hi, *_ = speed_intervals(num, den, run_var, run_df, level=1 - fam.level)
+    if paired is not None and paired.any():
+        at = np.flatnonzero(paired)
+        _, band_lo[paired], band_hi[paired], _ = paired_intervals([num[i] for i in at], [den[i] for i in at],
+                                                                  1 - fam.level)
+    return q, speed_call(lo, hi, tolerance, q, center, SPEED_ALPHA, band_lo, band_hi)
+
+
 def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     b = cells.set_index("cell_id").reindex(df.baseline_cell_id)
     df["speedup"] = [ratio(x, y) for x, y in zip(df.output_tok_s, b.output_tok_s)]
@@ -105,16 +152,19 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     ok = df.speedup.notna().to_numpy()
     num = [_runs(x) if k else _runs(None) for x, k in zip(df.output_tok_s_runs, ok)]
     den = [_runs(x) for x in b.output_tok_s_runs]
-    _, lo, hi, n_cell, n_base = speed_intervals(num, den)
+    center, lo, hi, n_cell, n_base = speed_intervals(num, den)
+    p = speed_p(num, den)
     paired = env_paired(df, b) & (n_cell > 0)
+    at = np.flatnonzero(paired)
     if paired.any():   # the paired ratio (its center: the geometric mean of the ratios, the same as Welch's)
-        at = np.flatnonzero(paired)
-        _, p_lo, p_hi = paired_intervals([num[i] for i in at], [den[i] for i in at])
-        lo[paired], hi[paired] = p_lo, p_hi
+        _, lo[paired], hi[paired], p[paired] = paired_intervals([num[i] for i in at], [den[i] for i in at])
+    # the family: every speed test of the run's ok cells (the baseline against itself is none)
+    out = ((df.cell_id == df.baseline_cell_id) | (df.get("status", "ok") != "ok")).to_numpy()
+    q, calls = family_calls(num, den, center, lo, hi, p, out, tolerance, paired=paired)
     df["speedup_lo"], df["speedup_hi"], df["speedup_n_cell"], df["speedup_n_base"] = lo, hi, n_cell, n_base
-    df["speed_call"] = speed_call(lo, hi, tolerance)
-    df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if p else WELCH
-                        for a, z, p in zip(lo, hi, paired)]
+    df["speed_p"], df["speed_q"], df["speed_call"] = p, q, calls
+    df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if pr else WELCH
+                        for a, z, pr in zip(lo, hi, paired)]
     withhold_busy(df, b)
 
 

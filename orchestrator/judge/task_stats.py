@@ -14,11 +14,13 @@ the mean, or a perplexity over per-item loglikelihoods and their words or bytes)
                      test for the perplexities (each item's two scores swapped at random: the null's spread)
     power            the smallest change the test could see: (z(1 - alpha/2) + z(0.8)) x the bootstrap
                      standard error of the change (80% power), as a share of the baseline's figure
-    verdict          'regressed' / 'improved' where p < alpha; else 'no change' where that smallest change
-                     is within `tolerance` (relative), and 'not distinguishable' where it is not: the
-                     items could not have shown a change of the size that matters; which way is worse
-                     follows the metric's higher_is_better (a perplexity's items are loglikelihoods:
-                     higher is better for them)
+    verdict          'regressed' / 'improved' where q < alpha (q: p adjusted over the run's task tests,
+                     orchestrator/judge/families.py; a lone test's q is its p); else 'no change' where that
+                     smallest change, at the level the family held, is within `tolerance` (relative), and
+                     'not distinguishable' where it is not: the items could not have shown a change of the
+                     size that matters; which way is worse follows the metric's higher_is_better (a
+                     perplexity's items are loglikelihoods: higher is better for them). paired_change decides
+                     as a family of one; PairedChange.at_level decides again at the family's q and level
 """
 
 from __future__ import annotations
@@ -74,13 +76,39 @@ class PairedChange:
     p_value: float
     worse: int                    # items the baseline got right and the cell wrong (binary), or scored lower
     better: int
+    q_value: float                # p adjusted over the family (see at_level); p itself for a family of one
+    change_se: float              # the bootstrap standard error of the change
     mde: float                    # the smallest change the test could see (80% power), in the figure's units
     mde_rel: float                # the same as a share of the baseline's figure (inf where that is 0)
     items_needed: int | None      # about how many paired items would bring mde_rel within the tolerance
     verdict: str                  # no change | not distinguishable | regressed | improved
+    cell_worse: bool              # the cell's figure is worse than the baseline's (not a column)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "cell_worse"}
+
+    def at_level(self, q: float, level: float, alpha: float, tolerance: float = TOLERANCE) -> PairedChange:
+        """This change decided within a family: called where q < alpha, its power stated at `level` (the per-test
+        level the family held, orchestrator/judge/families.py)."""
+        return _decided(self, q, level, alpha, tolerance)
+
+
+def _decided(c: PairedChange, q: float, level: float, alpha: float, tolerance: float) -> PairedChange:
+    from dataclasses import replace
+
+    from scipy.stats import norm
+
+    mde = float((norm.ppf(1 - level / 2) + norm.ppf(POWER)) * c.change_se)
+    base = abs(c.base_score)
+    mde_rel = mde / base if base else (0.0 if mde == 0 else math.inf)
+    # the standard error shrinks as 1/sqrt(n): the items that would bring the smallest change within tolerance
+    needed = int(math.ceil(c.n_paired * (mde_rel / tolerance) ** 2)) \
+        if math.isfinite(mde_rel) and mde_rel > tolerance else None
+    if q < alpha:
+        verdict = "regressed" if c.cell_worse else "improved"
+    else:
+        verdict = "no change" if mde_rel <= tolerance else "not distinguishable"
+    return replace(c, q_value=q, mde=mde, mde_rel=mde_rel, items_needed=needed, verdict=verdict)
 
 
 def paired_change(base: np.ndarray, cell: np.ndarray, binary: bool, alpha: float = 0.05,
@@ -125,19 +153,11 @@ def paired_change(base: np.ndarray, cell: np.ndarray, binary: bool, alpha: float
         swa, swb = np.where(swap, wb, wa), np.where(swap, wa, wb)
         null = aggregate(aggregation, sb, swb) - aggregate(aggregation, sa, swa)
         p = float((np.abs(null) >= abs(cell_figure - base_figure) - 1e-12).sum() + 1) / (n_boot + 1)
-    from scipy.stats import norm
-
-    mde = float((norm.ppf(1 - alpha / 2) + norm.ppf(POWER)) * np.std(mb - ma))
-    mde_rel = mde / abs(base_figure) if base_figure else (0.0 if mde == 0 else math.inf)
-    # the standard error shrinks as 1/sqrt(n): the items that would bring the smallest change within tolerance
-    needed = int(math.ceil(n * (mde_rel / tolerance) ** 2)) if math.isfinite(mde_rel) and mde_rel > tolerance else None
     cell_worse = cell_figure < base_figure if higher_is_better else cell_figure > base_figure
-    if p < alpha:
-        verdict = "regressed" if cell_worse else "improved"
-    else:
-        verdict = "no change" if mde_rel <= tolerance else "not distinguishable"
-    return PairedChange(n_paired=n, base_score=base_figure, cell_score=cell_figure, change=cell_figure - base_figure,
+    one = PairedChange(n_paired=n, base_score=base_figure, cell_score=cell_figure, change=cell_figure - base_figure,
                         change_lo=change_lo, change_hi=change_hi, ratio=ratio, ratio_lo=ratio_lo, ratio_hi=ratio_hi,
                         ratio_dropped=int(n_boot - has_ratio.sum()) if math.isfinite(ratio) else 0,
-                        test=test, p_value=p, worse=worse, better=better, mde=mde, mde_rel=mde_rel,
-                        items_needed=needed, verdict=verdict)
+                        test=test, p_value=p, worse=worse, better=better, q_value=p,
+                        change_se=float(np.std(mb - ma)), mde=math.nan, mde_rel=math.nan, items_needed=None,
+                        verdict="", cell_worse=bool(cell_worse))
+    return one.at_level(p, alpha, alpha, tolerance)   # a family of one: q = p, its level alpha

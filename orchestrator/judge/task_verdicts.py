@@ -27,6 +27,7 @@ import pandas as pd
 from orchestrator.inputs.task_metrics import aggregate
 from orchestrator.inputs.task_sets import BINARY_METRICS
 from orchestrator.judge.analysis import run_settings
+from orchestrator.judge.families import BH, family
 from orchestrator.matrix.baselines import resolve_baselines
 from orchestrator.judge.task_stats import TOLERANCE, paired_change, score_interval
 from orchestrator.matrix.models import AXES, Tolerances
@@ -105,7 +106,8 @@ def _reason(r: dict, base: str, tolerance: float) -> str:
         power += f", over the {tolerance:.0%} tolerance{need}"
     return (f"{r['metric']} {_fmt(r['score'])} [95% CI {_fmt(r['score_lo'])}, {_fmt(r['score_hi'])}] vs "
             f"{_fmt(r['base_score'])} on {base}: change {r['change']:+.3f} [{r['change_lo']:+.3f}, {r['change_hi']:+.3f}], "
-            f"ratio {_fmt(r['ratio'])}{dropped}; {_TESTS[r['test']]} p={r['p_value']:.3g} ({r['worse']} items worse, "
+            f"ratio {_fmt(r['ratio'])}{dropped}; {_TESTS[r['test']]} p={r['p_value']:.3g} q={r['q_value']:.3g} "
+            f"({r['worse']} items worse, "
             f"{r['better']} better of {r['n_paired']} paired){power}")
 
 
@@ -140,7 +142,7 @@ def task_verdicts(cells: pd.DataFrame, items: pd.DataFrame, base_items: pd.DataF
     by_base = {cid: g for cid, g in base_items.groupby("cell_id", sort=False)}
     noise = noise or {}
     not_run = _not_run(cells)
-    rows = []
+    rows, tested = [], []
     for c in cells.to_dict("records"):
         if c["status"] != "ok":
             continue
@@ -179,21 +181,33 @@ def task_verdicts(cells: pd.DataFrame, items: pd.DataFrame, base_items: pd.DataF
                                    binary, alpha, aggregation=aggregation, base_weights=_weights(base.reindex(common)),
                                    cell_weights=_weights(mine.reindex(common)),
                                    higher_is_better=bool(mine.higher_is_better.iloc[0]), tolerance=tolerance)
-            row |= change.as_dict()
-            floor = noise.get((c.get("base_key"), task))
-            row["noise_items"] = floor
-            row["task_verdict"] = change.verdict
-            row["task_reason"] = _reason(row, f"{base_label} {c['baseline_cell_id']}", tolerance)
-            if floor is not None:
-                row["task_reason"] += f"; the baseline's engine flips {floor} items between its batch sizes"
-                if change.verdict in ("regressed", "improved") and change.worse + change.better <= floor:
-                    row["task_verdict"] = "no change"
-                    row["task_reason"] = "within the baseline's own noise: " + row["task_reason"]
+            row["noise_items"] = noise.get((c.get("base_key"), task))
             rows.append(row)
+            tested.append((row, change, f"{base_label} {c['baseline_cell_id']}"))
+    _decide(tested, alpha, tolerance)
     out = pd.DataFrame(rows)
     if out.empty:
         return pd.DataFrame(columns=["cell_id", *AXES, "task", "baseline_cell_id", "task_verdict", "task_reason"])
     return out.sort_values([*AXES, "task", "cell_id"], kind="stable", ignore_index=True)
+
+
+def _decide(tested: list, alpha: float, tolerance: float) -> None:
+    """Each tested row's verdict and reason, decided within the family of all of them (the run's task tests:
+    orchestrator/judge/families.py, Benjamini-Hochberg); then a call that moves no more items than the baseline's
+    engine flips between its own batch sizes is 'no change'."""
+    own = [row["cell_id"] == row["baseline_cell_id"] for row, _, _ in tested]   # the baseline against itself: no test
+    fam = family([None if o else change.p_value for (_, change, _), o in zip(tested, own)], alpha, BH)
+    for (row, change, base), q, o in zip(tested, fam.q, own):
+        decided = change.at_level(change.p_value if o else float(q), fam.level, alpha, tolerance)
+        row |= decided.as_dict() | {"family_level": fam.level, "family_size": fam.size}
+        row["task_verdict"] = decided.verdict
+        row["task_reason"] = _reason(row, base, tolerance) + f"; {fam.summary()}"
+        floor = row["noise_items"]
+        if floor is not None:
+            row["task_reason"] += f"; the baseline's engine flips {floor} items between its batch sizes"
+            if decided.verdict in ("regressed", "improved") and decided.worse + decided.better <= floor:
+                row["task_verdict"] = "no change"
+                row["task_reason"] = "within the baseline's own noise: " + row["task_reason"]
 
 
 def analyse_tasks(run_dir: str | Path, baseline: dict | None = None, tolerances: Tolerances | None = None) -> pd.DataFrame:

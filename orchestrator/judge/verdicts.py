@@ -61,6 +61,8 @@ CELL_VERDICT_COLUMNS = pa.schema([
     ('speedup_lo', pa.float64()),
     ('speedup_hi', pa.float64()),
     ('speed_call', pa.string()),
+    ('speed_p', pa.float64()),       # the test the speed-up's interval inverts
+    ('speed_q', pa.float64()),       # p adjusted over the run's speed tests (orchestrator/judge/families.py)
     ('speedup_n_cell', pa.int64()),
     ('speedup_n_base', pa.int64()),
     ('ttft_ratio', pa.float64()),
@@ -84,22 +86,32 @@ PAIR_VERDICT_COLUMNS = pa.schema([
     ('tok_s_lo', pa.float64()),
     ('tok_s_hi', pa.float64()),
     ('tok_s_call', pa.string()),
+    ('tok_s_p', pa.float64()),
+    ('tok_s_q', pa.float64()),
     ('ttft_p50_ratio', pa.float64()),
     ('ttft_p50_lo', pa.float64()),
     ('ttft_p50_hi', pa.float64()),
     ('ttft_p50_call', pa.string()),
+    ('ttft_p50_p', pa.float64()),
+    ('ttft_p50_q', pa.float64()),
     ('ttft_p99_ratio', pa.float64()),
     ('ttft_p99_lo', pa.float64()),
     ('ttft_p99_hi', pa.float64()),
     ('ttft_p99_call', pa.string()),
+    ('ttft_p99_p', pa.float64()),
+    ('ttft_p99_q', pa.float64()),
     ('tpot_p50_ratio', pa.float64()),
     ('tpot_p50_lo', pa.float64()),
     ('tpot_p50_hi', pa.float64()),
     ('tpot_p50_call', pa.string()),
+    ('tpot_p50_p', pa.float64()),
+    ('tpot_p50_q', pa.float64()),
     ('tpot_p99_ratio', pa.float64()),
     ('tpot_p99_lo', pa.float64()),
     ('tpot_p99_hi', pa.float64()),
     ('tpot_p99_call', pa.string()),
+    ('tpot_p99_p', pa.float64()),
+    ('tpot_p99_q', pa.float64()),
     ('mem_ratio', pa.float64()),
     ('changed', pa.string()),
     ('run_noise', pa.string()),
@@ -136,6 +148,10 @@ TASK_VERDICT_COLUMNS = pa.schema([
     ('ratio_dropped', pa.int64()),
     ('test', pa.string()),
     ('p_value', pa.float64()),
+    ('q_value', pa.float64()),       # p adjusted over the run's task tests (orchestrator/judge/families.py)
+    ('change_se', pa.float64()),
+    ('family_level', pa.float64()),  # the per-test level the family held: a test not called needed p below it
+    ('family_size', pa.int64()),     # the tests in the family (every judged (cell, task) of the run)
     ('worse', pa.int64()),
     ('better', pa.int64()),
     ('mde', pa.float64()),
@@ -170,6 +186,8 @@ SAMPLING_VERDICT_COLUMNS = pa.schema([
     ('whole_reason', pa.string()),
     ('model_test', pa.string()),
     ('model_p', pa.float64()),
+    ('sampling_p', pa.float64()),    # the cell's tests together: min(1, tests x the smallest p) (Bonferroni)
+    ('sampling_q', pa.float64()),    # sampling_p adjusted over the run's sampling cells (orchestrator/judge/families.py)
     ('dist_level', pa.float64()),
     ('dist_detectable', pa.float64()),
     ('seeds_needed', pa.int64()),
@@ -211,6 +229,28 @@ class Verdicts:
     alpha: float = 0.05
     against: Path | None = None
     errors: dict[str, str] = field(default_factory=dict)
+    sampling_alpha: float = 0.01
+
+    def family_lines(self) -> list[str]:
+        """Per layer judged, how many tests its family held and how many it called (orchestrator/judge/families.py):
+        'tasks: 0 of 33 tests called at FDR 0.05 (Benjamini-Hochberg)'."""
+        out = []
+        t = self.tasks
+        if t is not None and "q_value" in t and t.q_value.notna().any():
+            tested = t[t.cell_id != t.baseline_cell_id]
+            out.append(f"tasks: {int(tested.task_verdict.isin(('improved', 'regressed')).sum())} of "
+                       f"{int(tested.q_value.notna().sum())} tests called at FDR {self.alpha:g} (Benjamini-Hochberg)")
+        c = self.cells
+        if "speed_q" in c and c.speed_p.notna().any():
+            tested = c[(c.cell_id != c.baseline_cell_id) & (c.get("status", "ok") == "ok") & c.speed_p.notna()]
+            out.append(f"speed: {int(tested.speed_call.isin(('faster', 'slower')).sum())} of {len(tested)} tests "
+                       "called at FDR 0.05 (Benjamini-Hochberg)")
+        s = self.sampling
+        if s is not None and "sampling_q" in s and s.sampling_p.notna().any():
+            tested = s[(s.cell_id != s.baseline_cell_id) & s.sampling_p.notna()]
+            out.append(f"sampling: {int((tested.sampling_q < self.sampling_alpha).sum())} of {len(tested)} cells "
+                       f"called at FDR {self.sampling_alpha:g} (Benjamini-Hochberg)")
+        return out
 
     def disagree_lines(self) -> list[str]:
         """'layers disagree:' and one line per such cell, named by what tells it apart from the others."""
@@ -280,5 +320,6 @@ def _judge_run(run, against, baseline, tolerances, match, noise_run, history, ta
         cells = cells.merge(summarize_tasks(tv), on="cell_id", how="left")
     if sv is not None:
         cells = cells.merge(sv[["cell_id", "sampling_verdict"]], on="cell_id", how="left")
-    alpha = (tolerances or RunStore(run).read_manifest().tolerances).task_alpha
-    return Verdicts(cells, tv, sv, reconcile(cells, tv, sv, alpha), alpha, old, errors)
+    tol = tolerances or RunStore(run).read_manifest().tolerances
+    return Verdicts(cells, tv, sv, reconcile(cells, tv, sv, tol.task_alpha), tol.task_alpha, old, errors,
+                    tol.sampling_alpha)

@@ -15,6 +15,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from orchestrator.report.data import q_text
 
 from orchestrator.matrix.cells import load_label
 from orchestrator.values import csv_safe, finite
@@ -185,8 +186,8 @@ def task_compact(tv: pd.DataFrame) -> Table:
     quiet = tv.groupby("cell_id").task_verdict.transform(lambda v: (v == "no change").all()) if len(tv) else tv.cell_id
     t = _table("Task layer" + (f" ({shared})" if shared else ""),
                "--wide: a line for every cell and task" if len(tv) and quiet.any() else None)
-    for col in ("cell", "task", "n", "score", "change [95% CI]", "p", "verdict"):
-        _col(t, col, right=col in ("n", "score", "change [95% CI]", "p"))
+    for col in ("cell", "task", "n", "score", "change [95% CI]", "p", "q", "verdict"):
+        _col(t, col, right=col in ("n", "score", "change [95% CI]", "p", "q"))
     for name, r, same in zip(names, tv.to_dict("records"), quiet if len(tv) else []):
         if same:
             continue
@@ -194,13 +195,13 @@ def task_compact(tv: pd.DataFrame) -> Table:
         change = f"{_g(r.get('change'), '+.3f')} [{_g(r.get('change_lo'), '+.3f')}, {_g(r.get('change_hi'), '+.3f')}]" \
             if judged and finite(r.get("change")) else ""
         t.add_row(name, str(r["task"]), f"{int(r['n'])}" if finite(r.get("n")) else "", _g(r.get("score"), ".3f"),
-                  change, _g(r.get("p_value"), ".3g") if judged else "",
+                  change, _g(r.get("p_value"), ".3g") if judged else "", q_text(r),
                   _styled(r["task_verdict"], _LAYER) + ("" if judged else f" {escape(str(r.get('task_reason') or ''))}"))
     if len(tv) and quiet.any():
         cells, tasks = tv[quiet].cell_id.nunique(), tv[quiet].task.nunique()
         t.add_row(f"{cells} other cell{'s' * (cells != 1)}" if not quiet.all() else f"all {cells} cells",
                   f"{tasks} task{'s' * (tasks != 1)}", f"{int(tv[quiet].n.min())}+" if finite(tv[quiet].n.min()) else "",
-                  "", "", "", _styled("no change", _LAYER) + " (every task)")
+                  "", "", "", "", _styled("no change", _LAYER) + " (every task)")
     return t
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from orchestrator.matrix.cells import load_label
 from orchestrator.values import as_text
+from orchestrator.report.data import q_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -275,7 +276,7 @@ def task_table(tv: pd.DataFrame) -> Table:
 
     t = Table(title="Task layer (item by item against the baseline)", show_lines=False)
     for col in ("configuration", "batch", "task", "metric", "n", "score [95% CI]", "baseline", "change [95% CI]",
-                "ratio [95% CI]", "test", "p", "verdict"):
+                "ratio [95% CI]", "test", "p", "q", "verdict"):
         t.add_column(col, justify="left" if col in ("configuration", "task", "metric", "test", "verdict") else "right",
                      overflow="fold")
     for r in tv.to_dict("records"):
@@ -287,7 +288,7 @@ def task_table(tv: pd.DataFrame) -> Table:
                   str(int(r["n"])) if finite(r.get("n")) else "", ci(r, "score", ".3f"),
                   format(r["base_score"], ".3f") if judged else "", ci(r, "change", "+.3f") if judged else "",
                   ci(r, "ratio", ".3f") if judged else "", test, format(r["p_value"], ".3g") if judged else "",
-                  _task_cell(r) + ("" if judged else f" {r['task_reason']}"))
+                  q_text(r), _task_cell(r) + ("" if judged else f" {r['task_reason']}"))
     return t
 
 

@@ -367,6 +367,11 @@ def p_text(r: dict) -> str:
     return format(r["p_value"], ".3g") if is_judged(r) and finite(r.get("p_value")) else ""
 
 
+def q_text(r: dict) -> str:
+    """A task row's q (its p adjusted over the run's task tests, orchestrator/judge/families.py), as printed."""
+    return format(r["q_value"], ".3g") if is_judged(r) and finite(r.get("q_value")) else ""
+
+
 def moved_items_text(r: dict) -> str:
     """Items that moved against the baseline: '20 worse / 0 better of 111'."""
     if not is_judged(r) or not finite(r.get("n_paired")):

@@ -33,6 +33,7 @@ PRINTS = {
     "simulate_schedule": r"^split: history\s+32 ",
     "store_fsync": r"^compact, as shipped: \d",
     "stream_vs_vllm_bench": r"^ratio of medians ours/theirs: \d",
+    "task_null": r"^after\s+\|\s+0\.\d+ \|",
     "telemetry_cost": r"^output tok/s\s+2 ",
 }
 

@@ -246,6 +246,9 @@ def test_speed_and_na_cells(tmp_path):
     # exp(scipy.stats.ttest_ind(log a, log b, equal_var=False).confidence_interval())
     assert (f["speedup_lo"], f["speedup_hi"]) == pytest.approx((1.7947403787777645, 2.225612040010567), rel=1e-9)
     assert (f["speed_call"], f["speedup_n_cell"], f["speedup_n_base"]) == ("faster", 3, 3)
+    # the call is the test's q: Welch's p (scipy's ttest_ind on the logs) adjusted over the run's ok cells' speed
+    # tests (fast and nolp; the baseline against itself and a failed cell are none): BH, q = p x 2 / 1
+    assert f["speed_p"] == pytest.approx(4.6198826e-4, rel=1e-6) and f["speed_q"] == pytest.approx(2 * f["speed_p"])
     assert f["ttft_ratio"] == 0.5 and f["mem_saving"] == 0.75
     b = row(df, "base")
     assert b["speedup"] == 1.0 and b["speedup_lo"] < 1.0 < b["speedup_hi"] and b["speed_call"] == "no difference"

@@ -149,7 +149,7 @@ def test_the_paired_interval_drops_a_drift_both_sides_share():
     drift = np.exp(rng.normal(0, 0.3, 8))             # the host's state, repeat by repeat
     den = 100 * drift * np.exp(rng.normal(0, 0.01, 8))
     num = 110 * drift * np.exp(rng.normal(0, 0.01, 8))
-    c, lo, hi = paired_intervals([num], [den])
+    c, lo, hi, _ = paired_intervals([num], [den])
     _, wlo, whi, *_ = speed_intervals([num], [den])
     assert 1.05 < lo[0] < hi[0] < 1.15 and lo[0] < c[0] < hi[0]
     assert hi[0] / lo[0] < (whi[0] / wlo[0]) ** 0.2   # far narrower than the unpaired interval
