@@ -29,7 +29,7 @@ from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
 from adapters.contract.arrivals import TraceArrival
 from adapters.contract.disturbance import Disturbance
-from adapters.contract.events import End, GroupUnsupported, Loaded, Started
+from adapters.contract.events import CellStart, End, GroupUnsupported, Loaded, Started
 from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
 from adapters.contract.seed_power import sample_statistic, seeds_to_detect
@@ -305,6 +305,7 @@ def main(spec_path: str, out_dir: str) -> int:
     order = drift_order(spec)
     early: dict[str, list[float] | str] = {}   # the moved cell's early timing, or why there is none
     if order is not spec.cells:   # the drift check: the moved cell's batch timed before the others
+        events.emit(CellStart(cell_id=order[-1].cell_id))   # an engine crash here is that cell's
         try:
             early[order[-1].cell_id] = drift_check(adapter, order[-1])
         except Exception as err:   # its cell runs without one (and fails by itself if the engine is broken)
