@@ -12,7 +12,7 @@ interval of the mean log ratio of repeat i to the baseline's repeat i (n pairs, 
 host drift that falls on both sides of a pair drops out. `speed_test` says which test each interval is.
 
 Drift inside the run: a cell whose timed batch was measured a second time later in the run
-(output_tok_s_recheck_runs, a baseline's drift check) shows how far the host moved between the two; pooled
+(output_tok_s_recheck_runs: each group's drift check, adapters.worker.group) shows how far the host moved between the two; pooled
 over the run's re-measured cells by run_noise (adapters/contract/intervals.py, the same estimate that widens
 intervals across runs), that between-measurement variance widens every Welch interval of the run (a cell
 and its baseline ran minutes apart, as two measurements of one batch did); speed_drift_sd / speed_drift say
