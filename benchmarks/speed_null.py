@@ -38,9 +38,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from orchestrator.judge.analysis import analyse  # noqa: E402
-from orchestrator.judge.speed import run_drift, speed_call, speed_intervals  # noqa: E402
-from orchestrator.store.run_store import RunStore  # noqa: E402
+from orchestrator.judge.analysis import analyse
+from orchestrator.judge.speed import run_drift, speed_call, speed_intervals
+from orchestrator.store.run_store import RunStore
 
 BUSY = """
 import random, sys, time

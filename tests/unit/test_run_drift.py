@@ -11,8 +11,11 @@ from adapters.contract.intervals import log_ratio_intervals, run_noise
 from orchestrator.judge.speed import WELCH, add_speed, run_drift
 
 
+def tight(m: float) -> list[float]:
+    return [m * f for f in (1.0, 1.01, 0.99, 1.0, 1.02, 0.98)]
+
+
 def _cells(recheck: list | None) -> pd.DataFrame:
-    tight = lambda m: [m * f for f in (1.0, 1.01, 0.99, 1.0, 1.02, 0.98)]   # noqa: E731
     cells = pd.DataFrame({
         "cell_id": ["base", "b2", "b3", "fast"], "output_tok_s": [100.0, 100.0, 100.0, 115.0],
         "output_tok_s_runs": [tight(100.0), tight(100.0), tight(100.0), tight(115.0)],
