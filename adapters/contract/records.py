@@ -183,6 +183,9 @@ class CellRecord(CellMetrics):
     # time other processes took, and other processes' mean SM use of the engine's GPUs (None: not measured)
     host_busy_runs: list[float] | None = None
     gpu_busy_runs: list[float] | None = None
+    # the cell's timed batch measured once more, at its group's start (the drift check, adapters.worker.group):
+    # the judge pools the drift between a cell's two measurements over the run, widening its speed intervals
+    output_tok_s_recheck_runs: list[float] | None = None
     notes: list[str] = Field(default_factory=list)
     # serve.search (adapters/serving/slo_search.py). A probe's row: its number, whether it met every SLO, what it
     # missed and each SLO's check. The search's own row: the highest load that met them, the first load

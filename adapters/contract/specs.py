@@ -250,5 +250,8 @@ class GroupSpec(ContractModel):
     # an env pair (adapters.contract.events.TurnWait): each phase of engine work waits for the supervisor's
     # go-ahead, a line on stdin, so the pair's timed repeats interleave
     turns: bool = False
+    # the group's first cell timed twice, at the group's start and (moved) at its end: the run's drift check
+    # (adapters.worker.group.drift_order; the judge widens speed intervals by the drift, orchestrator.judge.speed)
+    drift_check: bool = True
     env_name: str | None = None      # the matrix env this group runs in: the worker describes the env (EnvFacts)
     env_vars: dict[str, str] = Field(default_factory=dict)   # the variables that env's definition sets (in its environ)

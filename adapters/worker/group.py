@@ -29,7 +29,7 @@ from adapters import ADAPTERS
 from adapters.base import Adapter, Unsupported
 from adapters.contract.arrivals import TraceArrival
 from adapters.contract.disturbance import Disturbance
-from adapters.contract.events import End, GroupUnsupported, Loaded, Started
+from adapters.contract.events import CellStart, End, GroupUnsupported, Loaded, Started
 from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
 from adapters.contract.seed_power import sample_statistic, seeds_to_detect
@@ -150,16 +150,41 @@ def stream_arrivals(cell: CellSpec, lo: int, hi: int) -> list[float]:
     return arrivals.offsets(a, math.inf if cell.request_rate is None else cell.request_rate, hi - lo)
 
 
+def _generate(adapter: Adapter, cell: CellSpec, span: tuple[int, int], stream: bool, timed: bool):
+    lo, hi = span
+    lens = cell.output_lens[lo:hi] if cell.output_lens else cell.output_len
+    if timed and stream and cell.arrival is not None:   # the warm-up stream goes in at once
+        return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos,
+                                arrivals_s=stream_arrivals(cell, lo, hi))
+    return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos)
+
+
+def drift_check(adapter: Adapter, cell: CellSpec) -> list[float]:
+    """The cell's warm-up and timed batch, timed once more (output tok/s per repeat, as summarize counts it):
+    the group's first cell is timed so at the group's start and measured as usual at its end, so the run
+    sees how far the host moved between two measurements of one batch (CellRecord.output_tok_s_recheck_runs)."""
+    warm, timed = _spans(cell, False)
+    for span in warm:
+        _generate(adapter, cell, span, False, False)
+    runs, _ = timed_repeats(cell, lambda r: _generate(adapter, cell, timed[r], False, True))
+    return summarize(runs).output_tok_s_runs
+
+
+def drift_order(spec: GroupSpec) -> list[CellSpec]:
+    """The order the group's cells run in: with a drift check (an offline group of two or more cells, not an
+    env pair, whose first cell has at least two repeats), that first cell moves to the end, its batch timed
+    once before the others (drift_check)."""
+    cells = spec.cells
+    if not spec.drift_check or spec.mode != "offline" or spec.turns or len(cells) < 2 or cells[0].repeats < 2:
+        return cells
+    return cells[1:] + cells[:1]
+
+
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
              sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter, stream: bool = False,
              turns: Turns | None = None) -> Measured:
     def gen(span: tuple[int, int], timed: bool = False):
-        lo, hi = span
-        lens = cell.output_lens[lo:hi] if cell.output_lens else cell.output_len
-        if timed and stream and cell.arrival is not None:   # the warm-up stream goes in at once
-            return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos,
-                                    arrivals_s=stream_arrivals(cell, lo, hi))
-        return adapter.generate(cell.timing_prompts[lo:hi], lens, cell.ignore_eos)
+        return _generate(adapter, cell, span, stream, timed)
 
     if stream and cell.arrival is not None and not adapter.follows_arrivals:
         raise Unsupported(f"{adapter.name}: this adapter cannot hand a stream's requests to the engine on an "
@@ -277,9 +302,25 @@ def main(spec_path: str, out_dir: str) -> int:
         return 0
     stream = spec.mode == "stream"
     energy = EnergyMeter(load.device)
-    run_cells(spec.cells, lambda cell: run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy,
-                                                stream, turns),
-              events, out, claims_dir=spec.claims_dir)
+    order = drift_order(spec)
+    early: dict[str, list[float] | str] = {}   # the moved cell's early timing, or why there is none
+    if order is not spec.cells:   # the drift check: the moved cell's batch timed before the others
+        events.emit(CellStart(cell_id=order[-1].cell_id))   # an engine crash here is that cell's
+        try:
+            early[order[-1].cell_id] = drift_check(adapter, order[-1])
+        except Exception as err:   # its cell runs without one (and fails by itself if the engine is broken)
+            early[order[-1].cell_id] = f"the drift check's early timing failed: {type(err).__name__}: {err}"
+
+    def measure(cell: CellSpec) -> Measured:
+        got = run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy, stream, turns)
+        runs = early.get(cell.cell_id)
+        if isinstance(runs, str):
+            got.record.missing["output_tok_s_recheck_runs"] = runs
+        elif runs is not None:
+            got.record.output_tok_s_recheck_runs = runs
+        return got
+
+    run_cells(order, measure, events, out, claims_dir=spec.claims_dir)
     adapter.close()
     memory.stop()
     events.emit(End())

@@ -14,6 +14,13 @@ turns on one node: repeat_started_at / repeat_ended_at never overlap) is paired:
 interval of the mean log ratio of repeat i to the baseline's repeat i (n pairs, n - 1 degrees of freedom), so
 host drift that falls on both sides of a pair drops out. `speed_test` says which test each interval is.
 
+Drift inside the run: a cell whose timed batch was measured a second time later in the run
+(output_tok_s_recheck_runs: each group's drift check, adapters.worker.group) shows how far the host moved between the two; pooled
+over the run's re-measured cells by run_noise (adapters/contract/intervals.py, the same estimate that widens
+intervals across runs), that between-measurement variance widens every Welch interval of the run (a cell
+and its baseline ran minutes apart, as two measurements of one batch did); speed_drift_sd / speed_drift say
+by how much and from what. A paired interval is not widened: a drift shared by both sides falls out of it.
+
 A call whose cell or baseline had more than MAX_DISTURBED of its timed repeats disturbed by the rest of the
 host (per-repeat shares in host_busy_runs / gpu_busy_runs) is `cannot judge`, and speed_reason says why.
 """
@@ -26,7 +33,8 @@ import numpy as np
 import pandas as pd
 
 from adapters.contract.disturbance import DISTURBED_SHARE, disturbed_repeats  # noqa: F401 (the report's too)
-from adapters.contract.intervals import log_mean_intervals, log_mean_p, log_ratio_intervals, log_ratio_p
+from adapters.contract.intervals import (log_mean_intervals, log_mean_p, log_ratio_intervals, log_ratio_p,
+                                        run_noise)
 from orchestrator.judge.families import BH, family
 from orchestrator.values import finite
 
@@ -144,6 +152,20 @@ def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float,
     return q, speed_call(lo, hi, tolerance, q, center, SPEED_ALPHA, band_lo, band_hi)
 
 
+def run_drift(cells: pd.DataFrame) -> tuple[float, float, str | None]:
+    """(variance, degrees of freedom, source) of the drift inside one run: the log throughput of each cell
+    measured twice (output_tok_s_recheck_runs beside output_tok_s_runs), pooled by run_noise, the one
+    estimate of a between-measurement variance. (0, inf, None) where no cell was measured twice."""
+    if "output_tok_s_recheck_runs" not in cells:
+        return 0.0, math.inf, None
+    pairs = [(_runs(a), _runs(b)) for a, b in zip(cells.output_tok_s_runs, cells.output_tok_s_recheck_runs)]
+    pairs = [(a, b) for a, b in pairs if len(a) >= 2 and len(b) >= 2]
+    if not pairs:
+        return 0.0, math.inf, None
+    var, dof = run_noise([a for a, _ in pairs], [b for _, b in pairs])
+    return var, dof, f"{len(pairs)} cell(s) measured twice in this run"
+
+
 def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     b = cells.set_index("cell_id").reindex(df.baseline_cell_id)
     df["speedup"] = [ratio(x, y) for x, y in zip(df.output_tok_s, b.output_tok_s)]
@@ -152,19 +174,23 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     ok = df.speedup.notna().to_numpy()
     num = [_runs(x) if k else _runs(None) for x, k in zip(df.output_tok_s_runs, ok)]
     den = [_runs(x) for x in b.output_tok_s_runs]
-    center, lo, hi, n_cell, n_base = speed_intervals(num, den)
-    p = speed_p(num, den)
+    drift_var, drift_df, drift_from = run_drift(cells)
+    center, lo, hi, n_cell, n_base = speed_intervals(num, den, drift_var, drift_df)
+    p = speed_p(num, den, drift_var, drift_df)
     paired = env_paired(df, b) & (n_cell > 0)
     at = np.flatnonzero(paired)
     if paired.any():   # the paired ratio (its center: the geometric mean of the ratios, the same as Welch's)
         _, lo[paired], hi[paired], p[paired] = paired_intervals([num[i] for i in at], [den[i] for i in at])
     # the family: every speed test of the run's ok cells (the baseline against itself is none)
     out = ((df.cell_id == df.baseline_cell_id) | (df.get("status", "ok") != "ok")).to_numpy()
-    q, calls = family_calls(num, den, center, lo, hi, p, out, tolerance, paired=paired)
+    q, calls = family_calls(num, den, center, lo, hi, p, out, tolerance, drift_var, drift_df, paired=paired)
     df["speedup_lo"], df["speedup_hi"], df["speedup_n_cell"], df["speedup_n_base"] = lo, hi, n_cell, n_base
     df["speed_p"], df["speed_q"], df["speed_call"] = p, q, calls
     df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if pr else WELCH
                         for a, z, pr in zip(lo, hi, paired)]
+    widened = (df.speed_test == WELCH).to_numpy() & (drift_from is not None)
+    df["speed_drift_sd"] = np.where(widened, math.sqrt(drift_var), np.nan)
+    df["speed_drift"] = [drift_from if w else None for w in widened]
     withhold_busy(df, b)
 
 

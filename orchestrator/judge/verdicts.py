@@ -74,6 +74,8 @@ CELL_VERDICT_COLUMNS = pa.schema([
     ('has_logprobs', pa.bool_()),
     ('speed_test', pa.string()),
     ('speed_reason', pa.string()),   # why speed_call is 'cannot judge' (the host was busy)
+    ('speed_drift_sd', pa.float64()),   # log sd of the run's drift a Welch interval was widened by (NaN: none)
+    ('speed_drift', pa.string()),       # where that drift came from (the cells measured twice), or null
     ('task_verdict', pa.string()),
     ('task_reason', pa.string()),
     ('sampling_verdict', pa.string()),

@@ -83,7 +83,7 @@ CELL_COLUMNS = (
     "engine_ttft_ms", "engine_ttft_ms_p50", "engine_ttft_agrees", "peak_mem_bytes", "load_peak_mem_bytes",
     "mem_source", "kv_budget_bytes", "versions", "model_fingerprint", "host", "engine_args", "notes", "missing",
     "attempt", "group_tries", "started_at", "duration_s", "repeat_started_at", "repeat_ended_at", "host_busy_runs",
-    "gpu_busy_runs", "search_id",
+    "gpu_busy_runs", "output_tok_s_recheck_runs", "search_id",
     "search_variable", "search_probe",
     "search_meets", "search_checks", "search_missed", "search_max", "search_fail", "search_probes", "search_slos",
     "workload_json", "env_facts",

@@ -31,6 +31,7 @@ PRINTS = {
     "sampling_power": r"^seed effect across prompts",
     "sampling_verdicts": r"^model verdict: ",
     "simulate_schedule": r"^split: history\s+32 ",
+    "speed_null": r"^\| quiet \| 1 \| \d+/2 \| ",
     "store_fsync": r"^compact, as shipped: \d",
     "stream_vs_vllm_bench": r"^ratio of medians ours/theirs: \d",
     "task_null": r"^after\s+\|\s+0\.\d+ \|",
@@ -43,7 +44,7 @@ def _outputs(name: str, tmp_path) -> tuple[list[str], list]:
     if name == "sampling_verdicts":
         out = tmp_path / "out"
         return ["--out", str(out)], [out / "false_alarms.csv", out / "power_f32_kv.csv", out / "engines.csv"]
-    if name in ("env_pair_noise", "overhead", "run_cost"):
+    if name in ("env_pair_noise", "overhead", "run_cost", "speed_null"):
         return ["--json", str(tmp_path / "rounds.json")], [tmp_path / "rounds.json"]
     if name == "analysis_at_scale":
         return ["--dir", str(tmp_path / "scale")], [tmp_path / "scale" / "report.html"]

@@ -148,3 +148,12 @@ def test_killed_driver_leaves_no_process_behind_and_resumes_with_every_cell_stor
     lp = pd.read_parquet(run_dir / "logprobs")
     assert not lp.duplicated(["cell_id", "kind", "repeat", "prompt_index", "position"]).any()
     assert lp.groupby("cell_id").size().nunique() == 1  # every cell has the full set of rows
+
+
+def test_a_crash_in_the_drift_check_is_the_moved_cell_s_row(ray_local, write_matrix, tmp_path):
+    """The group's first cell (batch 1) is timed right after the load for the drift check
+    (adapters.worker.group.drift_order): a segfault there is that cell's crashed row, the others finish."""
+    store = run_matrix(write_matrix(matrix_with_fault(tmp_path, "segv:1")), tmp_path / "run")
+    cells = store.read_cells().set_index("batch_size")
+    assert cells.loc[1, "status"] == "crashed" and "SIGSEGV" in cells.loc[1, "reason"]
+    assert cells.loc[2, "status"] == "ok" and cells.loc[3, "status"] == "ok"

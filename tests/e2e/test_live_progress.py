@@ -68,6 +68,10 @@ def watch(matrix, run_dir, wait_s: float = WAIT_S) -> dict:
                 # another cell of the same group runs, and more are done than when its first one ran
                 got["moved"] = (engine, seen[engine][1], done)
                 print(f"the count moved inside the {engine} group ({seen[engine][1]} -> {done}):\n{screen}")
+            elif seen[engine][0] != batch:
+                # the next cell of the group runs, none done yet: the group's first cell may come back at its
+                # end (the drift check times it first and measures it last), so compare with this one
+                seen[engine] = (batch, seen[engine][1])
     finally:
         tmux(socket, "send-keys", "-t", "run", "C-c", "")
         time.sleep(3)

@@ -169,3 +169,20 @@ def test_repeats_auto_stops_at_the_target_interval_or_its_cap(ray_local, tmp_pat
             assert r.repeats == want == len(r.output_tok_s_runs) and r.requests == want
             assert r.repeats_halfwidth == pytest.approx(relative_half_width(list(r.output_tok_s_runs)))
     assert (wide.repeats_halfwidth <= 5.0).all() and (tight.repeats_halfwidth > 1e-9).all()
+
+
+def test_the_groups_first_cell_is_timed_twice_and_the_judge_reads_the_drift(small_run):
+    """The drift check (adapters.worker.group.drift_order): the group's first cell's batch is timed at the
+    group's start and again, moved, at its end; the judge pools the two measurements' drift into every
+    Welch speed interval of the run (orchestrator.judge.speed.run_drift)."""
+    from orchestrator.judge.analysis import analyse
+
+    store, _ = small_run
+    ok = store.read_cells().query("status == 'ok'")
+    twice = [r for r in ok.itertuples() if r.output_tok_s_recheck_runs is not None]
+    assert len(twice) == 1 and len(twice[0].output_tok_s_recheck_runs) == M["repeats"]
+    assert all(x > 0 for x in twice[0].output_tok_s_recheck_runs)
+    rows = analyse(store.root).set_index("cell_id")
+    welch = rows[rows.speed_test == "Welch t"]
+    assert len(welch) and set(welch.speed_drift) == {"1 cell(s) measured twice in this run"}
+    assert (welch.speed_drift_sd >= 0).all()
