@@ -1,6 +1,7 @@
 """Ground truth for the layer report (issue 43, item 1): a copy of the built-in model with the weights of one
-block k perturbed; transformers' per-layer hidden states against the unperturbed model must leave the floor
-(transformers run twice, and against the numpy reference engine) at block k, with every block before k within."""
+block k perturbed (transformers), or with only block k's tensors quantized (llama.cpp); the per-layer hidden
+states against the unperturbed model must leave the floor (the baseline run twice, and against another engine)
+at block k, with every block before k within."""
 
 import shutil
 
@@ -40,3 +41,43 @@ def test_layers_names_the_perturbed_block(k, tiny_model, tmp_path):
     assert all(not r["beyond_floor"] for r in report["layers"][: k + 1]), report
     assert report["grows_most"] == k
     assert report["line"].startswith(f"leaves the noise floor at layer {k}")
+
+
+@pytest.mark.parametrize(("k", "qtype"), [(0, "q8_0"), (1, "q4_0")])
+def test_layers_names_the_block_quantized_alone(k, qtype, tiny_model, cache_dir, tmp_path):
+    """llama.cpp: an F32 GGUF of the built-in model with only block k's tensors quantized (llama.cpp's own
+    quantizer, per-tensor type overrides `tt_overrides`), captured through the eval callback against the F32
+    GGUF (run twice, and against transformers): block k is the first beyond the floor, the blocks before it
+    within, and the mixed file really holds quantized tensors in block k only."""
+    import gguf
+
+    from adapters.engines.llamacpp.gguf_convert import converted_gguf, quantize_gguf
+
+    pytest.importorskip("llama_cpp")
+    f32, _ = converted_gguf(tiny_model, "f32", cache_dir)
+    mixed = quantize_gguf(f32, tmp_path / f"blk{k}-{qtype}.gguf", qtype,
+                          overrides={rf"^(?!blk\.{k}\.)": "f32"})   # everything but block k back to f32
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(mixed)).tensors}
+    assert {n for n, t in types.items() if t != "F32"} == {n for n in types if n.startswith(f"blk.{k}.")
+                                                            and not n.endswith("norm.weight")}, types
+    opts = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
+
+    def captured(source, framework="llamacpp"):
+        adapter = ADAPTERS[framework]()
+        adapter.load(LoadSpec(framework=framework, model=ModelSpec(name="tiny", source=str(source)),
+                              quantization="gguf" if str(source).endswith(".gguf") else "fp32", device="cpu",
+                              options=opts if framework == "llamacpp" else {}, cache_dir=str(cache_dir)))
+        try:
+            return adapter.hidden_states(prompts)
+        finally:
+            adapter.close()
+
+    rng = np.random.default_rng(3)
+    prompts = [list(map(int, rng.integers(3, 500, n))) for n in (16, 9)]
+    base = captured(f32)
+    runs = [base, captured(f32), captured(tiny_model, "hf")]
+    report = layer_report(relative_errors(captured(mixed), base), floor(runs))
+    assert report["first_beyond"] == k, report
+    assert not report["embeddings_beyond"]
+    assert all(not r["beyond_floor"] for r in report["layers"][: k + 1]), report
+    assert all(r["beyond_floor"] for r in report["layers"][k + 1:]), report
