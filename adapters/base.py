@@ -148,8 +148,10 @@ class Adapter:
     def hidden_states(self, prompts: list[list[int]]) -> list[np.ndarray]:
         """The residual stream of each prompt, one float32 array [layers + 1, positions, hidden] each: the
         embeddings, then the output of every block, the last one after the final norm (transformers'
-        `output_hidden_states` convention). Unsupported where the engine cannot expose it."""
-        raise Unsupported(f"{self.name}: per-layer hidden states are not exposed by this adapter")
+        `output_hidden_states` convention). Unsupported where the engine cannot expose it (`no_hidden_reason`)."""
+        raise Unsupported(f"{self.name}: {self.no_hidden_reason}")
+
+    no_hidden_reason: ClassVar[str] = "per-layer hidden states are not exposed by this adapter"
 
     def spec_counters(self) -> tuple[int, int] | None:
         """Speculative decoding's (draft tokens proposed, draft tokens accepted) since load, where the
