@@ -46,7 +46,9 @@ def write_layers(run_dir: str | Path, cell_id: str, report: dict[str, Any]) -> P
         "rel_error": [r["rel_error"] for r in rows], "floor": [r["floor"] for r in rows],
         "beyond_floor": [r["beyond_floor"] for r in rows],
         "growth": [None if p is None else r["rel_error"] - p for r, p in zip(rows, prev)]}, schema=LAYERS_SCHEMA)
-    atomic_write_table(table, folder / LAYERS_TABLE, {"compression": "zstd", "write_page_checksum": True})
+    # a few rows: plain pages (no compression, no dictionary), each with its checksum
+    atomic_write_table(table, folder / LAYERS_TABLE, {"compression": "none", "use_dictionary": False,
+                                                      "write_page_checksum": True})
     atomic_write_text(folder / LAYERS_FILE, seal(json.dumps(report, indent=1, sort_keys=True)))
     return folder / LAYERS_FILE
 
