@@ -1,8 +1,8 @@
 """`bench explain RUN CELL --layers`, the engine work: the cell's configuration and its baseline's, each in an
 engine child of its own placed by Ray as a group is (as the baseline's rescoring is, orchestrator/execution/
 rescore.py), capture the residual stream after every block on the run's first scoring prompts (a GroupSpec with
-`hidden`: adapters/worker/layer_capture.py), the baseline twice (its floor); the arithmetic (layers.py) aligns them
-by layer and position; the report is stored through orchestrator/store/layers_file.py."""
+`hidden`: adapters/worker/layer_capture.py; each block split at its attention where both engines can), the baseline
+twice (its floor); the arithmetic (layers.py) aligns them by layer and position; the report is stored through orchestrator/store/layers_file.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from adapters.contract.specs import HIDDEN_NPZ, HiddenSpec
 from orchestrator.execution.engine_child.prompts import Tokenizer
 from orchestrator.execution.engine_child.spec import GroupJob, build_spec, tokenizer_source
 from orchestrator.execution.engine_child.supervisor import run_child
-from orchestrator.explain.layers import floor, layer_report, relative_errors
+from orchestrator.explain.layers import blocks_only, floor, layer_report, relative_errors
 from orchestrator.inputs import task_sets
 from orchestrator.matrix.cells import Cell, expand, group
 from orchestrator.store.layers_file import write_layers
@@ -28,9 +28,12 @@ PROMPTS = 8           # at most this many of the run's scoring prompts (a captur
 RUN_LOG = "run.log"
 
 
+Captures = tuple[list[list[np.ndarray]], bool]     # per repeat, per prompt; whether its blocks are split
+
+
 def _capture(job: GroupJob, cell: Cell, repeats: int, n_prompts: int, timeout_s: float
-             ) -> tuple[list[list[np.ndarray]] | None, str | None]:
-    """In a Ray task: the engine child with a hidden spec; (captures per repeat, None) or (None, why)."""
+             ) -> tuple[Captures | None, str | None]:
+    """In a Ray task: the engine child with a hidden spec; ((captures per repeat, split), None) or (None, why)."""
     entry = job.matrix.model_entry(job.group.model)
     spec = build_spec(job, [cell], Tokenizer(tokenizer_source(job), entry.trust_remote_code), task_sets.load_tasks([]))
     if spec.scoring is None or not spec.scoring.prompts:
@@ -44,13 +47,14 @@ def _capture(job: GroupJob, cell: Cell, repeats: int, n_prompts: int, timeout_s:
         with np.load(work / HIDDEN_NPZ) as f:
             if "unsupported" in f.files:
                 return None, str(f["unsupported"])
-            return [[f[f"r{r}_p{i}"] for i in range(len(hidden.prompts))] for r in range(repeats)], None
+            caps = [[f[f"r{r}_p{i}"] for i in range(len(hidden.prompts))] for r in range(repeats)]
+            return (caps, bool(f["split"])), None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def capture_both(run_dir: Path, cell_id: str, base_id: str, address: str | None, n_prompts: int = PROMPTS
-                 ) -> dict[str, tuple[list[list[np.ndarray]] | None, str | None]]:
+                 ) -> dict[str, tuple[Captures | None, str | None]]:
     """{"cell": ..., "baseline": ...}: each side's captures per repeat, or why there are none."""
     import ray
 
@@ -97,8 +101,13 @@ def layers_for(run_dir: Path, cell: dict[str, Any], base_config: str, address: s
                               "baseline_config": base_config, "baseline_repeats": BASE_REPEATS,
                               "floor_from": f"the baseline captured {BASE_REPEATS} times in one engine load "
                                             "(one prompt per forward pass: its batch sizes do not enter)"}
-    (cell_caps, cell_why), (base_caps, base_why) = got["cell"], got["baseline"]
+    (cell_got, cell_why), (base_got, base_why) = got["cell"], got["baseline"]
     why = (f"the cell: {cell_why}" if cell_why else None) or (f"the baseline: {base_why}" if base_why else None)
+    split = False
+    if why is None:   # both split where both could; else whole blocks on both sides
+        split = cell_got[1] and base_got[1]
+        cell_caps = [c if split or not cell_got[1] else blocks_only(c) for c in cell_got[0]]
+        base_caps = [c if split or not base_got[1] else blocks_only(c) for c in base_got[0]]
     if why is None and [a.shape for a in cell_caps[0]] != [a.shape for a in base_caps[0]]:
         why = (f"the captures do not align by layer and position (cell {cell_caps[0][0].shape}, baseline "
                f"{base_caps[0][0].shape} for the first prompt: another architecture or tokenizer)")
@@ -106,9 +115,9 @@ def layers_for(run_dir: Path, cell: dict[str, Any], base_config: str, address: s
         report |= {"first_beyond": None, "grows_most": None, "layers": [], "reason": why,
                    "line": f"no layer report: {why.splitlines()[0][:300]}"}
     else:
-        report |= layer_report(relative_errors(cell_caps[0], base_caps[0]), floor(base_caps))
+        report |= layer_report(relative_errors(cell_caps[0], base_caps[0]), floor(base_caps), split=split)
         report |= {"prompts": len(cell_caps[0]), "positions": int(sum(a.shape[1] for a in cell_caps[0])),
-                   "blocks": int(cell_caps[0][0].shape[0] - 1), "reason": None}
+                   "blocks": int((cell_caps[0][0].shape[0] - 1) // (2 if split else 1)), "reason": None}
     report["wall_s"] = round(time.monotonic() - started, 1)
     write_layers(run_dir, cell["cell_id"], report)
     return report

@@ -1,7 +1,7 @@
 """What `bench explain RUN CELL --layers` stores, beside the culprit search's explain.json: RUN/explain/<cell_id>/
 layers.json (the report: the first layer beyond the floor, the layer where the error grows most, the line said,
 the captures' sizes, or why there is none; sealed: a digest of itself in front, checked when read) and
-layers.parquet (one row per capture index: embeddings, then block 0 .. n-1; written with page checksums and read
+layers.parquet (one row per capture index: embeddings, then block 0 .. n-1, each split in two where captured so; written with page checksums and read
 with their verification on), so a flipped byte is a DamagedFile, never a different figure."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ LAYERS_TABLE = "layers.parquet"
 LAYERS_SCHEMA = pa.schema([
     ("cell_id", pa.string()),
     ("layer", pa.int32()),            # -1 the embeddings, then blocks 0 .. n-1 (the last one after the final norm)
+    ("part", pa.string()),            # with split blocks: "attention" (the residual after it) or "FFN" (the output)
     ("name", pa.string()),
     ("rel_error", pa.float64()),      # ||h_cell - h_base|| / ||h_base||, pooled over prompts and positions
     ("floor", pa.float64()),          # the baseline's own largest relative error between its captures
@@ -42,7 +43,8 @@ def write_layers(run_dir: str | Path, cell_id: str, report: dict[str, Any]) -> P
     rows = report.get("layers") or []
     prev = [None] + [r["rel_error"] for r in rows[:-1]]
     table = pa.table({
-        "cell_id": [cell_id] * len(rows), "layer": [r["layer"] for r in rows], "name": [r["name"] for r in rows],
+        "cell_id": [cell_id] * len(rows), "layer": [r["layer"] for r in rows],
+        "part": [r.get("part") for r in rows], "name": [r["name"] for r in rows],
         "rel_error": [r["rel_error"] for r in rows], "floor": [r["floor"] for r in rows],
         "beyond_floor": [r["beyond_floor"] for r in rows],
         "growth": [None if p is None else r["rel_error"] - p for r, p in zip(rows, prev)]}, schema=LAYERS_SCHEMA)

@@ -1,7 +1,8 @@
 """`bench explain RUN CELL --layers` for real: llama.cpp's default cell on the built-in model (its f16 KV cache and
 flash attention, near-lossless against transformers) captured through llama.cpp's eval callback, transformers'
-baseline twice through its hidden states, each in an engine child placed by Ray; the report names block 0 (the
-attention is where the f16 cache enters) as the first beyond the floor, the embeddings within it, and is stored
+baseline twice through its hidden states, each in an engine child placed by Ray, every block split at its
+attention; the report names block 0's attention (where the f16 cache enters) as the first beyond the floor, the
+embeddings within it, and is stored
 (layers.json sealed, layers.parquet with page checksums) and said in one line."""
 
 from __future__ import annotations
@@ -38,11 +39,13 @@ def test_explain_layers_names_the_first_block_beyond_the_floor(ray_local, tmp_pa
     report, table = read_layers(run, cell.cell_id)
     assert report["reason"] is None, report["reason"]
     assert report["first_beyond"] == 0 and not report["embeddings_beyond"], report
+    assert report["first_part"] == "attention" and report["split"], report   # where the f16 KV cache enters
     assert report["prompts"] == 2 and report["blocks"] == 2 and report["positions"] == 128
-    assert table.num_rows == 3 and table.column("layer").to_pylist() == [-1, 0, 1]
+    assert table.column("layer").to_pylist() == [-1, 0, 0, 1, 1]
+    assert table.column("part").to_pylist() == [None, "attention", "FFN", "attention", "FFN"]
     floors = table.column("floor").to_pylist()
     assert all(f == 0.0 for f in floors), floors            # transformers repeats itself bit for bit on a CPU
-    assert "leaves the noise floor at layer 0" in done.output
+    assert "leaves the noise floor at layer 0 (attention)" in done.output
     # the culprit search's explain.json is not written by --layers
     assert (layers_dir(run, cell.cell_id) / LAYERS_FILE).exists()
     assert not (layers_dir(run, cell.cell_id) / "explain.json").exists()

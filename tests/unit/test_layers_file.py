@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.explain.layers import layer_report
 from orchestrator.store.integrity import DamagedFile
-from orchestrator.store.layers_file import LAYERS_FILE, LAYERS_TABLE, layers_dir, read_layers, write_layers
+from orchestrator.store.layers_file import LAYERS_FILE, LAYERS_SCHEMA, LAYERS_TABLE, layers_dir, read_layers, write_layers
 
 
 def _report():
@@ -35,7 +35,7 @@ def test_a_flipped_byte_is_damage(tmp_path, name):
     if name == LAYERS_FILE:
         at = data.find(b"first_beyond")
     else:   # the lowest mantissa byte of rel_error 3e-3 in its data page (read unverified: 3e-3 plus one ulp)
-        col = pq.ParquetFile(path).metadata.row_group(0).column(3)
+        col = pq.ParquetFile(path).metadata.row_group(0).column(LAYERS_SCHEMA.get_field_index("rel_error"))
         at = data.find(struct.pack("<d", 3e-3), col.data_page_offset)
         assert col.data_page_offset < at < col.data_page_offset + col.total_compressed_size
         unverified = bytearray(data)

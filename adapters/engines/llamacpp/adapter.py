@@ -373,6 +373,11 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
 
         return hidden_states(self, prompts)
 
+    def residual_states(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        from adapters.engines.llamacpp.hidden import hidden_states
+
+        return hidden_states(self, prompts, split=True)
+
     # ------------------------------------------------------------------------------------------
     # prompt-lookup speculative decoding: llama-cpp-python's Llama, one sequence at a time
 

@@ -2,7 +2,8 @@
 ggml's scheduler for each graph node: once with ask=True, "do you want this one?", then with ask=False once it is
 computed). llama.cpp names the nodes it builds: `embd` (the token embeddings' rows; `inp_embd` in some versions), `l_out-N` (the output of
 block N, after its residual add), `result_norm` (the last block's output after the final norm), so the capture
-follows transformers' `output_hidden_states` convention (adapters.base.Adapter.hidden_states).
+follows transformers' `output_hidden_states` convention (adapters.base.Adapter.hidden_states); `ffn_inp-N` (the
+residual after block N's attention) splits each block for Adapter.residual_states.
 
 The tensors are read with ggml's own accessors (ggml_get_name, ggml_nelements, ggml_nrows, ggml_nbytes,
 ggml_backend_tensor_get from libggml-base, which llama-cpp-python ships), not by mirroring `struct ggml_tensor`,
@@ -23,7 +24,7 @@ from adapters.base import Unsupported
 from adapters.engines.llamacpp.gguf_convert import captured_llama_logs
 from adapters.engines.llamacpp.native import FLASH_ATTN_TYPES, KV_TYPES, Batch, last_error
 
-_BLOCK = re.compile(r"l_out-(\d+)")
+_BLOCK = re.compile(r"(l_out|ffn_inp)-(\d+)")
 
 
 def _ggml():
@@ -43,21 +44,24 @@ def _ggml():
 class _Capture:
     """The callback's state: the wanted tensors of the current prompt, by name, one array per ubatch."""
 
-    def __init__(self, n_layer: int):
+    def __init__(self, n_layer: int, split: bool):
         self.g = _ggml()
-        self.n_layer = n_layer
+        self.n_layer, self.split = n_layer, split
         self.parts: dict[int, list[np.ndarray]] = {}
         self.error: str | None = None
         self.fn = __import__("llama_cpp").ggml_backend_sched_eval_callback(self._cb)   # kept alive with self
 
     def index(self, name: str) -> int | None:
         """The capture index of a node name (0 embeddings, i the output of block i - 1), None if not wanted."""
+        k = 2 if self.split else 1    # split: block i's attention residual at 2i + 1, its output at 2i + 2
         if name in ("embd", "inp_embd"):
             return 0
         if name == "result_norm":
-            return self.n_layer
+            return k * self.n_layer
         m = _BLOCK.fullmatch(name)
-        return int(m.group(1)) + 1 if m and int(m.group(1)) < self.n_layer - 1 else None
+        if m and (m.group(1) == "l_out" or self.split) and int(m.group(2)) < self.n_layer - (m.group(1) == "l_out"):
+            return k * int(m.group(2)) + (1 if m.group(1) == "ffn_inp" else k)
+        return None
 
     def _cb(self, t, ask, _user):
         try:
@@ -75,13 +79,15 @@ class _Capture:
         return True
 
 
-def hidden_states(adapter, prompts: list[list[int]]) -> list[np.ndarray]:
-    """[n_layer + 1, positions, hidden] float32 per prompt, from a context of its own with the callback set."""
+def hidden_states(adapter, prompts: list[list[int]], split: bool = False) -> list[np.ndarray]:
+    """[n_layer + 1, positions, hidden] float32 per prompt, from a context of its own with the callback set; with
+    `split`, [2 n_layer + 1, ...]: each block's `ffn_inp-N` (the residual after its attention) before its output."""
     L = adapter._L
     if adapter._model is None:
         raise Unsupported("llamacpp: per-layer hidden states need the batched (C API) path, not prompt_lookup")
     n_layer = L.llama_model_n_layer(adapter._model)
-    cap = _Capture(n_layer)
+    cap = _Capture(n_layer, split)
+    n_idx = (2 if split else 1) * n_layer + 1
     opts = adapter.opts
     longest = max(len(p) for p in prompts)
     cp = L.llama_context_default_params()
@@ -118,11 +124,11 @@ def hidden_states(adapter, prompts: list[list[int]]) -> list[np.ndarray]:
                     raise RuntimeError(f"llama_decode returned {rc} in the hidden-state capture")
             if cap.error:
                 raise RuntimeError(f"llama.cpp's eval callback failed: {cap.error}")
-            missing = [i for i in range(n_layer + 1) if i not in cap.parts]
+            missing = [i for i in range(n_idx) if i not in cap.parts]
             if missing:
                 raise Unsupported(f"llama.cpp named no node for capture indices {missing} (this architecture's graph "
-                                  "does not name embd / l_out-N / result_norm)")
-            layers = [np.concatenate(cap.parts[i]) for i in range(n_layer + 1)]
+                                  "does not name embd / ffn_inp-N / l_out-N / result_norm)")
+            layers = [np.concatenate(cap.parts[i]) for i in range(n_idx)]
             if any(a.shape[0] != len(p) for a in layers):
                 raise RuntimeError(f"captured {[a.shape[0] for a in layers]} positions for a {len(p)}-token prompt")
             out.append(np.stack(layers))
