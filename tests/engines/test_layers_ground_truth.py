@@ -43,6 +43,19 @@ def test_layers_names_the_perturbed_block(k, tiny_model, tmp_path):
     assert report["line"].startswith(f"leaves the noise floor at layer {k}")
 
 
+def _captured(source, prompts, cache_dir, framework="llamacpp", split=False):
+    """One engine's capture of `prompts` (a GGUF runs as it is; llama.cpp with an f32 KV cache, no flash attention)."""
+    adapter = ADAPTERS[framework]()
+    adapter.load(LoadSpec(framework=framework, model=ModelSpec(name="tiny", source=str(source)),
+                          quantization="gguf" if str(source).endswith(".gguf") else "fp32", device="cpu",
+                          options={"type_k": "f32", "type_v": "f32", "flash_attn": "off"} if framework == "llamacpp"
+                          else {}, cache_dir=str(cache_dir)))
+    try:
+        return adapter.residual_states(prompts) if split else adapter.hidden_states(prompts)
+    finally:
+        adapter.close()
+
+
 @pytest.mark.parametrize(("k", "qtype"), [(0, "q8_0"), (1, "q4_0")])
 def test_layers_names_the_block_quantized_alone(k, qtype, tiny_model, cache_dir, tmp_path):
     """llama.cpp: an F32 GGUF of the built-in model with only block k's tensors quantized (llama.cpp's own
@@ -60,24 +73,35 @@ def test_layers_names_the_block_quantized_alone(k, qtype, tiny_model, cache_dir,
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(mixed)).tensors}
     assert {n for n, t in types.items() if t != "F32"} == {n for n in types if n.startswith(f"blk.{k}.")
                                                             and not n.endswith("norm.weight")}, types
-    opts = {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}
-
-    def captured(source, framework="llamacpp"):
-        adapter = ADAPTERS[framework]()
-        adapter.load(LoadSpec(framework=framework, model=ModelSpec(name="tiny", source=str(source)),
-                              quantization="gguf" if str(source).endswith(".gguf") else "fp32", device="cpu",
-                              options=opts if framework == "llamacpp" else {}, cache_dir=str(cache_dir)))
-        try:
-            return adapter.hidden_states(prompts)
-        finally:
-            adapter.close()
-
     rng = np.random.default_rng(3)
     prompts = [list(map(int, rng.integers(3, 500, n))) for n in (16, 9)]
-    base = captured(f32)
-    runs = [base, captured(f32), captured(tiny_model, "hf")]
-    report = layer_report(relative_errors(captured(mixed), base), floor(runs))
+    base = _captured(f32, prompts, cache_dir)
+    runs = [base, _captured(f32, prompts, cache_dir), _captured(tiny_model, prompts, cache_dir, "hf")]
+    report = layer_report(relative_errors(_captured(mixed, prompts, cache_dir), base), floor(runs))
     assert report["first_beyond"] == k, report
     assert not report["embeddings_beyond"]
     assert all(not r["beyond_floor"] for r in report["layers"][: k + 1]), report
     assert all(r["beyond_floor"] for r in report["layers"][k + 1:]), report
+
+
+@pytest.mark.parametrize(("k", "group", "part"), [(1, "attn_", "attention"), (0, "ffn_", "FFN")])
+def test_split_blocks_name_the_quantized_half(k, group, part, tiny_model, cache_dir, tmp_path):
+    """llama.cpp, each block split at its attention (Adapter.residual_states): only block k's attention (or only its
+    FFN) quantized to q4_0; the first capture beyond the floor is that half of block k, every capture before it
+    within (the baseline: the F32 GGUF twice, and transformers split the same way)."""
+    from adapters.engines.llamacpp.gguf_convert import converted_gguf, quantize_gguf
+
+    pytest.importorskip("llama_cpp")
+    f32, _ = converted_gguf(tiny_model, "f32", cache_dir)
+    mixed = quantize_gguf(f32, tmp_path / f"blk{k}-{group}q4_0.gguf", "q4_0",
+                          overrides={rf"^(?!blk\.{k}\.{group})": "f32"})
+    rng = np.random.default_rng(4)
+    prompts = [list(map(int, rng.integers(3, 500, n))) for n in (16, 9)]
+
+    base = _captured(f32, prompts, cache_dir, split=True)
+    runs = [base, _captured(f32, prompts, cache_dir, split=True), _captured(tiny_model, prompts, cache_dir, "hf", True)]
+    report = layer_report(relative_errors(_captured(mixed, prompts, cache_dir, split=True), base), floor(runs), split=True)
+    assert (report["first_beyond"], report["first_part"]) == (k, part), report
+    first = next(i for i, r in enumerate(report["layers"]) if r["beyond_floor"])
+    assert report["layers"][first]["name"] == f"block {k} {part}"
+    assert report["line"].startswith(f"leaves the noise floor at layer {k} ({part})")
