@@ -183,5 +183,6 @@ def print_layers(report: dict[str, Any], console: Console) -> None:
         console.print(t)
     colour = "yellow" if report.get("reason") else "green"
     console.print(f"[{colour}]{report['cell_id']}[/{colour}]: {escape(report['line'])}"
-                  + (f" ({report['prompts']} prompts, {report['positions']} positions; floor: {escape(report['floor_from'])})"
-                     if report.get("prompts") else ""))
+                  + (f" ({report['prompts']} prompts, {report['positions']} positions)" if report.get("prompts") else ""))
+    if report.get("prompts"):
+        console.print(f"  floor: {escape(report['floor_from'])}; stored: {escape(str(report.get('path', '')))}")

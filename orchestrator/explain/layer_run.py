@@ -119,5 +119,5 @@ def layers_for(run_dir: Path, cell: dict[str, Any], base_config: str, address: s
         report |= {"prompts": len(cell_caps[0]), "positions": int(sum(a.shape[1] for a in cell_caps[0])),
                    "blocks": int((cell_caps[0][0].shape[0] - 1) // (2 if split else 1)), "reason": None}
     report["wall_s"] = round(time.monotonic() - started, 1)
-    write_layers(run_dir, cell["cell_id"], report)
-    return report
+    path = write_layers(run_dir, cell["cell_id"], report)
+    return report | {"path": str(path)}

@@ -46,7 +46,7 @@ def layer_report(errors: np.ndarray, noise: np.ndarray, margin: float = 2.0, ato
     residual after its attention) whose error exceeds margin x its floor + atol (None: none does); `grows_most`:
     the block with the largest error increase over the capture before it; with `split`, `first_part` and
     `grows_part` say which half of the block ("attention" or "FFN"). Captures before `first_beyond` sit within the
-    floor by construction."""
+    floor by construction, but for the embeddings (`embeddings_beyond`: then the line names them first)."""
     names = capture_names(len(errors), split)
     beyond = errors > margin * noise + atol
     growth = np.diff(errors)
@@ -56,10 +56,13 @@ def layer_report(errors: np.ndarray, noise: np.ndarray, margin: float = 2.0, ato
     rows = [{"layer": n[0], "part": n[1], "name": "embeddings" if n[0] < 0 else f"block {n[0]}" + (f" {n[1]}" if n[1] else ""),
              "rel_error": float(errors[i]), "floor": float(noise[i]), "beyond_floor": bool(beyond[i])}
             for i, n in enumerate(names)]
-    if first is None:
+    grows = f", grows most in {_where(most)}" if most else ""
+    if beyond[0]:   # the token embeddings already differ (a quantized token_embd): said first, blocks still counted
+        line = "leaves the noise floor at the embeddings" + grows
+    elif first is None:
         line = "stays within the noise floor at every layer"
     else:
-        line = f"leaves the noise floor at {_where(first)}" + (f", grows most in {_where(most)}" if most else "")
+        line = f"leaves the noise floor at {_where(first)}" + grows
     return {"first_beyond": first[0] if first else None, "first_part": first[1] if first else None,
             "grows_most": most[0] if most else None, "grows_part": most[1] if most else None,
             "embeddings_beyond": bool(beyond[0]), "split": split, "layers": rows, "line": line}

@@ -46,3 +46,16 @@ def test_a_flipped_byte_is_damage(tmp_path, name):
     path.write_bytes(bytes(data))
     with pytest.raises(DamagedFile):
         read_layers(tmp_path, "c1")
+
+
+def test_split_names_and_the_line():
+    """Split blocks name their half; quantized embeddings are said first, the first block beyond still counted."""
+    errors, noise = np.array([0.0, 0.0, 2e-3, 2.5e-3, 9e-3]), np.zeros(5)
+    r = layer_report(errors, noise, split=True)
+    assert [x["name"] for x in r["layers"]] == ["embeddings", "block 0 attention", "block 0 FFN", "block 1 attention",
+                                                 "block 1 FFN"]
+    assert (r["first_beyond"], r["first_part"], r["grows_most"], r["grows_part"]) == (0, "FFN", 1, "FFN")
+    assert r["line"] == "leaves the noise floor at layer 0 (FFN), grows most in layer 1 (FFN)"
+    r = layer_report(np.array([1e-2, 2e-2, 3e-2]), np.zeros(3))
+    assert r["embeddings_beyond"] and r["first_beyond"] == 0
+    assert r["line"] == "leaves the noise floor at the embeddings, grows most in layer 0"
