@@ -69,3 +69,17 @@ def read_layers(run_dir: str | Path, cell_id: str) -> tuple[dict[str, Any], pa.T
     except (OSError, pa.ArrowException) as e:
         raise DamagedFile(path, f"does not read back: {str(e).splitlines()[0][:160]}") from None
     return report, table
+
+
+def read_all_layers(run_dir: str | Path) -> tuple[list[tuple[dict[str, Any], pa.Table]], list[str]]:
+    """Every stored layer report of a run (by cell id) and a line per one that did not verify (said, never guessed)."""
+    out, problems = [], []
+    for f in sorted((Path(run_dir) / EXPLAIN_DIR).glob(f"*/{LAYERS_FILE}")):
+        try:
+            got = read_layers(run_dir, f.parent.name)
+        except (DamagedFile, OSError) as e:
+            problems.append(str(e).splitlines()[0])
+            continue
+        if got is not None:
+            out.append(got)
+    return out, problems

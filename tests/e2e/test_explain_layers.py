@@ -49,3 +49,9 @@ def test_explain_layers_names_the_first_block_beyond_the_floor(ray_local, tmp_pa
     # the culprit search's explain.json is not written by --layers
     assert (layers_dir(run, cell.cell_id) / LAYERS_FILE).exists()
     assert not (layers_dir(run, cell.cell_id) / "explain.json").exists()
+
+    # report.html and report.md show it under "Why is this cell lossy"
+    assert CliRunner().invoke(app, ["report", str(run)]).exit_code == 0
+    md, html = (run / "report.md").read_text(), (run / "report.html").read_text()
+    assert f"layers of {cell.cell_id}" in md and "leaves the noise floor at layer 0 (attention)" in md
+    assert "block 0 attention" in md and f'id="layers-{cell.cell_id}"' in html
