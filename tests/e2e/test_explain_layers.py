@@ -14,16 +14,9 @@ from orchestrator.cli import app
 from orchestrator.execution.runner import run_matrix
 from orchestrator.judge.analysis import analyse
 from orchestrator.store.layers_file import LAYERS_FILE, layers_dir, read_layers
+from tests.helpers import EXPLAIN_MATRIX
 
-MATRIX = {
-    "name": "layers",
-    "models": {"tiny": "builtin:tiny"},
-    "axes": {"framework": ["hf", "llamacpp"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1],
-             "input_len": [16], "output_len": [4]},
-    "measure": {"warmup": 0, "repeats": 1, "scoring_prompts": 2, "scoring_len": 64, "greedy_tokens": 8,
-                "score_repeats": 2},
-    "run": {"cell_timeout_s": 120, "load_timeout_s": 300},
-}
+MATRIX = EXPLAIN_MATRIX | {"name": "layers"}
 
 
 def test_explain_layers_names_the_first_block_beyond_the_floor(ray_local, tmp_path):
