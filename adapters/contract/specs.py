@@ -199,8 +199,9 @@ HIDDEN_NPZ = "hidden.npz"        # what a hidden-state child writes in its work 
 
 
 class HiddenSpec(ContractModel):
-    """The engine's residual stream after every block on `prompts` (Adapter.hidden_states), captured `repeats`
-    times (the baseline's own floor), for `bench explain --layers`. No cell runs."""
+    """The engine's residual stream after every block on `prompts` (Adapter.residual_states where the engine splits
+    a block, else Adapter.hidden_states), captured `repeats` times (the baseline's own floor), for `bench explain
+    --layers`. No cell runs."""
 
     prompts: list[list[int]]
     repeats: int = 1

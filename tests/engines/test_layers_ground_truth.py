@@ -105,3 +105,19 @@ def test_split_blocks_name_the_quantized_half(k, group, part, tiny_model, cache_
     first = next(i for i, r in enumerate(report["layers"]) if r["beyond_floor"])
     assert report["layers"][first]["name"] == f"block {k} {part}"
     assert report["line"].startswith(f"leaves the noise floor at layer {k} ({part})")
+
+
+def test_the_engine_side_splits_where_it_can_and_says_why_not(tiny_model):
+    """adapters/worker/layer_capture.py: transformers splits its blocks; the numpy reference engine has whole blocks
+    only (the capture falls back, `split` False); vLLM's adapter has neither and the capture carries its reason."""
+    from adapters.contract.specs import HiddenSpec
+    from adapters.worker.layer_capture import capture
+
+    spec = HiddenSpec(prompts=[[5, 9, 11, 40], [7, 3]], repeats=2)
+    hf = capture(_loaded("hf", tiny_model), spec)
+    assert bool(hf["split"]) and hf["r1_p0"].shape == (5, 4, 128) and hf["r0_p1"].shape == (5, 2, 128)
+    ref = capture(_loaded("numpy", tiny_model), spec)
+    assert not bool(ref["split"]) and ref["r1_p0"].shape == (3, 4, 128)
+    np.testing.assert_allclose(ref["r0_p0"], hf["r0_p0"][0::2], atol=1e-5)
+    vllm = capture(ADAPTERS["vllm"](), spec)
+    assert set(vllm) == {"unsupported"} and "vLLM's offline LLM API" in str(vllm["unsupported"])

@@ -1,9 +1,11 @@
 """llama.cpp's residual stream per block, through the eval callback (`cb_eval` of llama_context_params, called by
 ggml's scheduler for each graph node: once with ask=True, "do you want this one?", then with ask=False once it is
-computed). llama.cpp names the nodes it builds: `embd` (the token embeddings' rows; `inp_embd` in some versions), `l_out-N` (the output of
-block N, after its residual add), `result_norm` (the last block's output after the final norm), so the capture
-follows transformers' `output_hidden_states` convention (adapters.base.Adapter.hidden_states); `ffn_inp-N` (the
-residual after block N's attention) splits each block for Adapter.residual_states.
+computed). llama.cpp 0.3.36's graph names the nodes it builds: `embd` (the token embeddings' rows; `inp_embd` is
+taken too), `l_out-N` (the output of block N, after its residual add), `result_norm` (the last block's output after
+the final norm), so the capture follows transformers' `output_hidden_states` convention
+(adapters.base.Adapter.hidden_states); `ffn_inp-N` (the residual after block N's attention) splits each block for
+Adapter.residual_states. (Seen on the llama architecture; a model that scales its embeddings after the lookup, as
+Gemma does, would have `embd` before that scale: not checked.)
 
 The tensors are read with ggml's own accessors (ggml_get_name, ggml_nelements, ggml_nrows, ggml_nbytes,
 ggml_backend_tensor_get from libggml-base, which llama-cpp-python ships), not by mirroring `struct ggml_tensor`,
