@@ -4,6 +4,7 @@ orchestrator/cli/app.py registers `explain_cmd`; everything else of the command 
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -48,6 +49,11 @@ def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool) -> list[dict
     return [row]
 
 
+def _plain(row: Any) -> dict[str, Any]:
+    """A cells-frame row as a dict, NaN as None."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
 def _env(row) -> str | None:
     """The row's engine environment (the env axis), None without one."""
     env = row.get("env") if hasattr(row, "get") else None
@@ -75,7 +81,7 @@ def explain_cell(run_dir: Path, df: pd.DataFrame, row: Any, max_probes: int, add
               & (df.output_len == base["output_len"])]
     same = same[same.workload.fillna("") == (base.get("workload") or "")] if "workload" in same else same
     baseline_rows = pd.concat([same[same.cell_id == base_id], same[same.cell_id != base_id]]).drop_duplicates("cell_id")
-    cell = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+    cell = _plain(row)
     options = matrix.engine_options(cell["framework"], cell["flags"])
     suspects, skipped = find_suspects(cell["framework"], options, cell["quantization"], int(cell["batch_size"]),
                                       {"framework": base["framework"], "quantization": base["quantization"],
@@ -168,7 +174,7 @@ def explain_layers(run_dir: Path, df: pd.DataFrame, row: Any, address: str | Non
     from orchestrator.explain.layer_run import layers_for
 
     base = df[df.cell_id == row["baseline_cell_id"]].iloc[0]
-    cell = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+    cell = _plain(row)
     return layers_for(run_dir, cell, _config(base), address) | {"config": _config(cell)}
 
 

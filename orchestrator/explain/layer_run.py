@@ -86,7 +86,7 @@ def capture_both(run_dir: Path, cell_id: str, base_id: str, address: str | None,
     for side, ref in refs.items():
         try:
             out[side] = ray.get(ref)
-        except Exception as err:   # the node or the task died: said, never guessed
+        except Exception as err:  # noqa: BLE001   # the node or the task died: said, never guessed
             out[side] = (None, f"the capture task failed: {type(err).__name__}: {err}")
     return out
 

@@ -9,7 +9,14 @@ import pytest
 
 from orchestrator.explain.layers import layer_report
 from orchestrator.store.integrity import DamagedFile
-from orchestrator.store.layers_file import LAYERS_FILE, LAYERS_SCHEMA, LAYERS_TABLE, layers_dir, read_layers, write_layers
+from orchestrator.store.layers_file import (
+    LAYERS_FILE,
+    LAYERS_SCHEMA,
+    LAYERS_TABLE,
+    layers_dir,
+    read_layers,
+    write_layers,
+)
 
 
 def _report():

@@ -76,7 +76,7 @@ class _Capture:
             buf = np.empty((rows, n // rows), np.float32)
             self.g.ggml_backend_tensor_get(t, buf.ctypes.data, 0, nbytes)
             self.parts.setdefault(i, []).append(buf)
-        except Exception as err:   # never raise through C: say so after the decode
+        except Exception as err:  # noqa: BLE001   # never raise through C: say so after the decode
             self.error = self.error or f"{type(err).__name__}: {err}"
         return True
 
