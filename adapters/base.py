@@ -148,8 +148,17 @@ class Adapter:
     def hidden_states(self, prompts: list[list[int]]) -> list[np.ndarray]:
         """The residual stream of each prompt, one float32 array [layers + 1, positions, hidden] each: the
         embeddings, then the output of every block, the last one after the final norm (transformers'
-        `output_hidden_states` convention). Unsupported where the engine cannot expose it."""
-        raise Unsupported(f"{self.name}: per-layer hidden states are not exposed by this adapter")
+        `output_hidden_states` convention). Unsupported where the engine cannot expose it (`no_hidden_reason`)."""
+        raise Unsupported(f"{self.name}: {self.no_hidden_reason}")
+
+    no_hidden_reason: ClassVar[str] = "per-layer hidden states are not exposed by this adapter"
+
+    def residual_states(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        """hidden_states with each block split in two, [2 x layers + 1, positions, hidden] float32 per prompt: the
+        embeddings, then per block the residual stream after its attention (the residual add) and after the whole
+        block (the last one after the final norm). Index 2i + 2 is hidden_states' index i + 1. Unsupported where
+        the engine cannot split a block (`bench explain --layers` then reports whole blocks)."""
+        raise Unsupported(f"{self.name}: the residual stream inside a block is not exposed by this adapter")
 
     def spec_counters(self) -> tuple[int, int] | None:
         """Speculative decoding's (draft tokens proposed, draft tokens accepted) since load, where the

@@ -42,6 +42,19 @@ SMALL_MATRIX = {
     "run": {"cell_timeout_s": 120, "load_timeout_s": 300},
 }
 
+# hf and llama.cpp fp32 (its default: near-lossless) with the logit and text layers only: what `bench explain`
+# needs (e2e/test_explain.py, e2e/test_explain_layers.py)
+EXPLAIN_MATRIX = {
+    "name": "explain",
+    "models": {"tiny": "builtin:tiny"},
+    "axes": {"framework": ["hf", "llamacpp"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1],
+             "input_len": [16], "output_len": [4]},
+    "measure": {"warmup": 0, "repeats": 1, "scoring_prompts": 2, "scoring_len": 64, "greedy_tokens": 8,
+                "score_repeats": 2},
+    "run": {"cell_timeout_s": 120, "load_timeout_s": 300},
+}
+
+
 
 def bench_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "orchestrator.cli", *args]

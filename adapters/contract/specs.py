@@ -195,6 +195,18 @@ class RescoreSpec(ContractModel):
     batch_size: int = 8
 
 
+HIDDEN_NPZ = "hidden.npz"        # what a hidden-state child writes in its work dir (adapters.worker.layer_capture)
+
+
+class HiddenSpec(ContractModel):
+    """The engine's residual stream after every block on `prompts` (Adapter.residual_states where the engine splits
+    a block, else Adapter.hidden_states), captured `repeats` times (the baseline's own floor), for `bench explain
+    --layers`. No cell runs."""
+
+    prompts: list[list[int]]
+    repeats: int = 1
+
+
 class GenerationTaskSpec(ContractModel):
     """Greedy completions of each prompt, `max_tokens` each (EOS ignored: the driver cuts the text at
     EOS and the stop strings, which for greedy decoding is what stopping there would have given)."""
@@ -246,6 +258,7 @@ class GroupSpec(ContractModel):
     tasks: list[TaskSpec] = Field(default_factory=list)    # run by every cell after its timings and logprobs
     sampling: SamplingSpec | None = None                   # seeded samples, after the logprobs
     rescore: RescoreSpec | None = None    # no cells: the engine scores other cells' samples (rescored.npz)
+    hidden: HiddenSpec | None = None      # no cells: the engine captures its per-layer hidden states (hidden.npz)
     claims_dir: str | None = None    # set: a cell runs only if this worker claims it there first (adapters.contract.claims.claim_cell)
     # an env pair (adapters.contract.events.TurnWait): each phase of engine work waits for the supervisor's
     # go-ahead, a line on stdin, so the pair's timed repeats interleave

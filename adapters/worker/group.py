@@ -6,7 +6,8 @@ the engine once, then for each cell runs the warm-up and timed batches, the logp
 samples (measure.sampling) and the group's tasks (adapters.worker.task_runner), and writes for each cell
 `<cell_id>.json` (the measurements, an `adapters.contract.records.CellRecord`), `<cell_id>.npz` (the logprob
 rows), `<cell_id>.samples.npz` and `<cell_id>.tasks.json` (the task outputs); a spec with `rescore` runs no cell:
-its engine scores other cells' samples into `rescored.npz` (adapters.worker.rescoring). Progress goes to
+its engine scores other cells' samples into `rescored.npz` (adapters.worker.rescoring); one with `hidden` runs
+none either: its engine's per-layer hidden states go to `hidden.npz` (adapters.worker.layer_capture). Progress goes to
 `events.jsonl`, one typed event per line, so the parent can tell which cell was running when a crash or
 a hang happened. Serve cells (`adapters.worker.served_cells`) start the engine's server here instead of
 loading the engine.
@@ -34,6 +35,7 @@ from adapters.contract.host import host_facts
 from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
 from adapters.contract.seed_power import sample_statistic, seeds_to_detect
 from adapters.contract.specs import (
+    HIDDEN_NPZ,
     RESCORED_NPZ,
     CellSpec,
     GroupSpec,
@@ -60,6 +62,7 @@ from adapters.worker.cell_loop import (
     run_cells,
     timed_repeats,
 )
+from adapters.worker.layer_capture import capture
 from adapters.worker.rescoring import rescore
 from adapters.worker.task_runner import run_tasks
 
@@ -297,6 +300,11 @@ def main(spec_path: str, out_dir: str) -> int:
 
     if spec.rescore is not None:   # no cells: the baseline's engine scores other cells' samples
         np.savez(out / RESCORED_NPZ, **rescore(adapter, spec.rescore))   # End, after it, commits it
+        adapter.close()
+        events.emit(End())
+        return 0
+    if spec.hidden is not None:   # no cells: the engine's residual stream per block (bench explain --layers)
+        np.savez(out / HIDDEN_NPZ, **capture(adapter, spec.hidden))
         adapter.close()
         events.emit(End())
         return 0

@@ -4,6 +4,7 @@ orchestrator/cli/app.py registers `explain_cmd`; everything else of the command 
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -48,6 +49,11 @@ def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool) -> list[dict
     return [row]
 
 
+def _plain(row: Any) -> dict[str, Any]:
+    """A cells-frame row as a dict, NaN as None."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+
+
 def _env(row) -> str | None:
     """The row's engine environment (the env axis), None without one."""
     env = row.get("env") if hasattr(row, "get") else None
@@ -75,7 +81,7 @@ def explain_cell(run_dir: Path, df: pd.DataFrame, row: Any, max_probes: int, add
               & (df.output_len == base["output_len"])]
     same = same[same.workload.fillna("") == (base.get("workload") or "")] if "workload" in same else same
     baseline_rows = pd.concat([same[same.cell_id == base_id], same[same.cell_id != base_id]]).drop_duplicates("cell_id")
-    cell = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+    cell = _plain(row)
     options = matrix.engine_options(cell["framework"], cell["flags"])
     suspects, skipped = find_suspects(cell["framework"], options, cell["quantization"], int(cell["batch_size"]),
                                       {"framework": base["framework"], "quantization": base["quantization"],
@@ -126,11 +132,15 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
                 max_probes: int = typer.Option(32, min=2, help="At most this many probes per cell"),
                 tolerances: Optional[str] = typer.Option(None, help="Override the run's tolerances, e.g. 'atol=1e-6' "
                                                          "(as `bench compare --tolerances`); probes are reused"),
+                layers: bool = typer.Option(False, "--layers", help="Instead of the culprit search: where along the "
+                                            "depth the cell leaves its baseline's noise floor (per-layer hidden states)"),
                 address: Optional[str] = typer.Option(None, help="Ray cluster address (default: a local cluster)"),
                 quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines")) -> None:
     """Why is a cell not lossless? Re-runs its configuration with each suspect (the engine's numerics flags,
     batch size 1, the quantization) moved to the baseline's side, one at a time, then by delta debugging, and
-    names the smallest set of changes that restores lossless, or says none does (the engine itself differs)."""
+    names the smallest set of changes that restores lossless, or says none does (the engine itself differs).
+    With --layers: the residual stream after every block, the cell's against its baseline's on the run's scoring
+    prompts, and the first layer whose error leaves the baseline's own floor (RUN/explain/CELL/layers.json)."""
     from orchestrator.judge.verdicts import judge_run
     from orchestrator.store.run_store import is_run_dir
 
@@ -154,4 +164,31 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
         out.print(f"no near-lossless or lossy cell in {run}: nothing to explain")
         return
     for row in rows:
+        if layers:
+            print_layers(explain_layers(run, df, row, address), out)
+            continue
         print_result(explain_cell(run, df, row, max_probes, address, err, quiet, tol), out)
+
+
+def explain_layers(run_dir: Path, df: pd.DataFrame, row: Any, address: str | None) -> dict[str, Any]:
+    from orchestrator.explain.layer_run import layers_for
+
+    base = df[df.cell_id == row["baseline_cell_id"]].iloc[0]
+    cell = _plain(row)
+    return layers_for(run_dir, cell, _config(base), address) | {"config": _config(cell)}
+
+
+def print_layers(report: dict[str, Any], console: Console) -> None:
+    if report.get("layers"):
+        t = Table(title=f"layers of {report['cell_id']}: {report['config']} against {report['baseline_config']}",
+                  title_justify="left")
+        for col in ("layer", "relative error", "floor", "beyond"):
+            t.add_column(col, justify="left" if col == "layer" else "right")
+        for r in report["layers"]:
+            t.add_row(r["name"], f"{r['rel_error']:.3g}", f"{r['floor']:.3g}", "yes" if r["beyond_floor"] else "")
+        console.print(t)
+    colour = "yellow" if report.get("reason") else "green"
+    console.print(f"[{colour}]{report['cell_id']}[/{colour}]: {escape(report['line'])}"
+                  + (f" ({report['prompts']} prompts, {report['positions']} positions)" if report.get("prompts") else ""))
+    if report.get("prompts"):
+        console.print(f"  floor: {escape(report['floor_from'])}; stored: {escape(str(report.get('path', '')))}")

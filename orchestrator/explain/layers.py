@@ -1,6 +1,7 @@
 """`bench explain --layers`, its arithmetic: where along the depth a cell's residual stream leaves its baseline's
 noise floor. Inputs are Adapter.hidden_states captures (one [layers + 1, positions, hidden] array per prompt:
-index 0 the embeddings, index i the output of block i - 1). Pure numpy; the capture itself runs elsewhere."""
+index 0 the embeddings, index i the output of block i - 1), or Adapter.residual_states ones (each block split at
+the residual after its attention: [2 x layers + 1, ...]). Pure numpy; the capture itself runs elsewhere."""
 
 from __future__ import annotations
 
@@ -22,20 +23,46 @@ def floor(repeats: list[list[np.ndarray]]) -> np.ndarray:
     return np.max(errs, axis=0) if errs else np.zeros(len(first[0]))
 
 
-def layer_report(errors: np.ndarray, noise: np.ndarray, margin: float = 2.0, atol: float = 1e-6) -> dict:
-    """Blocks numbered from 0 (capture index i + 1). `first_beyond`: the first block whose output error exceeds
-    margin x its floor + atol (None: none does); `grows_most`: the block with the largest error increase over its
-    input. Layers before `first_beyond` sit within the floor by construction."""
+def capture_names(n: int, split: bool) -> list[tuple[int, str | None]]:
+    """(layer, part) per capture index: (-1, None) the embeddings; whole blocks (i, None); split blocks (i,
+    "attention") then (i, "FFN") (Adapter.residual_states: the residual after the attention, then the block's output)."""
+    if not split:
+        return [(i - 1, None) for i in range(n)]
+    return [(-1, None)] + [((j - 1) // 2, "attention" if j % 2 else "FFN") for j in range(1, n)]
+
+
+def blocks_only(capture: list[np.ndarray]) -> list[np.ndarray]:
+    """A split capture reduced to hidden_states' indices (the embeddings and each block's output)."""
+    return [c[0::2] for c in capture]
+
+
+def _where(name: tuple[int, str | None]) -> str:
+    return f"layer {name[0]}" + (f" ({name[1]})" if name[1] else "")
+
+
+def layer_report(errors: np.ndarray, noise: np.ndarray, margin: float = 2.0, atol: float = 1e-6,
+                 split: bool = False) -> dict:
+    """Blocks numbered from 0. `first_beyond`: the first block with a capture (its output; with `split`, also the
+    residual after its attention) whose error exceeds margin x its floor + atol (None: none does); `grows_most`:
+    the block with the largest error increase over the capture before it; with `split`, `first_part` and
+    `grows_part` say which half of the block ("attention" or "FFN"). Captures before `first_beyond` sit within the
+    floor by construction, but for the embeddings (`embeddings_beyond`: then the line names them first)."""
+    names = capture_names(len(errors), split)
     beyond = errors > margin * noise + atol
-    blocks = [int(i) - 1 for i in np.flatnonzero(beyond[1:]) + 1]
     growth = np.diff(errors)
-    first = blocks[0] if blocks else None
-    most = int(np.argmax(growth)) if len(growth) and growth.max() > atol else None
-    rows = [{"layer": i - 1, "name": "embeddings" if i == 0 else f"block {i - 1}", "rel_error": float(errors[i]),
-             "floor": float(noise[i]), "beyond_floor": bool(beyond[i])} for i in range(len(errors))]
-    if first is None:
+    at = [i for i in np.flatnonzero(beyond) if i > 0]
+    first = names[at[0]] if at else None
+    most = names[int(np.argmax(growth)) + 1] if len(growth) and growth.max() > atol else None
+    rows = [{"layer": n[0], "part": n[1], "name": "embeddings" if n[0] < 0 else f"block {n[0]}" + (f" {n[1]}" if n[1] else ""),
+             "rel_error": float(errors[i]), "floor": float(noise[i]), "beyond_floor": bool(beyond[i])}
+            for i, n in enumerate(names)]
+    grows = f", grows most in {_where(most)}" if most else ""
+    if beyond[0]:   # the token embeddings already differ (a quantized token_embd): said first, blocks still counted
+        line = "leaves the noise floor at the embeddings" + grows
+    elif first is None:
         line = "stays within the noise floor at every layer"
     else:
-        line = f"leaves the noise floor at layer {first}, grows most in layer {most}"
-    return {"first_beyond": first, "grows_most": most, "embeddings_beyond": bool(beyond[0]), "layers": rows,
-            "line": line}
+        line = f"leaves the noise floor at {_where(first)}" + grows
+    return {"first_beyond": first[0] if first else None, "first_part": first[1] if first else None,
+            "grows_most": most[0] if most else None, "grows_part": most[1] if most else None,
+            "embeddings_beyond": bool(beyond[0]), "split": split, "layers": rows, "line": line}

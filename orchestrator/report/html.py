@@ -240,6 +240,14 @@ def _culprit_panel(layer: Any) -> str:
         parts.append(sortable(f"culprit-{r.cell_id}", report_searches.culprit_columns(), [p.model_dump() for p in r.probes],
                               lambda p: "#1a7f37" if p.get("restores") else "#d73027",
                               lambda p: f"probe {p.get('cell_id')}"))
+    if layer.layers:
+        parts.append(f"<p class='muted'>{esc(report_searches.LAYERS_EXPLANATION)}</p>")
+    for rep in layer.layers:
+        parts.append(f"<h3>{esc(report_searches.layers_heading(rep))}</h3><p>{esc(report_searches.layers_summary(rep))}</p>")
+        if rep["rows"]:
+            parts.append(sortable(f"layers-{rep['cell_id']}", report_searches.layer_columns(), rep["rows"],
+                                  lambda r: "#d73027" if r.get("beyond_floor") else "#1a7f37",
+                                  lambda r: f"{rep['cell_id']} {r['name']}"))
     return "\n".join(parts)
 
 

@@ -186,6 +186,11 @@ def _culprits(layer: Any) -> list[str]:
         out += ["", f"**{_md(report_searches.culprit_heading(r))}** (`{r.cell_id}`): "
                 f"{_md(report_searches.culprit_summary(r))}", ""]
         out += _table(report_searches.culprit_columns(), [p.model_dump() for p in r.probes])
+    if layer.layers:
+        out += ["", report_searches.LAYERS_EXPLANATION]
+    for rep in layer.layers:
+        out += ["", f"**{_md(report_searches.layers_heading(rep))}**: {_md(report_searches.layers_summary(rep))}", ""]
+        out += _table(report_searches.layer_columns(), rep["rows"]) if rep["rows"] else []
     return out
 
 

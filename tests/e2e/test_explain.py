@@ -16,17 +16,9 @@ from orchestrator.execution.runner import run_matrix
 from orchestrator.judge.analysis import analyse
 from orchestrator.store.explain_file import ExplainResult, explain_path
 from orchestrator.store.run_store import RunStore
+from tests.helpers import EXPLAIN_MATRIX
 
-MATRIX = {
-    "name": "explain",
-    "models": {"tiny": "builtin:tiny"},
-    "axes": {"framework": ["hf", "llamacpp"], "model": ["tiny"], "quantization": ["fp32"], "batch_size": [1],
-             "input_len": [16], "output_len": [4]},
-    # the logit and text layers only: what a probe needs (the smoke matrix scores 4 prompts of 64)
-    "measure": {"warmup": 0, "repeats": 1, "scoring_prompts": 2, "scoring_len": 64, "greedy_tokens": 8,
-                "score_repeats": 2},
-    "run": {"cell_timeout_s": 120, "load_timeout_s": 300},
-}
+MATRIX = EXPLAIN_MATRIX   # (the smoke matrix scores 4 prompts of 64)
 
 
 def _explain(run, cell_id: str, *extra: str):

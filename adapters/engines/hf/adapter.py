@@ -161,6 +161,26 @@ class HfAdapter(Adapter):
                 out.append(torch.stack([h[0] for h in hs]).float().cpu().numpy())
         return out
 
+    def residual_states(self, prompts) -> list[np.ndarray]:
+        """The residual after each block's attention: the input of its `post_attention_layernorm` (Llama-style
+        decoder layers: Llama, Qwen2, Mistral), taken by a forward pre-hook; other layouts are Unsupported."""
+        layers = getattr(getattr(self.model, "model", None), "layers", None)
+        norms = [getattr(layer, "post_attention_layernorm", None) for layer in layers or []]
+        if not norms or any(n is None for n in norms):
+            raise Unsupported(f"hf: {type(self.model).__name__}'s blocks have no post_attention_layernorm to split at")
+        mids: list = []
+        hooks = [n.register_forward_pre_hook(lambda _m, args: mids.append(args[0][0].float().cpu().numpy())) for n in norms]
+        out = []
+        try:
+            for p in prompts:
+                mids.clear()
+                (blocks,) = self.hidden_states([p])
+                out.append(np.stack([blocks[0], *(a for i in range(len(norms)) for a in (mids[i], blocks[i + 1]))]))
+        finally:
+            for h in hooks:
+                h.remove()
+        return out
+
     def greedy(self, prompts, n_tokens, top_k) -> list[TokenScores]:
         ids, mask = self._left_padded(prompts)
         with self.torch.inference_mode():

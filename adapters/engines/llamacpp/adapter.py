@@ -367,6 +367,17 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         return [topk_dense(log_softmax(np.stack(rows)), np.asarray(gen, np.int64), top_k)
                 for rows, gen in zip(r["logits"], r["generated"])]
 
+    def hidden_states(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        """Through llama.cpp's eval callback (adapters/engines/llamacpp/hidden.py)."""
+        from adapters.engines.llamacpp.hidden import hidden_states
+
+        return hidden_states(self, prompts)
+
+    def residual_states(self, prompts: list[list[int]]) -> list[np.ndarray]:
+        from adapters.engines.llamacpp.hidden import hidden_states
+
+        return hidden_states(self, prompts, split=True)
+
     # ------------------------------------------------------------------------------------------
     # prompt-lookup speculative decoding: llama-cpp-python's Llama, one sequence at a time
 

@@ -302,8 +302,12 @@ def captured_llama_logs(lines: list[str]):
         llama_cpp.llama_log_set(lcpp_logger.llama_log_callback, ctypes.c_void_p(0))
 
 
-def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, level: str, nthread: int = 0) -> Path:
-    """llama.cpp's own quantizer (llama_model_quantize) from an F32 GGUF, written atomically.
+def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, level: str, nthread: int = 0,
+                  overrides: dict[str, str] | None = None) -> Path:
+    """llama.cpp's own quantizer (llama_model_quantize) from an F32 GGUF, written atomically. `overrides`:
+    tensor-name regex -> ggml type name ("q8_0", "q4_0", "f32", ...), llama.cpp's per-tensor type overrides
+    (`tt_overrides`, the first matching pattern wins). They act only where the quantizer quantizes, so a file with
+    one group quantized is `level` plus a negative lookahead back to f32, e.g. q8_0 with {"^(?!blk\\.3\\.)": "f32"}.
 
     Beside the GGUF goes `<name>.json` with what the quantizer reported, e.g. how many tensors fell
     back to another type (K-quants need rows that are multiples of 256)."""
@@ -318,13 +322,18 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, level: str, nt
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = FTYPES[level]
         params.nthread = nthread
+        if overrides:   # a null-pattern entry ends the array; the array lives until the call returns
+            entries = [llama_cpp.llama_model_tensor_override(pattern.encode(), getattr(llama_cpp, f"GGML_TYPE_{t.upper()}"))
+                       for pattern, t in overrides.items()]
+            table = (llama_cpp.llama_model_tensor_override * (len(entries) + 1))(*entries)
+            params.tt_overrides = ctypes.cast(table, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
         with captured_llama_logs(logs):
             rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
         if rc != 0:
             tail = "".join(logs).strip().splitlines()[-3:]
             raise RuntimeError(f"llama_model_quantize({src} -> {level}) returned {rc}: {' | '.join(tail)}")
         fallback = [ln.split("WARNING:", 1)[1].strip() for ln in logs if "fallback quantization" in ln]
-        side = {"level": level, "source": Path(src).name, "llama_cpp_python": llama_cpp.__version__,
+        side = {"level": level, "overrides": overrides or None, "source": Path(src).name, "llama_cpp_python": llama_cpp.__version__,
                 "fallback": fallback[0] if fallback else None}
         side_tmp = _atomic_target(dst.with_suffix(".json"))
         side_tmp.write_text(json.dumps(side, indent=1))

@@ -141,6 +141,7 @@ def _dist_version() -> dict[str, str]:
 @register
 class VllmAdapter(Adapter):
     name = "vllm"
+    no_hidden_reason = "vLLM's offline LLM API returns no per-layer hidden states (not without patching its model runner)"
     Options = Options
     # `bench explain`'s suspects. Not here: batch_invariant, a GPU setting whose default is the usual reference.
     numerics_flags = (

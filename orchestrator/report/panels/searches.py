@@ -3,11 +3,12 @@ per searched configuration the highest load meeting every SLO, the first load ab
 what it missed; then every probe in order with its p99s and their intervals. The columns of both tables
 are defined once here (key, header, sort value, text, css class) for the HTML panel (report_html.py) and
 report.md (report_md.py). Also `bench explain`'s culprit searches, the section "Why is this cell lossy": per
-explained cell its outcome and its probes, read from RUN/explain/<cell_id>/explain.json."""
+explained cell its outcome and its probes, read from RUN/explain/<cell_id>/explain.json; and `bench explain --layers`
+layer reports (RUN/explain/<cell_id>/layers.json, layers.parquet): per layer the relative error against the floor."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -114,14 +115,44 @@ CULPRIT_EXPLANATION = ("`bench explain` re-ran each cell below with its suspects
 class CulpritLayer:
     results: list[Any]        # orchestrator/store/explain_file.py's ExplainResult, by cell id
     problems: list[str]       # a line per stored result that could not be read
+    layers: list[dict[str, Any]] = field(default_factory=list)   # `--layers` reports, each with its rows ("rows")
 
 
 def load_culprits(root: str | Path) -> CulpritLayer | None:
-    """The run's stored culprit searches; None where `bench explain` never ran on it (no section)."""
+    """The run's stored culprit searches and layer reports; None where `bench explain` never ran on it (no section)."""
     from orchestrator.store.explain_file import read_results
+    from orchestrator.store.layers_file import read_all_layers
 
     results, problems = read_results(root)
-    return CulpritLayer(results, problems) if results or problems else None
+    reports, damaged = read_all_layers(root)
+    layers = [report | {"rows": table.to_pylist()} for report, table in reports]
+    return CulpritLayer(results, problems + damaged, layers) if results or problems or reports or damaged else None
+
+
+LAYERS_EXPLANATION = ("`bench explain --layers` captured the residual stream of each cell below and of its baseline "
+                      "on the run's scoring prompts: per capture the relative error against the baseline, beside the "
+                      "baseline's own floor (its repeated capture); beyond: more than 2 x the floor + 1e-6.")
+
+
+def layers_heading(report: dict[str, Any]) -> str:
+    return f"layers of {report['cell_id']} against {report.get('baseline_config', '')}"
+
+
+def layers_summary(report: dict[str, Any]) -> str:
+    if report.get("reason"):
+        return report["line"]
+    return (f"{report['line']} ({report.get('prompts')} prompts, {report.get('positions')} positions; "
+            f"floor: {report.get('floor_from', '')})")
+
+
+def layer_columns() -> list[Column]:
+    return [
+        ("layer", "layer", lambda r: r["layer"] * 2 + (r.get("part") == "FFN"), lambda r: r["name"], ""),
+        ("rel_error", "relative error", lambda r: r["rel_error"], lambda r: num(r["rel_error"], ".3g"), "n"),
+        ("floor", "floor", lambda r: r["floor"], lambda r: num(r["floor"], ".3g"), "n"),
+        ("growth", "growth", lambda r: r.get("growth"), lambda r: num(r.get("growth"), ".3g"), "n"),
+        ("verdict", "beyond the floor", lambda r: r["beyond_floor"], lambda r: "yes" if r["beyond_floor"] else "", ""),
+    ]
 
 
 def culprit_heading(result: Any) -> str:
