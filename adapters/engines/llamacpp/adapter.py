@@ -253,6 +253,13 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         return tensor_groups(gguf_convert.gguf_for(source, normalize_quantization(quantization), cache_dir)[0])
 
     @staticmethod
+    def group_tensor_types(groups: list[dict[str, Any]]) -> dict[str, str]:
+        """The `tensor_types` that quantize `groups` (each at its type there) and keep every other weight F32."""
+        from adapters.engines.llamacpp.tensor_mix import group_tensor_types
+
+        return group_tensor_types(groups)
+
+    @staticmethod
     def _model_file(spec: LoadSpec):
         """The GGUF this group runs (converted and quantized on first use, cached) and the conversion facts."""
         from adapters.engines.llamacpp import gguf_convert
