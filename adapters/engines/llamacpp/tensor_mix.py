@@ -63,14 +63,16 @@ def quantize_mixed(src: str | os.PathLike, dst: str | os.PathLike, level: str, t
     atomically, with `<name>.json` beside it (the overrides and each tensor's type in the written file)."""
     import llama_cpp
 
-    from adapters.engines.llamacpp.gguf_convert import FTYPES, QUANT_LEVELS, _atomic_target, captured_llama_logs
+    from adapters.engines.llamacpp.gguf_convert import FTYPES, QUANT_LEVELS, captured_llama_logs
 
     if level not in QUANT_LEVELS:
         raise Unsupported(f"tensor_types needs a quantized level ({', '.join(QUANT_LEVELS)}): llama.cpp reads its "
                           f"tensor type overrides only when the file type is quantized; this cell is {level}")
     check_tensor_types(tensor_types)
     dst = Path(dst)
-    tmp = _atomic_target(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.part")        # this process's own name: writers race harmlessly
+    side_tmp = tmp.with_suffix(".json.part")
     overrides = (llama_cpp.llama_model_tensor_override * (len(tensor_types) + 1))()
     keep = [p.encode() for p in tensor_types]       # the C strings live as long as the call
     for i, (pattern, kind) in enumerate(zip(keep, tensor_types.values())):
@@ -88,12 +90,12 @@ def quantize_mixed(src: str | os.PathLike, dst: str | os.PathLike, level: str, t
                                + " | ".join("".join(logs).strip().splitlines()[-3:]))
         side = {"level": level, "tensor_types": list(tensor_types.items()), "source": Path(src).name,
                 "llama_cpp_python": llama_cpp.__version__, "tensors": gguf_tensor_types(tmp)}
-        side_tmp = _atomic_target(dst.with_suffix(".json"))
         side_tmp.write_text(json.dumps(side, indent=1))
         os.replace(side_tmp, dst.with_suffix(".json"))
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
     return dst
 
 
