@@ -35,7 +35,6 @@ from orchestrator.store.explain_file import EXPLAIN_DIR
 from orchestrator.values import finite
 
 SENS_DIR = "sensitivity"             # RUN/explain/<cell_id>/sensitivity/: the probes' run dir
-SENS_MATRIX = "sensitivity.yaml"     # its matrix
 SENS_FILE = "sensitivity.json"
 SENS_TABLE = "sensitivity.parquet"
 ALL = "all"                          # the probe that quantizes every group: the cell's own file
@@ -106,9 +105,12 @@ def probe_configs(groups: list[dict[str, Any]], options: dict[str, Any]) -> dict
     return out
 
 
-def matrix_data(m: Matrix, cell: dict[str, Any], options: dict[str, Any], probes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def matrix_data(m: Matrix, cell: dict[str, Any], options: dict[str, Any], probes: dict[str, dict[str, Any]],
+                presets: tuple[str, ...] = (), timed: bool = False) -> dict[str, Any]:
     """The probe matrix: the cell's configuration at fp32 (the reference, the matrix's baseline) and one include
-    per probe (flag set -> engine options), at the cell's quantization, batch size, lengths and workload."""
+    per probe (flag set -> engine options) at the cell's quantization, plus the cell's flags at each of `presets`;
+    at the cell's batch size, lengths and workload. Not `timed`: the logit and text layers only (one timed batch,
+    no warm-up, samples or tasks); `timed`: the run's measure and tasks, as a normal cell."""
     data = m.model_dump(mode="json", exclude_unset=True)
     fw, flags = cell["framework"], cell["flags"]
     sets = {**({flags: options} if flags != "default" else {}), **probes}
@@ -118,14 +120,45 @@ def matrix_data(m: Matrix, cell: dict[str, Any], options: dict[str, Any], probes
                             **{k: [v] for k, v in same.items()}}
     extra = {k: cell[k] for k in ("workload", "env") if isinstance(cell.get(k), str)}
     axes |= {k: [v] for k, v in extra.items()}
-    include = [{"framework": fw, "quantization": normalize_quantization(cell["quantization"]), "flags": name,
-                **same, **extra} for name in probes]
+    level = normalize_quantization(cell["quantization"])
+    include = [{"framework": fw, "quantization": level, "flags": name, **same, **extra} for name in probes]
+    include += [{"framework": fw, "quantization": q, "flags": flags, **same, **extra} for q in presets]
     measure = {k: v for k, v in data.get("measure", {}).items() if k != "sampling"}
-    return data | {"name": f"sensitivity-{cell['cell_id']}", "models": {cell["model"]: data["models"][cell["model"]]},
-                   "axes": axes, "flags": {fw: sets}, "include": include, "exclude": [], "tasks": [],
-                   "baseline": {"framework": fw, "quantization": "fp32", "flags": flags, "mode": cell["mode"]},
-                   # the logit and text layers only: one timed batch, no warm-up, samples or tasks
-                   "measure": measure | {"warmup": 0, "repeats": 1}}
+    out = data | {"models": {cell["model"]: data["models"][cell["model"]]}, "axes": axes, "flags": {fw: sets},
+                  "include": include, "exclude": [],
+                  "baseline": {"framework": fw, "quantization": "fp32", "flags": flags, "mode": cell["mode"]}}
+    if not timed:
+        out |= {"tasks": [], "measure": measure | {"warmup": 0, "repeats": 1}}
+    return out | {"name": f"{'recipe' if timed else 'sensitivity'}-{cell['cell_id']}"}
+
+
+def run_probes(folder: Path, name: str, data: dict[str, Any], address: str | None, console: Console) -> tuple[Matrix, pd.DataFrame]:
+    """Write `data` as folder/<name>.yaml and run it into folder/<name>/ (stored cells skipped); (its matrix,
+    its cells judged against the reference by cell id)."""
+    from orchestrator.execution.runner import run_matrix
+    from orchestrator.judge.verdicts import judge_run
+    from orchestrator.store.run_store import atomic_write_text
+
+    parsed = parse_matrix(data, f"{name}.yaml")          # the same checks as any matrix, before Ray
+    atomic_write_text(folder / f"{name}.yaml", "# written by `bench explain` (orchestrator/explain/)\n"
+                      + yaml.safe_dump(data, sort_keys=False))
+    run_matrix(folder / f"{name}.yaml", folder / name, address, console=console, quiet=True)
+    judged = judge_run(folder / name, tasks=False, sampling=False).cells.drop_duplicates("cell_id").set_index("cell_id")
+    return parsed, judged
+
+
+def fill(p: BaseModel, judged: pd.DataFrame, fields: tuple[str, ...] = METRICS) -> None:
+    """A probe's status, verdict and `fields` from its judged row (said missing where the run stored none)."""
+    row = judged.loc[p.cell_id] if p.cell_id in judged.index else None
+    if row is None:   # the runner stores every cell it was given: say so, never guess
+        p.status, p.reason = "missing", "the probe run stored no row for this cell"
+        return
+    p.status = str(row["status"])
+    p.reason = row.get("reason") if isinstance(row.get("reason"), str) else None
+    p.verdict = row.get("verdict") if isinstance(row.get("verdict"), str) else None
+    for k in (*fields, "n_positions"):
+        v = row.get(k)
+        setattr(p, k, (int(v) if k == "n_positions" else float(v)) if finite(v) else None)
 
 
 def cell_groups(m: Matrix, cell: dict[str, Any]) -> list[dict[str, Any]]:
@@ -140,8 +173,6 @@ def cell_groups(m: Matrix, cell: dict[str, Any]) -> list[dict[str, Any]]:
 def run_sensitivity(run_dir: Path, cell: dict[str, Any], config: str, address: str | None, console: Console,
                     quiet: bool) -> SensitivityResult:
     """Probe every group of one cell, judge them against the fp32 reference, store and return the table."""
-    from orchestrator.execution.runner import run_matrix
-    from orchestrator.judge.verdicts import judge_run
     from orchestrator.store.run_store import RunStore, atomic_write_table, atomic_write_text
 
     started = time.monotonic()
@@ -155,30 +186,16 @@ def run_sensitivity(run_dir: Path, cell: dict[str, Any], config: str, address: s
         raise ValueError(f"cell {cell['cell_id']}'s file has no quantized weight: nothing to probe")
     configs = probe_configs(groups, options)
     data = matrix_data(m, cell, options, {name: opts for name, (_, opts) in configs.items()})
-    parsed = parse_matrix(data, SENS_MATRIX)
     folder = Path(run_dir) / EXPLAIN_DIR / cell["cell_id"]
-    atomic_write_text(folder / SENS_MATRIX, "# written by `bench explain --sensitivity` (orchestrator/explain/"
-                      "sensitivity.py)\n" + yaml.safe_dump(data, sort_keys=False))
     if not quiet:
         console.print(f"explain {cell['cell_id']} --sensitivity: {len(configs)} probes ({len(groups)} groups and all)")
+    parsed, judged = run_probes(folder, SENS_DIR, data, address, console)
     probe_run = folder / SENS_DIR
-    run_matrix(folder / SENS_MATRIX, probe_run, address, console=console, quiet=True)
-    judged = judge_run(probe_run, tasks=False, sampling=False).cells.drop_duplicates("cell_id").set_index("cell_id")
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
     rows = []
     for name, (g, _) in configs.items():
         p = GroupProbe(**g, flags=name, cell_id=ids.get((name, normalize_quantization(cell["quantization"]))))
-        row = judged.loc[p.cell_id] if p.cell_id in judged.index else None
-        if row is None:   # the runner stores every cell it was given: say so, never guess
-            p.status, p.reason = "missing", "the probe run stored no row for this cell"
-        else:
-            p.status = str(row["status"])
-            p.reason = row.get("reason") if isinstance(row.get("reason"), str) else None
-            p.verdict = row.get("verdict") if isinstance(row.get("verdict"), str) else None
-            for k in METRICS:
-                setattr(p, k, float(row[k]) if finite(row.get(k)) else None)
-            n = row.get("n_positions") if "n_positions" in row else None
-            p.n_positions = int(n) if finite(n) else None
+        fill(p, judged)
         rows.append(p)
     ref = ids.get((cell["flags"], "fp32"))
     result = SensitivityResult(run=str(run_dir), cell_id=cell["cell_id"], config=config,
