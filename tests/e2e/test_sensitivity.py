@@ -82,7 +82,7 @@ def test_sensitivity_tables_for_q4_0_and_q8_0(ray_local, tmp_path):
         assert {g.cell_id for g in result.groups} <= set(RunStore(result.probe_run).read_cells().cell_id)
     q4 = {g.group: g.kl_mean for g in tables["q4_0"].groups}
     q8 = {g.group: g.kl_mean for g in tables["q8_0"].groups}
-    mean = lambda d: sum(v for k, v in d.items() if k != ALL) / (len(d) - 1)   # noqa: E731
+    mean = lambda d: sum(v for k, v in d.items() if k != ALL) / (len(d) - 1)
     assert mean(q4) > mean(q8) and q4[ALL] > q8[ALL], (q4, q8)
     # asked again: every probe is stored, none runs twice
     before = len(RunStore(tables["q8_0"].probe_run).read_cells())

@@ -51,7 +51,7 @@ def test_tensor_types_needs_a_quantized_level():
 def test_the_probe_matrix_is_one_cell_per_group_against_fp32():
     configs = probe_configs(GROUPS, {"type_k": "f32"})
     assert list(configs) == ["xs-token_embd", "xs-blk.0.attn_q", "xs-output", f"xs-{ALL}"]
-    g, opts = configs["xs-blk.0.attn_q"]
+    _, opts = configs["xs-blk.0.attn_q"]
     assert opts == {"type_k": "f32", "tensor_types": {r"^blk\.0\.attn_q\.weight$": "q4_0", ".": "f32"}}
     every, all_opts = configs[f"xs-{ALL}"]
     assert every["bytes"] == 160 and every["type"] == "q4_0+q8_0" and list(all_opts["tensor_types"])[-1] == "."
