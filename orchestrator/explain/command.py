@@ -120,14 +120,19 @@ def print_result(result: ExplainResult, console: Console) -> None:
                   f"(`bench compare` it); the result: {escape(str(explain_path(result.run, result.cell_id)))}")
 
 
-def sensitivity_cmd(run: Path, rows: list[Any], address: str | None, out: Console, err: Console, quiet: bool) -> None:
-    """`--sensitivity`: the tensor-group table of each picked cell (a cell that cannot have one: said, exit 2)."""
+def sensitivity_cmd(run: Path, rows: list[Any], address: str | None, out: Console, err: Console, quiet: bool,
+                    budget: float | None = None) -> None:
+    """`--sensitivity`: the tensor-group table of each picked cell; with a `budget` (`--recipe`) also the recipe
+    search (a cell that cannot have them: said, exit 2)."""
+    from orchestrator.explain.recipe import print_recipe, search_recipe
     from orchestrator.explain.sensitivity import print_sensitivity, run_sensitivity
 
     for row in rows:
         cell = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
         try:
             print_sensitivity(run_sensitivity(run, cell, _config(cell), address, err, quiet), out)
+            if budget is not None:
+                print_recipe(search_recipe(run, cell, _config(cell), budget, address, err, quiet), out)
         except ValueError as e:
             err.print(f"[red]error:[/red] {escape(str(e))}")
             if len(rows) == 1:
@@ -142,6 +147,10 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
                                                          "(as `bench compare --tolerances`); probes are reused"),
                 sensitivity: bool = typer.Option(False, "--sensitivity", help="llama.cpp quantized cells: the KL of each "
                                                  "tensor group quantized alone, the rest F32 (explain/sensitivity.py)"),
+                recipe: bool = typer.Option(False, "--recipe", help="llama.cpp quantized cells: the smallest per-tensor "
+                                            "mix within --kl-budget, timed beside the presets (explain/recipe.py)"),
+                kl_budget: float = typer.Option(0.01, "--kl-budget", min=0.0, help="--recipe: the largest mean KL "
+                                                "against fp32 the mix may have"),
                 address: Optional[str] = typer.Option(None, help="Ray cluster address (default: a local cluster)"),
                 quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines")) -> None:
     """Why is a cell not lossless? Re-runs its configuration with each suspect (the engine's numerics flags,
@@ -162,15 +171,15 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
 
             tol = parse_tolerances(tolerances, RunStore(run).read_manifest().tolerances)
         df = judge_run(run, tolerances=tol, tasks=False, sampling=False).cells
-        rows = pick_cells(df, cell, all_lossy, any_verdict=sensitivity)
+        rows = pick_cells(df, cell, all_lossy, any_verdict=sensitivity or recipe)
     except ValueError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2)
     if not rows:
         out.print(f"no near-lossless or lossy cell in {run}: nothing to explain")
         return
-    if sensitivity:
-        sensitivity_cmd(run, rows, address, out, err, quiet)
+    if sensitivity or recipe:
+        sensitivity_cmd(run, rows, address, out, err, quiet, kl_budget if recipe else None)
         return
     for row in rows:
         print_result(explain_cell(run, df, row, max_probes, address, err, quiet, tol), out)

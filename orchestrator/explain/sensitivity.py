@@ -47,6 +47,7 @@ class GroupProbe(BaseModel):
 
     group: str                        # blk.0.attn_q, token_embd, output; `all` for every group at once
     type: str                         # its ggml type in the cell's file (q4_0, q8_0, ...)
+    pattern: str = ""                 # the regex naming its tensors (`tensor_types`' key)
     tensors: int = 0
     bytes: int = 0                    # the group's bytes at that type (all: every group's)
     f32_bytes: int = 0                # ... and at F32

@@ -90,3 +90,31 @@ def test_sensitivity_tables_for_q4_0_and_q8_0(ray_local, tmp_path):
     assert len(RunStore(again.probe_run).read_cells()) == before
     assert [g.kl_mean for g in again.groups] == [g.kl_mean for g in tables["q8_0"].groups]
     print(json.dumps({lv: [(g.group, g.type, g.bytes, g.kl_mean, g.top1) for g in t.groups] for lv, t in tables.items()}))
+
+
+def test_recipe_within_a_budget_between_q8_0_and_q4_0(ray_local, tmp_path):
+    from orchestrator.explain.recipe import PRESETS, RECIPE_FILE, RECIPE_FLAGS, RecipeResult
+
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(MATRIX | {"axes": MATRIX["axes"] | {"quantization": ["fp32", "q4_0"]}}))
+    run = tmp_path / "run"
+    run_matrix(path, run, quiet=True)
+    cell = analyse(run).drop_duplicates("cell_id").set_index("quantization").loc["q4_0"]
+    budget = 0.005                                   # q8_0 ~3e-4, q4_0 ~3e-2 on the built-in model
+    done = CliRunner().invoke(app, ["explain", str(run), cell.cell_id[:8], "--recipe", "--kl-budget", str(budget), "-q"])
+    assert done.exit_code == 0, done.output + repr(done.exception)
+    result = RecipeResult.model_validate_json(sensitivity_path(run, cell.cell_id, RECIPE_FILE).read_text())
+    print(done.output)
+    assert len(result.candidates) == 17 and all(c.status == "ok" and c.file_bytes for c in result.candidates)
+    sizes = [c.file_bytes for c in result.candidates]
+    assert sizes == sorted(sizes)                    # each candidate keeps one more group at q8_0
+    assert not result.candidates[0].within_budget and result.candidates[-1].within_budget
+    assert result.recipe is not None and result.recipe.within_budget and result.recipe.kl_mean <= budget
+    assert [p.name for p in result.presets] == list(PRESETS) and all(p.status == "ok" for p in result.presets)
+    assert all(p.output_tok_s and p.speedup for p in [result.recipe, *result.presets])
+    meeting = [p for p in result.presets if p.within_budget]
+    beats = all(result.recipe.file_bytes < p.file_bytes for p in meeting)
+    assert ("smaller than every preset" in result.summary) == (beats and bool(meeting)), result.summary
+    # the recipe is a flag set a matrix names again: the same tensor_types, the same file, the same cell
+    flags = yaml.safe_load((run / "explain" / cell.cell_id / RECIPE_FLAGS).read_text())
+    assert flags["flags"]["llamacpp"]["recipe"]["tensor_types"] == result.tensor_types
