@@ -104,7 +104,7 @@ def test_recipe_within_a_budget_between_q8_0_and_q4_0(ray_local, tmp_path):
     done = CliRunner().invoke(app, ["explain", str(run), cell.cell_id[:8], "--recipe", "--kl-budget", str(budget), "-q"])
     assert done.exit_code == 0, done.output + repr(done.exception)
     result = RecipeResult.model_validate_json(sensitivity_path(run, cell.cell_id, RECIPE_FILE).read_text())
-    print(done.output)
+    print(done.output, "kept:", result.recipe and result.recipe.kept)
     assert len(result.candidates) == 17 and all(c.status == "ok" and c.file_bytes for c in result.candidates)
     sizes = [c.file_bytes for c in result.candidates]
     assert sizes == sorted(sizes)                    # each candidate keeps one more group at q8_0

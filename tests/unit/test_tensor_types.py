@@ -70,3 +70,23 @@ def test_sensitivity_refuses_what_it_cannot_probe(change, why):
         check_cell(CELL | change, {})
     with pytest.raises(ValueError, match="already names tensor_types"):
         check_cell(CELL, {"tensor_types": {".": "f32"}})
+
+
+def test_recipe_candidates_keep_the_most_sensitive_per_weight_first():
+    from orchestrator.explain.recipe import Candidate, candidate_types, keep_type, rank, summary
+    from orchestrator.explain.sensitivity import GroupProbe
+
+    probes = [GroupProbe(**g, kl_mean=kl) for g, kl in zip(GROUPS, (1e-2, 5e-3, None))]
+    probes.append(GroupProbe(group=ALL, type="q4_0+q8_0", kl_mean=3e-2))
+    ranked = rank(probes)
+    assert [g.group for g in ranked] == ["blk.0.attn_q", "token_embd", "output"]   # 5e-3/40 > 1e-2/400; no KL last
+    assert candidate_types(ranked, 1, keep_type("q4_0")) == {
+        r"^blk\.0\.attn_q\.weight$": "q8_0", r"^token_embd\.weight$": "q4_0", r"^output\.weight$": "q8_0", ".": "f32"}
+    assert keep_type("q8_0") == "f16"
+    recipe = Candidate(name="recipe", quantization="q4_0", file_bytes=100, kl_mean=4e-3, within_budget=True)
+    q8 = Candidate(name="q8_0", quantization="q8_0", file_bytes=150, kl_mean=3e-4, within_budget=True)
+    q4 = Candidate(name="q4_0", quantization="q4_0", file_bytes=90, kl_mean=3e-2, within_budget=False)
+    assert "smaller than every preset that meets it: q8_0" in summary(recipe, [q8, q4], 5e-3)
+    assert "none beats the presets: q8_0" in summary(recipe.model_copy(update={"file_bytes": 150}), [q8, q4], 5e-3)
+    assert "no preset meets" in summary(recipe, [q4], 5e-3)
+    assert "no candidate" in summary(None, [q8], 1e-5)
