@@ -27,7 +27,7 @@ def _config(row: Any) -> str:
     return f"{row['framework']}/{row['model']}/{row['quantization']}/{row['flags']}/b{int(row['batch_size'])}"
 
 
-def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool) -> list[dict[str, Any]]:
+def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool, any_verdict: bool = False) -> list[dict[str, Any]]:
     """The cells to explain: the one named (its id, or a prefix naming one cell), or every near-lossless and lossy
     cell; refuses cells that cannot be explained, saying why."""
     if all_lossy:
@@ -40,7 +40,7 @@ def pick_cells(df: pd.DataFrame, cell: str | None, all_lossy: bool) -> list[dict
         raise ValueError(f"{len(found)} cells of the run have an id starting {cell!r}; `bench show RUN` lists them"
                          if len(found) else f"no cell of the run has an id starting {cell!r}")
     row = found.iloc[0]
-    if row["verdict"] not in LOSSY:
+    if row["verdict"] not in LOSSY and not any_verdict:
         raise ValueError(f"cell {row['cell_id']} ({_config(row)}) is {row['verdict']}"
                          + (f" ({row['verdict_reason']})" if isinstance(row.get("verdict_reason"), str) else "")
                          + ": only a near-lossless or lossy cell has something to explain")
@@ -126,6 +126,25 @@ def print_result(result: ExplainResult, console: Console) -> None:
                   f"(`bench compare` it); the result: {escape(str(explain_path(result.run, result.cell_id)))}")
 
 
+def sensitivity_cmd(run: Path, rows: list[Any], address: str | None, out: Console, err: Console, quiet: bool,
+                    budget: float | None = None) -> None:
+    """`--sensitivity`: the tensor-group table of each picked cell; with a `budget` (`--recipe`) also the recipe
+    search (a cell that cannot have them: said, exit 2)."""
+    from orchestrator.explain.recipe import print_recipe, search_recipe
+    from orchestrator.explain.sensitivity import print_sensitivity, run_sensitivity
+
+    for row in rows:
+        cell = {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+        try:
+            print_sensitivity(run_sensitivity(run, cell, _config(cell), address, err, quiet), out)
+            if budget is not None:
+                print_recipe(search_recipe(run, cell, _config(cell), budget, address, err, quiet), out)
+        except ValueError as e:
+            err.print(f"[red]error:[/red] {escape(str(e))}")
+            if len(rows) == 1:
+                raise typer.Exit(2)
+
+
 def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, help="A run directory"),
                 cell: Optional[str] = typer.Argument(None, help="The cell's id (or a prefix naming one cell)"),
                 all_lossy: bool = typer.Option(False, "--all-lossy", help="Every near-lossless and lossy cell"),
@@ -134,6 +153,12 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
                                                          "(as `bench compare --tolerances`); probes are reused"),
                 layers: bool = typer.Option(False, "--layers", help="Instead of the culprit search: where along the "
                                             "depth the cell leaves its baseline's noise floor (per-layer hidden states)"),
+                sensitivity: bool = typer.Option(False, "--sensitivity", help="llama.cpp quantized cells: the KL of each "
+                                                 "tensor group quantized alone, the rest F32 (explain/sensitivity.py)"),
+                recipe: bool = typer.Option(False, "--recipe", help="llama.cpp quantized cells: the smallest per-tensor "
+                                            "mix within --kl-budget, timed beside the presets (explain/recipe.py)"),
+                kl_budget: float = typer.Option(0.01, "--kl-budget", min=0.0, help="--recipe: the largest mean KL "
+                                                "against fp32 the mix may have"),
                 address: Optional[str] = typer.Option(None, help="Ray cluster address (default: a local cluster)"),
                 quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines")) -> None:
     """Why is a cell not lossless? Re-runs its configuration with each suspect (the engine's numerics flags,
@@ -156,12 +181,15 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
 
             tol = parse_tolerances(tolerances, RunStore(run).read_manifest().tolerances)
         df = judge_run(run, tolerances=tol, tasks=False, sampling=False).cells
-        rows = pick_cells(df, cell, all_lossy)
+        rows = pick_cells(df, cell, all_lossy, any_verdict=sensitivity or recipe)
     except ValueError as e:
         err.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(2)
     if not rows:
         out.print(f"no near-lossless or lossy cell in {run}: nothing to explain")
+        return
+    if sensitivity or recipe:
+        sensitivity_cmd(run, rows, address, out, err, quiet, kl_budget if recipe else None)
         return
     for row in rows:
         if layers:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from adapters.base import Adapter, EngineOptions, NumericsFlag, SeedPromise, Unsupported, log_softmax, normalize_quantization, register
 from adapters.contract.events import LoadFacts
@@ -79,6 +79,17 @@ class Options(EngineOptions):
     max_ngram_size: int = Field(2, ge=1, description="Prompt lookup: longest n-gram matched")
     n_ctx: int = Field(0, ge=0, description="Context tokens per sequence; 0 sizes it from the requests")
     keep_kv_between_runs: bool = Field(False, description="Keep the KV cache between calls, so a repeated prompt prefix is reused")
+    tensor_types: dict[str, str] = Field(default_factory=dict, description=(
+        "Per-tensor types over the quantization level: regex on tensor names -> ggml type (f32, q8_0, q4_0, ...), "
+        "the first match wins; llama.cpp's tt_overrides (tensor_mix.py)"))
+
+    @field_validator("tensor_types")
+    @classmethod
+    def _tensor_types(cls, v: dict[str, str]) -> dict[str, str]:
+        from adapters.engines.llamacpp.tensor_mix import check_tensor_types
+
+        check_tensor_types(v)
+        return v
 
 
 @register
@@ -132,6 +143,10 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
                     "(download it, e.g. `hf download`, and give the folder as the model's source)")
         if model.kind != "dir" or model.config is None:
             return None
+        if dict(options or {}).get("tensor_types") and \
+                normalize_quantization(quantization) not in gguf_convert.QUANT_LEVELS:
+            return (f"tensor_types needs a quantized level ({', '.join(gguf_convert.QUANT_LEVELS)}): llama.cpp reads its "
+                    f"tensor type overrides only when the file type is quantized; this cell is {quantization}")
         if normalize_quantization(quantization) == "gguf":
             return ("quantization 'gguf' means a given .gguf file used as it is; "
                     f"{model.source} is an HF checkpoint (use fp32/fp16/bf16 or a quantized level)")
@@ -229,6 +244,22 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         return self.info
 
     @staticmethod
+    def tensor_groups(source: str, quantization: str, cache_dir: str | None = None) -> list[dict[str, Any]]:
+        """The quantized weight groups of this checkpoint's GGUF at `quantization` (made and cached if missing),
+        each with the regex and the type it has there: what `bench explain --sensitivity` quantizes one at a time."""
+        from adapters.engines.llamacpp import gguf_convert
+        from adapters.engines.llamacpp.tensor_mix import tensor_groups
+
+        return tensor_groups(gguf_convert.gguf_for(source, normalize_quantization(quantization), cache_dir)[0])
+
+    @staticmethod
+    def group_tensor_types(groups: list[dict[str, Any]]) -> dict[str, str]:
+        """The `tensor_types` that quantize `groups` (each at its type there) and keep every other weight F32."""
+        from adapters.engines.llamacpp.tensor_mix import group_tensor_types
+
+        return group_tensor_types(groups)
+
+    @staticmethod
     def _model_file(spec: LoadSpec):
         """The GGUF this group runs (converted and quantized on first use, cached) and the conversion facts."""
         from adapters.engines.llamacpp import gguf_convert
@@ -237,6 +268,11 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         if quant not in LlamacppAdapter.quantizations:
             raise Unsupported(f"llamacpp does not run quantization {quant} (runs: {', '.join(LlamacppAdapter.quantizations)})")
         # a builtin: model arrives here already built (the driver resolves it)
+        tensor_types = (spec.options or {}).get("tensor_types")
+        if tensor_types:
+            from adapters.engines.llamacpp.tensor_mix import mixed_gguf
+
+            return mixed_gguf(str(spec.model.source), quant, dict(tensor_types), spec.cache_dir or None)
         return gguf_convert.gguf_for(str(spec.model.source), quant, spec.cache_dir or None)
 
     # ------------------------------------------------------------------------------------------
