@@ -29,6 +29,7 @@ from orchestrator.matrix.models import (
     Workload,
     axis_values,
 )
+from orchestrator.matrix.paths import local_path_problems
 from orchestrator.matrix.yamltext import load_yaml, read_text
 from orchestrator.values import shown
 
@@ -506,7 +507,11 @@ def _too_large(data: Any) -> str | None:
 def load_matrix(path: str | Path) -> tuple[Matrix, str]:
     """Read and validate a matrix file; returns the model and the text as given (for the manifest)."""
     text = read_text(path)
-    return parse_matrix_text(text, str(path)), text
+    m = parse_matrix_text(text, str(path))
+    problems = local_path_problems(m, Path(path).absolute().parent)
+    if problems:
+        raise MatrixError(problems, str(path))
+    return m, text
 
 
 def parse_matrix_text(text: str, source: str = "matrix") -> Matrix:

@@ -69,15 +69,18 @@ def _one_line(err: yaml.YAMLError) -> str:
     return f"(yaml) {where}: {what if len(what) <= 300 else what[:297] + '...'}"
 
 
-def _too_big_ints(data: Any, path: str = "") -> list[str]:
-    out = []
-    if isinstance(data, bool):
-        return out
-    if isinstance(data, int) and abs(data) > MAX_INT:
+def _too_big_ints(data: Any, path: str = "", seen: set | None = None) -> list[str]:
+    """Integers past MAX_INT, with their YAML paths; each mapping or list walked once (an alias is not
+    walked again at each use: an alias bomb stays cheap)."""
+    seen = set() if seen is None else seen
+    if isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_INT:
         return [f"{path or '(top level)'}: {shown(str(data))} is out of range (at most 2**53 in size)"]
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for k, v in items:
-        out += _too_big_ints(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+    if not isinstance(data, (dict, list)) or id(data) in seen:
+        return []
+    seen.add(id(data))
+    out = []
+    for k, v in data.items() if isinstance(data, dict) else enumerate(data):
+        out += _too_big_ints(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k), seen)
         if len(out) >= 20:
             break
     return out

@@ -15,6 +15,7 @@ import copy
 import os
 import io
 import random
+import sys
 import time
 import traceback
 
@@ -204,3 +205,31 @@ def test_hostile_files_are_refused_in_one_line(tmp_path):
         assert [expected in p for p in err.value.problems] == [True], err.value.problems
         assert len(str(err.value).splitlines()) == 2   # the source, then the one problem
 
+
+
+def test_local_paths_are_resolved_against_the_matrix_file_and_checked(tmp_path, monkeypatch):
+    """run.python relative to the matrix's folder (made absolute); a folder that is no model (`../etc`), a relative path found nowhere, a device as a model or as
+    scoring_text refused, each in one line naming its YAML path."""
+    from orchestrator.matrix.validate import load_matrix
+    monkeypatch.chdir(tmp_path)   # the working directory is not the matrix's folder
+    sub = tmp_path / "matrices"
+    (sub / "venv" / "bin").mkdir(parents=True)
+    (sub / "venv" / "bin" / "python").symlink_to(sys.executable)
+    head = "name: x\naxes: {framework: [hf], model: [t]}\n"
+    good = sub / "good.yaml"
+    good.write_text(head + "models: {t: builtin:tiny}\nrun: {python: {hf: venv/bin/python}}\n")
+    assert load_matrix(good)[0].run.python["hf"] == str(sub / "venv" / "bin" / "python")
+    bad = sub / "bad.yaml"
+    (tmp_path / "etc").mkdir()   # a folder, not a model
+    (tmp_path / "etc" / "passwd").write_text("root:x:0:0")
+    bad.write_text(head + "models: {t: ../etc, u: {source: builtin:tiny, tokenizer: /dev/zero}}\n"
+                   "measure: {scoring_text: /dev/zero}\nrun: {python: {hf: nowhere/bin/python}}\n")
+    with pytest.raises(MatrixError) as err:
+        load_matrix(bad)
+    got = err.value.problems
+    assert [p.split(":")[0] for p in got] == ["run.python.hf", "models.t.source", "models.u.tokenizer",
+                                              "measure.scoring_text"], got
+    assert "not a model folder" in got[1] and "not a regular file" in got[3], got
+    bad.write_text(head + "models: {t: ../../nowhere}\n")
+    with pytest.raises(MatrixError, match="models.t.source: '../../nowhere' not found"):
+        load_matrix(bad)
