@@ -102,6 +102,15 @@ def a_run(path: Optional[Path]) -> Optional[Path]:
     return path
 
 
+def stop_if_no_cells(run: Path) -> None:
+    """A run dir with a manifest and no cell yet (stopped while Ray started): said in one line, exit 0."""
+    from orchestrator.store.run_store import RunStore
+
+    if RunStore(run).read_cells().empty:
+        err.print(f"{run}: no cells stored yet (`bench run` into it resumes the run)", highlight=False, markup=False)
+        raise typer.Exit(0)
+
+
 WIDE = typer.Option(False, "--wide", help="Every column (the default fits 120 columns: one line per cell)")
 FORMAT = typer.Option("table", "--format", help="table; csv (the cells, every column), json (every table, every "
                        "column) or md (the table as Markdown), for scripts")

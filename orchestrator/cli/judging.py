@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from orchestrator.cli.app import FORMAT, WIDE, a_run, app, axes, check_format, fail
+from orchestrator.cli.app import FORMAT, WIDE, a_run, app, axes, check_format, fail, stop_if_no_cells
 from orchestrator.cli.reading import say_missing
 from orchestrator.report.console import (
     against_table,
@@ -42,6 +42,8 @@ def compare(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, ca
     """Compare every cell with its baseline (or, with --against, with the same config in a stored run) on
     logits, text and perplexity, on the matrix's tasks (item by item), and on speed; print the verdicts."""
     import pandas as pd
+
+    stop_if_no_cells(run_dir)
 
     from orchestrator.judge.cross_run import env_pairs
     from orchestrator.judge.verdicts import judge_run

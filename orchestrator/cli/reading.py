@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from orchestrator.cli.app import FORMAT, WIDE, a_run, app, axes, check_format, exit_code, fail
+from orchestrator.cli.app import FORMAT, WIDE, a_run, app, axes, check_format, exit_code, fail, stop_if_no_cells
 from orchestrator.report.console import (
     err,
     history_table,
@@ -64,6 +64,8 @@ def show_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, callb
     from orchestrator.store.run_store import RunStore
 
     check_format(fmt)
+    if fmt != "table":
+        stop_if_no_cells(run)
     store = RunStore(run)
     everything = store.read_cells()
     cells = everything[~searches.is_probe(everything)]    # the probes get a table of their own
@@ -126,6 +128,7 @@ def export_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, cal
     verdicts computed from them (verdicts, task_verdicts, sampling_verdicts)."""
     from orchestrator.store.export import check_format, export_dir, export_run, write_frame
 
+    stop_if_no_cells(run)
     try:
         check_format(fmt)
         written = export_run(run, fmt, output, logprobs)

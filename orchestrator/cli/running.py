@@ -53,10 +53,11 @@ def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines (Ray's log: RUN_DIR/run.log)")) -> None:
     """Run a matrix; resumes into an existing run dir, skipping cells already stored. Live progress on a terminal."""
     from orchestrator.execution.runner import run_matrix
+    from orchestrator.store.run_store import RunLocked
 
     try:
         store = run_matrix(matrix, run_dir, address, rerun_failed, console=err, history=history, quiet=quiet)
-    except MatrixError as e:
+    except (MatrixError, RunLocked) as e:
         fail(str(e))
     _first_screen(store)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from adapters.contract.arrivals import MatrixArrival, PoissonArrival
 from adapters.contract.specs import RepeatsAuto, SeedsAuto
@@ -21,6 +21,13 @@ AXES = ("framework", "model", "quantization", "batch_size", "flags", "input_len"
 
 
 MODES = ("offline", "serve", "stream")
+
+# bounds on every size a cell is made of: far above any real run, below what overflows an engine or fills a disk
+MAX_BATCH = 65_536
+MAX_TOKENS = 2**20      # input_len, output_len, scoring_len, sampled tokens: 1M tokens
+MAX_REPEATS = 100_000   # repeats, score_repeats, seeds, stream requests, prompts
+MAX_SEED = 2**32 - 1
+Seed = Annotated[StrictInt, Field(ge=0, le=MAX_SEED)]
 
 
 DEFAULT_FLAGS = "default"
@@ -62,10 +69,10 @@ class Axes(_Strict):
     framework: list[str] = Field(min_length=1)
     model: list[str] = Field(min_length=1)
     quantization: list[str] = Field(["fp32"], min_length=1)
-    batch_size: list[Annotated[int, Field(ge=1)]] = Field([1], min_length=1)
+    batch_size: list[Annotated[StrictInt, Field(ge=1, le=MAX_BATCH)]] = Field([1], min_length=1)
     flags: list[str] = Field([DEFAULT_FLAGS], min_length=1)
-    input_len: list[Annotated[int, Field(ge=1)]] = Field([32], min_length=1)
-    output_len: list[Annotated[int, Field(ge=1)]] = Field([16], min_length=1)
+    input_len: list[Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]] = Field([32], min_length=1)
+    output_len: list[Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]] = Field([16], min_length=1)
     mode: list[Literal["offline", "serve", "stream"]] = Field(["offline"], min_length=1, description="offline: the engine's Python "
                                                               "API, static batches; stream: its Python API, every "
                                                               "request submitted at once, at most batch_size running "
@@ -83,7 +90,7 @@ class Axes(_Strict):
 
 class SyntheticWorkload(_Strict):
     kind: Literal["synthetic"] = "synthetic"
-    seed: int = 0
+    seed: Seed = 0
     shared_prefix_len: int = Field(0, ge=0, description="Tokens every prompt of a prefix group shares "
                                    "(prefix-cache workloads)")
     prefix_groups: int = Field(1, ge=1, description="Distinct shared prefixes (N system prompts, each shared by "
@@ -100,7 +107,7 @@ class DatasetWorkload(_Strict):
     field: str = Field("text", description="JSONL field holding the prompt text, or a list of token ids")
     output_field: str | None = Field(None, description="JSONL field holding a reference output: each request's "
                                      "output length is its token count (capped by output_len)")
-    seed: int = 0
+    seed: Seed = 0
     cluster_only: bool = Field(False, description="The path exists only where the run happens (a cluster's "
                                "storage): bench validate does not open it")
 
@@ -121,7 +128,7 @@ class ShareGptWorkload(_Strict):
     chat: bool = Field(False, description="Render each request's messages with the model's chat template "
                        "(offline, stream) and send them to /v1/chat/completions (serve); false: 'User: ...' text "
                        "to /v1/completions")
-    seed: int = 0
+    seed: Seed = 0
     cluster_only: bool = Field(False, description="The path exists only where the run happens: bench validate "
                                "does not open it")
 
@@ -145,7 +152,7 @@ class HfWorkload(_Strict):
     max_turns: int | None = Field(None, ge=1)
     chat: bool = Field(False, description="With messages_field: the model's chat template and "
                        "/v1/chat/completions, as for kind sharegpt")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class TraceWorkload(_Strict):
@@ -159,7 +166,7 @@ class TraceWorkload(_Strict):
     path: str
     time_scale: float = Field(1.0, gt=0, allow_inf_nan=False, description="Multiplies the trace's times: 0.5 replays it twice as fast")
     block_size: int = Field(512, ge=1, description="Prompt tokens per hash id (Mooncake's traces: 512)")
-    seed: int = Field(0, description="Draws each block's tokens (the same hash id: the same tokens)")
+    seed: Seed = Field(0, description="Draws each block's tokens (the same hash id: the same tokens)")
     cluster_only: bool = Field(False, description="The path exists only where the run happens: bench validate "
                                "does not open it")
 
@@ -192,10 +199,10 @@ def stable_dump(section: BaseModel) -> dict:
 def _count_or_auto(what: str):
     """A count of at least 1, or 'auto' (the harness decides when it has enough)."""
     def check(v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError(f"expected a number of {what} >= 1, or 'auto'")
+        if isinstance(v, int) and not 1 <= v <= MAX_REPEATS:
+            raise ValueError(f"expected a number of {what} from 1 to {MAX_REPEATS:,}, or 'auto'")
         return v
-    return Annotated[Union[int, Literal["auto"]], AfterValidator(check)]
+    return Annotated[Union[StrictInt, Literal["auto"]], AfterValidator(check)]
 
 
 SeedCount, RepeatCount = _count_or_auto("seeds"), _count_or_auto("timed batches")
@@ -206,17 +213,17 @@ class Sampling(_Strict):
 
     temperature: float = Field(0.8, gt=0)
     top_p: float = Field(1.0, gt=0, le=1, description="1.0: off")
-    top_k: int = Field(0, ge=0, description="0: off")
+    top_k: StrictInt = Field(0, ge=0, le=MAX_REPEATS, description="0: off")
     min_p: float = Field(0.0, ge=0, lt=1, description="0: off (vLLM refuses min_p with speculative decoding)")
     seeds: SeedCount = Field(16, description="Seeds per prompt (seed_offset .. seed_offset + seeds - 1); auto: "
                              "until the distribution test could see tolerances.sampling_shift (auto_seeds)")
     auto_seeds: SeedsAuto = Field(default_factory=SeedsAuto, description="seeds: auto draws min_seeds, then more "
                                   "until the cell's own spread says its test has 80% power for the tolerance's "
                                   "shift, at most max_seeds")
-    seed_offset: int = Field(0, ge=0)
-    tokens: int = Field(16, ge=1, description="Tokens per sample (EOS ignored)")
-    prompts: int | None = Field(None, ge=1, description="How many scoring prompts to sample (default: all)")
-    repeats: int = Field(2, ge=1, description="The same seeds again: is a seed repeatable within one engine?")
+    seed_offset: StrictInt = Field(0, ge=0, le=MAX_SEED)
+    tokens: StrictInt = Field(16, ge=1, le=MAX_TOKENS, description="Tokens per sample (EOS ignored)")
+    prompts: StrictInt | None = Field(None, ge=1, le=MAX_REPEATS, description="How many scoring prompts to sample (default: all)")
+    repeats: StrictInt = Field(2, ge=1, le=MAX_REPEATS, description="The same seeds again: is a seed repeatable within one engine?")
     next_top_k: int = Field(128, ge=0, description="Candidates stored for each prompt's next token, which the "
                             "first sampled token is tested against (vLLM caps it at its max_logprobs option, 128); "
                             "0: no first-token test")
@@ -226,20 +233,20 @@ class Sampling(_Strict):
 
 
 class Measure(_Strict):
-    warmup: int = Field(1, ge=0)
+    warmup: StrictInt = Field(1, ge=0, le=MAX_REPEATS)
     repeats: RepeatCount = Field(3, description="Timed batches (serve: timed runs) per cell; auto: until the "
                                  "throughput's 95% interval is narrow enough (auto_repeats)")
     auto_repeats: RepeatsAuto = Field(default_factory=RepeatsAuto, description="repeats: auto stops when the output "
                                       "throughput's 95% interval is within half_width (relative), after min_repeats, "
                                       "at max_repeats or after max_s seconds of timed batches")
     ignore_eos: bool = Field(True, description="Fixed output length for throughput")
-    stream_requests: int = Field(64, ge=1, description="Stream cells: requests per timed run (all submitted at "
+    stream_requests: StrictInt = Field(64, ge=1, le=MAX_REPEATS, description="Stream cells: requests per timed run (all submitted at "
                                  "once, at most batch_size running)")
-    top_k: int = Field(20, ge=1, description="Candidates stored per scored position")
-    scoring_prompts: int = Field(8, ge=1)
-    scoring_len: int = Field(64, ge=2, description="Tokens per scoring prompt (teacher forced)")
-    greedy_tokens: int = Field(16, ge=1, description="Greedy tokens generated after each scoring prompt")
-    score_repeats: int = Field(2, ge=1, description="Scoring passes per cell; 2 gives the run-to-run noise floor")
+    top_k: StrictInt = Field(20, ge=1, le=MAX_REPEATS, description="Candidates stored per scored position")
+    scoring_prompts: StrictInt = Field(8, ge=1, le=MAX_REPEATS)
+    scoring_len: StrictInt = Field(64, ge=2, le=MAX_TOKENS, description="Tokens per scoring prompt (teacher forced)")
+    greedy_tokens: StrictInt = Field(16, ge=1, le=MAX_TOKENS, description="Greedy tokens generated after each scoring prompt")
+    score_repeats: StrictInt = Field(2, ge=1, le=MAX_REPEATS, description="Scoring passes per cell; 2 gives the run-to-run noise floor")
     scoring_text: str = Field("builtin", description="Text the scoring prompts are cut from: 'builtin' or a path")
     sampling: Sampling | None = Field(None, description="Seeded samples of the scoring prompts (the sampling "
                                       "layer): compared seed by seed and as a distribution")
@@ -272,7 +279,7 @@ class Serve(_Strict):
     """Serve cells: each is one load point (batch_size = requests in flight at most, request_rate) run
     `measure.repeats` times against the engine's server, after `measure.warmup` x batch_size untimed requests."""
 
-    requests: int = Field(32, ge=1, description="Requests per timed run of a load point")
+    requests: StrictInt = Field(32, ge=1, le=MAX_REPEATS, description="Requests per timed run of a load point")
     time_limit_s: float = Field(120, gt=0, description="A timed run sends nothing after this, and requests still "
                                 "running then are cut (and counted as errors)")
     arrival: MatrixArrival = Field(default_factory=PoissonArrival, description="How requests arrive: constant "

@@ -5,10 +5,10 @@ and raised together as one `MatrixError` before any engine starts.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from adapters import ADAPTERS
@@ -29,6 +29,8 @@ from orchestrator.matrix.models import (
     Workload,
     axis_values,
 )
+from orchestrator.matrix.paths import local_path_problems
+from orchestrator.matrix.yamltext import load_yaml, read_text
 from orchestrator.values import shown
 
 def _kinds(union) -> tuple[str, ...]:
@@ -434,10 +436,35 @@ def parse_matrix(data: Any, source: str = "matrix") -> Matrix:
         matrix = Matrix.model_validate(data)
     except ValidationError as err:
         raise MatrixError(pydantic_problems(err, model=Matrix), source) from None
+    too_many = _cell_count_problem(matrix)
+    if too_many:   # before anything walks the product of the axes
+        raise MatrixError([too_many], source)
     problems = _check_semantics(matrix)
     if problems:
         raise MatrixError(problems, source)
     return matrix
+
+
+MAX_CELLS_ENV = "BENCH_MAX_CELLS"
+MAX_CELLS = 100_000   # the largest shipped matrix has a few hundred cells
+
+
+def max_cells() -> int:
+    """The most cells a matrix may expand to: MAX_CELLS, or BENCH_MAX_CELLS where set (raised deliberately)."""
+    raw = os.environ.get(MAX_CELLS_ENV, "")
+    return int(raw) if raw.strip().isdigit() else MAX_CELLS
+
+
+def _cell_count_problem(m: Matrix) -> str | None:
+    """The product of the axes' lengths (plus include rules), computed without expanding them: over
+    max_cells() is refused, naming the bound and how to raise it."""
+    count = math.prod(len(axis_values(m, a)) for a in AXES) + len(m.include)
+    bound = max_cells()
+    if count <= bound:
+        return None
+    sizes = ", ".join(f"{a} {len(axis_values(m, a))}" for a in AXES if len(axis_values(m, a)) > 1)
+    return (f"axes: {count:,} combinations of axis values ({sizes}) is more than {bound:,} cells; split the "
+            f"matrix, or set {MAX_CELLS_ENV}={count} to run it deliberately")
 
 
 # values a matrix may expand to through YAML aliases (the largest shipped matrix has a few hundred)
@@ -479,17 +506,17 @@ def _too_large(data: Any) -> str | None:
 
 def load_matrix(path: str | Path) -> tuple[Matrix, str]:
     """Read and validate a matrix file; returns the model and the text as given (for the manifest)."""
-    path = Path(path)
-    text = path.read_text()
-    return parse_matrix_text(text, str(path)), text
+    text = read_text(path)
+    m = parse_matrix_text(text, str(path))
+    problems = local_path_problems(m, Path(path).absolute().parent)
+    if problems:
+        raise MatrixError(problems, str(path))
+    return m, text
 
 
 def parse_matrix_text(text: str, source: str = "matrix") -> Matrix:
     """A matrix's YAML text, validated (what `bench validate` reads from its file)."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise MatrixError([f"(yaml): {shown(str(err))}"], source) from None
+    data = load_yaml(text, source)
     where = _too_large(data)
     if where:   # checked before anything walks it whole (validation, an error message)
         raise MatrixError([f"{where}: expands to more than {MAX_VALUES:,} values through YAML aliases (&, *); "

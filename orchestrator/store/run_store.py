@@ -97,6 +97,25 @@ def is_run_dir(path: Path) -> bool:
 _JOURNALS: dict[tuple[str, int], JournalWriter] = {}   # (resolved run dir, pid) -> this process's journal
 
 
+class RunLocked(RuntimeError):
+    """Another process holds the run dir's writer lock (bench run or bench compact)."""
+
+    def __init__(self, root: Path, pid: int | None):
+        who = f"process {pid}" if pid else "another bench process"
+        super().__init__(f"{who} is writing {root} (bench run or bench compact): wait for it to end, "
+                         "or give another run dir")
+
+
+def _lock_holder(root: Path) -> int | None:
+    """The pid the lock's holder wrote into .lock, where it did."""
+    try:
+        with os.fdopen(open_nofollow(root / ".lock", os.O_RDONLY), "r") as f:
+            text = f.read(32).strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
 class RunStore:
     def __init__(self, run_dir: str | Path):
         self.root = Path(run_dir)
@@ -170,9 +189,12 @@ class RunStore:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.close()
-                raise RuntimeError(f"another bench process is writing {self.root} (bench run or bench compact)") from None
+                raise RunLocked(self.root, _lock_holder(self.root)) from None
             except OSError:  # a file system without locks: one writer by convention, as before
                 pass
+            else:   # the holder's pid, for the one refused (our own file, held: nothing else is truncated)
+                os.ftruncate(f.fileno(), 0)
+                os.pwrite(f.fileno(), f"{os.getpid()}\n".encode(), 0)
             _WRITER_LOCKS[key] = held = [f, 1]
         try:
             yield self

@@ -4,6 +4,7 @@ mid-write leaves every stored cell complete, which a new process resumes and com
 stores in one process: unit/test_compaction.py, unit/test_journal.py.)"""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,10 +31,16 @@ def test_one_writer_at_a_time(tmp_path):
         str(ROOT), str(store.root)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(RuntimeError, match="another bench process is writing"):
+        with pytest.raises(RuntimeError, match=f"process {holder.pid} is writing"):
             compact(store)
         res = CliRunner().invoke(app, ["compact", str(store.root)])
-        assert res.exit_code == 2 and "another bench process" in res.output
+        assert res.exit_code == 2 and f"process {holder.pid} is writing" in res.output
+        # bench run into the locked dir: one line naming the holder, exit 2, before Ray starts (issue 41)
+        run = subprocess.run([sys.executable, "-m", "orchestrator.cli", "run", str(ROOT / "matrices" / "smoke.yaml"),
+                              "--run-dir", str(store.root), "--quiet"], capture_output=True, text=True, cwd=ROOT,
+                             timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "300"})
+        lines = [ln for ln in (run.stdout + run.stderr).splitlines() if ln.strip()]
+        assert run.returncode == 2 and len(lines) == 1 and f"process {holder.pid} is writing" in lines[0], lines
     finally:
         holder.kill()
         holder.wait()

@@ -116,7 +116,7 @@ def test_unknown_framework_names_index_and_choices():
     (with_(flags__vlm={"x": {}}), "flags.vlm: unknown framework 'vlm'"),
     (with_(workload={"kind": "jsonl"}), "workload.path: Field required"),
     (with_(workload={"kind": "csv"}), "workload: Input tag 'csv' found using 'kind' does not match"),
-    (with_(measure={"repeats": 0}), "measure.repeats: Value error, expected a number of timed batches >= 1, or 'auto'"),
+    (with_(measure={"repeats": 0}), "measure.repeats: Value error, expected a number of timed batches from 1 to 100,000, or 'auto'"),
     (with_(measure={"repeats": "many"}), "measure.repeats"),
     (with_(measure={"auto_repeats": {"half_width": 0}}), "measure.auto_repeats.half_width: Input should be greater than 0"),
     (with_(measure={"topk": 5}), "measure.topk: unknown key"),
@@ -150,7 +150,7 @@ def test_unknown_framework_names_index_and_choices():
      "mapping of measure.sampling fields"),
     (with_(measure={"sampling": {"seeds": "auto", "auto_seeds": {"min_seeds": 32, "max_seeds": 16}}}),
      "measure.sampling.auto_seeds: Value error, max_seeds (16) is below min_seeds (32)"),
-    (with_(measure={"sampling": {"seeds": 0}}), "measure.sampling.seeds: Value error, expected a number of seeds >= 1"),
+    (with_(measure={"sampling": {"seeds": 0}}), "measure.sampling.seeds: Value error, expected a number of seeds from 1 to 100,000"),
 ])
 def test_each_kind_of_mistake_names_its_yaml_path(data, expected):
     got = problems(data)

@@ -12,8 +12,10 @@ tags) or lines swapped.
 from __future__ import annotations
 
 import copy
+import os
 import io
 import random
+import sys
 import time
 import traceback
 
@@ -153,3 +155,81 @@ def test_mutated_shipped_matrices_validate_or_fail_cleanly_and_quickly(path):
     assert not long_messages, f"problem lines over {PROBLEM_MAX_CHARS} characters: {long_messages[:3]}"
     assert refused > CASES_PER_MATRIX // 3, "most mutations break the matrix: the cases reach validation"
     assert time.monotonic() - started < 120, "bounded total time"
+
+
+TINY = "name: x\nmodels: {t: builtin:tiny}\n"
+# (case, text, what the one problem line says): each class issue 41 found accepted or ending in a traceback
+HOSTILE = [
+    ("duplicate top-level key", TINY + "axes: {framework: [hf], model: [t]}\naxes: {framework: [hf], model: [t]}\n",
+     "line 4, column 1: key 'axes' given twice"),
+    ("duplicate nested key", "name: x\nmodels: {t: {source: builtin:tiny, source: ../../etc}}\naxes: {framework: [hf], model: [t]}\n",
+     "key 'source' given twice"),
+    ("batch 10^9", TINY + "axes: {framework: [hf], model: [t], batch_size: [1000000000]}\n", "axes.batch_size[0]"),
+    ("batch 10^32", TINY + "axes: {framework: [hf], model: [t], batch_size: [100000000000000000000000000000000]}\n",
+     "out of range"),
+    ("true as a batch size", TINY + "axes: {framework: [hf], model: [t], batch_size: [true]}\n",
+     "axes.batch_size[0]: Input should be a valid integer"),
+    ("input_len 10^9", TINY + "axes: {framework: [hf], model: [t], input_len: [1000000000]}\n", "axes.input_len[0]"),
+    ("repeats 10^7", TINY + "axes: {framework: [hf], model: [t]}\nmeasure: {repeats: 10000000}\n", "measure.repeats"),
+    ("seed -1", TINY + "axes: {framework: [hf], model: [t]}\nworkload: {seed: -1}\n", "workload.seed"),
+    ("10^9 cells", TINY + "axes: {framework: [hf], model: [t], batch_size: [%s], input_len: [%s], output_len: [%s]}\n"
+     % tuple(", ".join(str(i) for i in range(1, 1001)) for _ in range(3)), "1,000,000,000 combinations"),
+    ("5000-deep nesting", "a: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than"),
+    ("syntax error", TINY + "axes: [1, 2\n  model: [t\n", "(yaml) line 4, column 8: expected ',' or ']'"),
+]
+
+
+@pytest.mark.parametrize("case,text,expected", HOSTILE, ids=[c[0] for c in HOSTILE])
+def test_hostile_matrices_are_refused_in_one_line_quickly(case, text, expected):
+    started = time.monotonic()
+    with pytest.raises(MatrixError) as err:
+        validate(text, case)
+    assert time.monotonic() - started < 5
+    assert len(err.value.problems) == 1, err.value.problems
+    line = err.value.problems[0]
+    assert expected in line and "\n" not in line and "\\n" not in line and len(line) < 400, line
+
+
+def test_hostile_files_are_refused_in_one_line(tmp_path):
+    from orchestrator.matrix.validate import load_matrix
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"name: caf\xe9\n")
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    cases = [(bad, "line 1: byte 0xe9 at offset 9 is not UTF-8"), ("/dev/zero", "not a regular file"),
+             (fifo, "not a regular file"), (tmp_path, "not a regular file"),
+             (tmp_path / ("x" * 5000), "cannot open: File name too long")]
+    for path, expected in cases:
+        with pytest.raises(MatrixError) as err:
+            load_matrix(path)
+        assert [expected in p for p in err.value.problems] == [True], err.value.problems
+        assert len(str(err.value).splitlines()) == 2   # the source, then the one problem
+
+
+
+def test_local_paths_are_resolved_against_the_matrix_file_and_checked(tmp_path, monkeypatch):
+    """run.python relative to the matrix's folder (made absolute); a folder that is no model (`../etc`), a relative path found nowhere, a device as a model or as
+    scoring_text refused, each in one line naming its YAML path."""
+    from orchestrator.matrix.validate import load_matrix
+    monkeypatch.chdir(tmp_path)   # the working directory is not the matrix's folder
+    sub = tmp_path / "matrices"
+    (sub / "venv" / "bin").mkdir(parents=True)
+    (sub / "venv" / "bin" / "python").symlink_to(sys.executable)
+    head = "name: x\naxes: {framework: [hf], model: [t]}\n"
+    good = sub / "good.yaml"
+    good.write_text(head + "models: {t: builtin:tiny}\nrun: {python: {hf: venv/bin/python}}\n")
+    assert load_matrix(good)[0].run.python["hf"] == str(sub / "venv" / "bin" / "python")
+    bad = sub / "bad.yaml"
+    (tmp_path / "etc").mkdir()   # a folder, not a model
+    (tmp_path / "etc" / "passwd").write_text("root:x:0:0")
+    bad.write_text(head + "models: {t: ../etc, u: {source: builtin:tiny, tokenizer: /dev/zero}}\n"
+                   "measure: {scoring_text: /dev/zero}\nrun: {python: {hf: nowhere/bin/python}}\n")
+    with pytest.raises(MatrixError) as err:
+        load_matrix(bad)
+    got = err.value.problems
+    assert [p.split(":")[0] for p in got] == ["run.python.hf", "models.t.source", "models.u.tokenizer",
+                                              "measure.scoring_text"], got
+    assert "not a model folder" in got[1] and "not a regular file" in got[3], got
+    bad.write_text(head + "models: {t: ../../nowhere}\n")
+    with pytest.raises(MatrixError, match="models.t.source: '../../nowhere' not found"):
+        load_matrix(bad)
