@@ -110,9 +110,47 @@ def converter_identity(src: Path) -> dict[str, str]:
     for f in [*files, CHILD]:   # the child's two tokenizer rules are part of what converts
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     gguf_py = re.search(r'^version\s*=\s*"([^"]+)"', (src / "gguf-py" / "pyproject.toml").read_text(), re.M)
+    env = converter_environment()   # the transformers that reads the config is part of what converts
     return {"converter": f"llama.cpp convert_hf_to_gguf.py from the llama-cpp-python {src.name} source distribution",
-            "converter_version": f"{src.name}+{h.hexdigest()[:12]}",
-            "converter_gguf_py": gguf_py.group(1) if gguf_py else "unknown"}
+            "converter_version": f"{src.name}+{h.hexdigest()[:12]}+transformers-{env['converter_transformers']}",
+            "converter_gguf_py": gguf_py.group(1) if gguf_py else "unknown", **env}
+
+
+PYTHON_ENV = "LOSSLESS_BENCH_CONVERT_PYTHON"
+
+
+def converter_python() -> tuple[str, str | None]:
+    """The Python that runs the converter and, when it is not the converter's own environment, why not.
+
+    `make env-convert` builds .venvs/convert with the transformers llama.cpp pins (4.57.x; transformers 5 no
+    longer writes or reads some config names the converter asks for, e.g. GPT-NeoX's rotary_pct);
+    LOSSLESS_BENCH_CONVERT_PYTHON names another interpreter. Without either, this environment's Python runs
+    it and the reason says so (provenance: converter_env_reason)."""
+    env = os.environ.get(PYTHON_ENV)
+    if env:
+        return env, None
+    own = Path(__file__).resolve().parents[3] / ".venvs" / "convert" / "bin" / "python"
+    if own.is_file():
+        return str(own), None
+    return sys.executable, (f"no converter environment ({own} absent; `make env-convert` builds it, or set "
+                            f"{PYTHON_ENV}): converting under this environment's transformers, which that "
+                            "llama.cpp revision does not pin")
+
+
+@functools.lru_cache(maxsize=4)
+def _python_transformers(python: str) -> str:
+    proc = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('transformers'))"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONNOUSERSITE": "1"})
+    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
+
+
+def converter_environment() -> dict[str, str]:
+    """Provenance of the converter's environment (part of the cache key through converter_identity)."""
+    python, reason = converter_python()
+    out = {"converter_python": python, "converter_transformers": _python_transformers(python)}
+    if reason:
+        out["converter_env_reason"] = reason
+    return out
 
 
 @functools.lru_cache(maxsize=4)
@@ -216,15 +254,33 @@ def _gguf_facts(path: Path) -> dict[str, Any]:
             "sliding_window_in_gguf": any(k.endswith(".attention.sliding_window") for k in reader.fields)}
 
 
-def _failure(log: str, arch: str, model_dir: Path, rc: int) -> Exception:
-    if "BPE pre-tokenizer was not recognized" in log:
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit))(:.*)?$")
+_STAGE_LINE = re.compile(r"^INFO:hf-to-gguf:(.+)$")
+
+
+def failure_reason(log: str) -> str:
+    """One line for a failed conversion: the exception's own last line (the last `SomethingError: ...` line
+    after the last traceback, never a warning banner printed earlier) and the stage, the converter's last
+    `INFO:hf-to-gguf:` line before the traceback."""
+    lines = log.strip().splitlines()
+    start = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")), default=0)
+    errors = [ln.strip() for ln in lines[start:] if _ERROR_LINE.match(ln.strip())]
+    error = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
+    stages = [m.group(1).strip() for ln in lines[:start or len(lines)] if (m := _STAGE_LINE.match(ln.strip()))]
+    stage = stages[-1] if stages else "starting the converter"
+    return f"{error[:400]} (stage: {stage[:160]})"
+
+
+def _failure(log: str, arch: str, model_dir: Path, rc: int, log_path: Path | None = None) -> Exception:
+    reason = failure_reason(log)
+    if "BPE pre-tokenizer was not recognized" in log and "NotImplementedError" in reason:
         return Unsupported(f"llama.cpp's converter does not recognise the BPE pre-tokenizer of {model_dir.name} "
                            "(its hash table, get_vocab_base_pre), and tokenizer.json's pre_tokenizer is not one "
                            "lossless-bench maps to a llama.cpp pre-tokenizer (a ByteLevel one with GPT-2's regex)")
     if f"Model {arch} is not supported" in log:
         return Unsupported(f"llama.cpp's converter does not support architecture {arch}")
-    tail = " | ".join(ln.strip() for ln in log.strip().splitlines()[-4:])
-    return RuntimeError(f"llama.cpp's converter failed on {model_dir.name} (exit {rc}): {tail[-1200:]}")
+    where = f"; full output in {log_path}" if log_path else ""
+    return RuntimeError(f"llama.cpp's converter failed on {model_dir.name} (exit {rc}): {reason}{where}")
 
 
 def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike,
@@ -240,13 +296,17 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
     tmp = _atomic_target(out_path)
     report = tmp.with_name(tmp.name + ".report")
     side_tmp = _atomic_target(out_path.with_suffix(".json"))
-    argv = [sys.executable, str(CHILD), str(src), str(model_dir), str(tmp), out_type, str(report), *([pre] if pre else [])]
+    python, _ = converter_python()
+    argv = [python, str(CHILD), str(src), str(model_dir), str(tmp), out_type, str(report), *([pre] if pre else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                               cwd=str(src))
         if proc.returncode != 0 or not report.is_file():
-            raise _failure(proc.stdout, arch, model_dir, proc.returncode)
+            log_path = out_path.with_name(out_path.name + ".convert.log")
+            log_path.write_text(proc.stdout)
+            sys.stderr.write(f"llama.cpp's converter failed on {model_dir}; its output:\n{proc.stdout}\n")
+            raise _failure(proc.stdout, arch, model_dir, proc.returncode, log_path)
         used = json.loads(report.read_text())
         side = {**converter_identity(src), "source_architecture": arch, "out_type": out_type, **_gguf_facts(tmp),
                 "tokenizer_pre_source": {"hash": "converter", "given": "structure"}.get(
