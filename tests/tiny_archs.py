@@ -32,7 +32,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-ARCH_VERSION = "1"
+ARCH_VERSION = "2"   # 2: LayerNorms named ln_* (GPT-2, Falcon) spread as norms, not as biases
 SEED = 0
 HIDDEN, LAYERS, HEADS, HEAD_DIM, FFN, WINDOW = 128, 2, 2, 64, 256, 16
 
@@ -58,7 +58,7 @@ def _configs(bos: int, eos: int, pad: int, vocab: int) -> dict:
                                            attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0,
                                            tie_word_embeddings=False),
         # round two (issue 44): configs as transformers 5 saves them, converted by llama.cpp's pinned converter
-        "gpt2": lambda: t.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=FFN, n_positions=256,
+        "gpt2": lambda: t.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=256,
                                      bos_token_id=bos, eos_token_id=eos, vocab_size=vocab),
         "gpt_neox": lambda: t.GPTNeoXConfig(**base, tie_word_embeddings=False),
         "falcon": lambda: t.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -95,7 +95,7 @@ def _spread(model) -> None:
             noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
             if p.ndim >= 2:
                 p.copy_(noise * (0.5 if "embed" in name else 1.0) / p.shape[-1] ** 0.5)
-            elif "norm" in name and name.endswith("weight"):
+            elif ("norm" in name or ".ln_" in name or name.startswith("ln_") or "ln_f" in name) and name.endswith("weight"):
                 p.add_(0.2 * noise)     # 1 + noise (0 + noise for Gemma's zero-centred norms)
             else:
                 p.copy_(0.1 * noise)    # biases

@@ -231,6 +231,11 @@ def conversion_notes(config: dict[str, Any], side: dict[str, Any]) -> list[str]:
         notes.append(f"sliding_window={sw} is not in the GGUF (llama.cpp's converter writes none for "
                      f"{side.get('source_architecture')}); outputs can differ from HF only for contexts longer "
                      f"than {sw} tokens")
+    if side.get("config_added"):
+        notes.append(f"config: the converter read a temporary copy of config.json with {side['config_added']} added "
+                     "(names it asks for that transformers no longer writes; the checkpoint is untouched)")
+    if side.get("converter_env_reason"):
+        notes.append(f"converter environment: {side['converter_env_reason']}")
     return notes
 
 
@@ -283,6 +288,64 @@ def _failure(log: str, arch: str, model_dir: Path, rc: int, log_path: Path | Non
     return RuntimeError(f"llama.cpp's converter failed on {model_dir.name} (exit {rc}): {reason}{where}")
 
 
+# config.json names llama.cpp 0.3.36's converter reads from the raw file that transformers (4.57 and 5) no longer
+# writes: {architecture: (what to add, why)}. Applied only to a temporary copy (config.json rewritten, every other
+# file a symlink), never to the user's checkpoint; tests/unit/test_gguf_config_map.py and the round-two tests in
+# tests/engines/test_gguf_converter.py.
+def _gpt2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"n_ctx": cfg["n_positions"]} if "n_ctx" not in cfg and "n_positions" in cfg else {}
+
+
+def _falcon_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    # classic Falcon's multi-query attention has one K/V head; transformers saves num_kv_heads = the query heads
+    # beside multi_query: true, and the converter reshapes the fused qkv by num_kv_heads
+    if cfg.get("multi_query") and not cfg.get("new_decoder_architecture") and cfg.get("num_kv_heads", 1) != 1:
+        return {"num_kv_heads": 1}
+    return {}
+
+
+CONFIG_FIELDS = {"GPT2LMHeadModel": _gpt2_fields, "FalconForCausalLM": _falcon_fields}
+
+
+def config_additions(arch: str, config: dict[str, Any]) -> dict[str, Any]:
+    rule = CONFIG_FIELDS.get(arch)
+    return rule(config) if rule else {}
+
+
+def _checkpoint_for_converter(model_dir: Path, config: dict[str, Any], arch: str, tmp_root: Path) -> Path:
+    """model_dir itself, or a temporary copy (same folder name) with config.json's renamed fields added."""
+    extra = config_additions(arch, config)
+    if not extra:
+        return model_dir
+    copy = tmp_root / model_dir.name
+    copy.mkdir()
+    for f in model_dir.iterdir():
+        if f.name != "config.json":
+            (copy / f.name).symlink_to(f.resolve())
+    (copy / "config.json").write_text(json.dumps({**config, **extra}, indent=1))
+    return copy
+
+
+def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
+    """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2
+    feed-forward width other than 4 x n_embd (the converter writes 4 x n_embd whatever n_inner says; llama.cpp
+    then refuses ffn_down's shape), or a token the converter needs that the vocabulary lacks (GLM-4's converter
+    looks up `<|endoftext|>` as its end-of-text token)."""
+    n_inner, n_embd = config.get("n_inner"), config.get("n_embd")
+    if arch == "GPT2LMHeadModel" and n_inner is not None and n_embd is not None and n_inner != 4 * n_embd:
+        raise Unsupported(f"llama.cpp's GPT-2 converter writes a feed-forward width of 4 x n_embd ({4 * n_embd}); "
+                          f"this checkpoint's n_inner is {n_inner}")
+    if arch not in ("Glm4ForCausalLM", "Glm4MoeForCausalLM"):
+        return
+    tok = model_dir / "tokenizer.json"
+    if tok.is_file():
+        data = json.loads(tok.read_text())
+        known = set((data.get("model") or {}).get("vocab") or {}) | {a["content"] for a in data.get("added_tokens", [])}
+        if "<|endoftext|>" not in known:
+            raise Unsupported(f"llama.cpp's GLM-4 converter needs the token <|endoftext|> in the vocabulary "
+                              f"(its end-of-text token); {model_dir.name}'s tokenizer has none")
+
+
 def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike,
                        out_type: str = "f32") -> tuple[Path, dict[str, Any]]:
     """Write a GGUF for an HF checkpoint directory with llama.cpp's converter (no caching; see
@@ -291,13 +354,17 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
         raise ValueError(f"out_type must be one of {OUT_TYPES}, got {out_type!r}")
     model_dir, out_path = Path(model_dir), Path(out_path)
     src = converter_dir()
-    arch = architecture_of(read_config(model_dir), src)
+    config = read_config(model_dir)
+    arch = architecture_of(config, src)
+    preflight(model_dir, config, arch)
     pre = pre_tokenizer_by_structure(model_dir)
     tmp = _atomic_target(out_path)
     report = tmp.with_name(tmp.name + ".report")
     side_tmp = _atomic_target(out_path.with_suffix(".json"))
     python, _ = converter_python()
-    argv = [python, str(CHILD), str(src), str(model_dir), str(tmp), out_type, str(report), *([pre] if pre else [])]
+    staging = tempfile.TemporaryDirectory(prefix="bench-convert-")
+    given = _checkpoint_for_converter(model_dir, config, arch, Path(staging.name))
+    argv = [python, str(CHILD), str(src), str(given), str(tmp), out_type, str(report), *([pre] if pre else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -308,7 +375,8 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
             sys.stderr.write(f"llama.cpp's converter failed on {model_dir}; its output:\n{proc.stdout}\n")
             raise _failure(proc.stdout, arch, model_dir, proc.returncode, log_path)
         used = json.loads(report.read_text())
-        side = {**converter_identity(src), "source_architecture": arch, "out_type": out_type, **_gguf_facts(tmp),
+        side = {**converter_identity(src), "source_architecture": arch,
+                **({"config_added": config_additions(arch, config)} if given != model_dir else {}), "out_type": out_type, **_gguf_facts(tmp),
                 "tokenizer_pre_source": {"hash": "converter", "given": "structure"}.get(
                     used["tokenizer_pre_source"], used["tokenizer_pre_source"])}
         side_tmp.write_text(json.dumps(side, indent=1))
@@ -317,6 +385,7 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
     finally:
         for leftover in (tmp, report, side_tmp):
             leftover.unlink(missing_ok=True)
+        staging.cleanup()
     return out_path, side
 
 
@@ -460,8 +529,8 @@ def gguf_for(source: str | os.PathLike, quantization: str,
     else:
         raise Unsupported(f"llamacpp cannot run quantization {quantization}")
     conversion = json.loads(converted.with_suffix(".json").read_text())
-    for key in ("converter", "converter_version", "converter_gguf_py", "source_architecture", "tokenizer_pre",
-                "tokenizer_pre_source"):
+    for key in ("converter", "converter_version", "converter_gguf_py", "converter_transformers", "source_architecture",
+                "tokenizer_pre", "tokenizer_pre_source"):
         facts[key] = conversion.get(key)
     facts["gguf_cache_hit"] = hit
     facts["gguf_file_type"] = FTYPES[quantization]
