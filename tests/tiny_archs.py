@@ -18,9 +18,10 @@ What each one exercises in a converter and an engine:
 - olmo2:    q/k norms over the whole projection, norms after attention and ffn (no pre-norms)
 - stablelm: LayerNorm with biases, partial rotary (25%)
 - granite:  embedding, attention, residual and logit multipliers
-Not here: GPT-NeoX, because llama.cpp's converter (0.3.36) reads `rotary_pct` from transformers' AutoConfig, which
-transformers 5 no longer carries (KeyError even with the key in config.json); SmolLM3 (its NoPE layers) converted
-but disagreed by 1.5 nats, not looked into.
+Round two (issue 44, ARCHS_ROUND_TWO): gpt2, gpt_neox, classic falcon (multi-query), falcon with
+new_decoder_architecture, glm4, bloom (ALiBi), phi (phi-2 style: parallel block, partial rotary), mixtral, qwen2_moe,
+starcoder2, cohere, exaone4; converted in `make env-convert`'s environment (transformers 4.57.6, which llama.cpp's
+converter pins). qwen3_moe and smollm3 build too but disagree by 1.9 and 1.5 nats (not explained yet).
 Built once per cache folder by content of this file's recipe (ARCH_VERSION), like the built-in models.
 """
 
@@ -67,6 +68,22 @@ def _configs(bos: int, eos: int, pad: int, vocab: int) -> dict:
         "falcon_new": lambda: t.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                              num_kv_heads=1, new_decoder_architecture=True, alibi=False, bias=False,
                                              **ids),
+        "bloom": lambda: t.BloomConfig(hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS, **ids),
+        "phi": lambda: t.PhiConfig(**{**base, "intermediate_size": 4 * HIDDEN}, num_key_value_heads=HEADS, partial_rotary_factor=0.5,
+                                   tie_word_embeddings=False),
+        "mixtral": lambda: t.MixtralConfig(**base, num_key_value_heads=1, head_dim=HEAD_DIM, num_local_experts=4,
+                                           num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False),
+        "qwen2_moe": lambda: t.Qwen2MoeConfig(**base, num_key_value_heads=1, num_experts=4, num_experts_per_tok=2,
+                                              moe_intermediate_size=64, shared_expert_intermediate_size=128,
+                                              tie_word_embeddings=False),
+        "qwen3_moe": lambda: t.Qwen3MoeConfig(**base, num_key_value_heads=1, head_dim=HEAD_DIM, num_experts=4,
+                                              num_experts_per_tok=2, moe_intermediate_size=64,
+                                              tie_word_embeddings=False),
+        "starcoder2": lambda: t.Starcoder2Config(**base, num_key_value_heads=1, sliding_window=None),
+        "cohere": lambda: t.CohereConfig(**base, num_key_value_heads=1, logit_scale=1.0),
+        "smollm3": lambda: t.SmolLM3Config(**base, num_key_value_heads=1, no_rope_layer_interval=2,
+                                           tie_word_embeddings=False),
+        "exaone4": lambda: t.Exaone4Config(**base, num_key_value_heads=1, head_dim=HEAD_DIM, tie_word_embeddings=False),
         "glm4": lambda: t.Glm4Config(**base, num_key_value_heads=1, head_dim=HEAD_DIM, tie_word_embeddings=False),
     }
 
@@ -82,7 +99,10 @@ FOLDER = {"phi3": "phi-three"}
 ARCHS = ("mistral", "qwen2", "qwen3", "gemma3", "phi3", "olmo2", "stablelm", "granite")
 # issue 44's second round, whose configs transformers 5 writes with names llama.cpp's converter no longer finds
 # (run in `make env-convert`'s environment): tests/engines/test_gguf_converter.py, test_round_two_*
-ARCHS_ROUND_TWO = ("gpt2", "gpt_neox", "falcon", "falcon_new", "glm4")
+# not here: qwen3_moe (1.9 nats apart, expert count 4 in the GGUF; not explained yet) and smollm3 (1.5, its NoPE
+# layers; not explained yet): both builders stay for whoever looks into them
+ARCHS_ROUND_TWO = ("gpt2", "gpt_neox", "falcon", "falcon_new", "glm4", "bloom", "phi", "mixtral", "qwen2_moe",
+                   "starcoder2", "cohere", "exaone4")
 
 
 def _spread(model) -> None:

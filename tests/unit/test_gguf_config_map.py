@@ -73,6 +73,8 @@ def test_config_additions(arch, cfg, added):
 def test_preflight_refuses_what_the_converter_cannot_write(tmp_path):
     with pytest.raises(Unsupported, match="n_inner is 256"):
         gc.preflight(tmp_path, {"n_embd": 128, "n_inner": 256}, "GPT2LMHeadModel")
+    with pytest.raises(Unsupported, match="intermediate_size is 256"):
+        gc.preflight(tmp_path, {"hidden_size": 128, "intermediate_size": 256}, "PhiForCausalLM")
     gc.preflight(tmp_path, {"n_embd": 128, "n_inner": 512}, "GPT2LMHeadModel")
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0}}, "added_tokens": []}))
     with pytest.raises(Unsupported, match="<|endoftext|>"):

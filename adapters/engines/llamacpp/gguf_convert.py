@@ -326,15 +326,21 @@ def _checkpoint_for_converter(model_dir: Path, config: dict[str, Any], arch: str
     return copy
 
 
+# architectures whose converter writes feed_forward_length = 4 x the width, whatever the config says
+FFN_FOUR_TIMES = {"GPT2LMHeadModel": ("n_inner", "n_embd"), "PhiForCausalLM": ("intermediate_size", "hidden_size")}
+
+
 def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
-    """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2
-    feed-forward width other than 4 x n_embd (the converter writes 4 x n_embd whatever n_inner says; llama.cpp
+    """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2 or
+    Phi feed-forward width other than 4 x the hidden size (the converter writes 4 x n_embd whatever n_inner says; llama.cpp
     then refuses ffn_down's shape), or a token the converter needs that the vocabulary lacks (GLM-4's converter
     looks up `<|endoftext|>` as its end-of-text token)."""
-    n_inner, n_embd = config.get("n_inner"), config.get("n_embd")
-    if arch == "GPT2LMHeadModel" and n_inner is not None and n_embd is not None and n_inner != 4 * n_embd:
-        raise Unsupported(f"llama.cpp's GPT-2 converter writes a feed-forward width of 4 x n_embd ({4 * n_embd}); "
-                          f"this checkpoint's n_inner is {n_inner}")
+    if arch in FFN_FOUR_TIMES:
+        ffn_key, width_key = FFN_FOUR_TIMES[arch]
+        ffn, width = config.get(ffn_key), config.get(width_key)
+        if ffn is not None and width is not None and ffn != 4 * width:
+            raise Unsupported(f"llama.cpp's {arch} converter writes a feed-forward width of 4 x {width_key} "
+                              f"({4 * width}); this checkpoint's {ffn_key} is {ffn}")
     if arch not in ("Glm4ForCausalLM", "Glm4MoeForCausalLM"):
         return
     tok = model_dir / "tokenizer.json"
@@ -402,9 +408,13 @@ def converted_gguf(model_dir: str | os.PathLike, out_type: str = "f32",
     """(path, cache_hit): the cached GGUF for this checkpoint and output type, converting on a miss."""
     model_dir = Path(model_dir)
     src = converter_dir()
-    architecture_of(read_config(model_dir), src)  # Unsupported before hashing gigabytes
+    config = read_config(model_dir)
+    arch = architecture_of(config, src)  # Unsupported before hashing gigabytes
+    preflight(model_dir, config, arch)
     version = converter_identity(src)["converter_version"]
-    key = hashlib.sha256(f"{checkpoint_hash(model_dir)}|{version}|{out_type}".encode()).hexdigest()[:24]
+    added = config_additions(arch, config)   # what the converter reads is part of the key
+    extra = f"|{json.dumps(added, sort_keys=True)}" if added else ""
+    key = hashlib.sha256(f"{checkpoint_hash(model_dir)}|{version}|{out_type}{extra}".encode()).hexdigest()[:24]
     path = _cache_root(cache_dir) / f"{model_dir.name}-{key}-{out_type}.gguf"
     if path.is_file() and path.with_suffix(".json").is_file():
         return path, True
