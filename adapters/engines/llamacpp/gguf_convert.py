@@ -139,9 +139,16 @@ def converter_python() -> tuple[str, str | None]:
 
 @functools.lru_cache(maxsize=4)
 def _python_transformers(python: str) -> str:
-    proc = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('transformers'))"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONNOUSERSITE": "1"})
-    return proc.stdout.strip() if proc.returncode == 0 else "unknown"
+    """The transformers version an interpreter imports, read from its environment's dist-info (no child process)."""
+    import importlib.metadata
+
+    if Path(python) == Path(sys.executable):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version("transformers")
+        return "none"
+    env = Path(python).parent.parent
+    found = sorted(env.glob("lib/python*/site-packages/transformers-*.dist-info"))
+    return found[0].name[len("transformers-"):-len(".dist-info")] if found else "unknown"
 
 
 def converter_environment() -> dict[str, str]:
