@@ -3,8 +3,10 @@
 The converter is llama.cpp's `convert_hf_to_gguf.py` with its `conversion/` modules and its own `gguf-py`,
 taken from the source distribution of the pinned llama-cpp-python (`make llama-cpp-src` unpacks those files
 into `.cache/llama-cpp-src/<version>/`; LOSSLESS_BENCH_LLAMACPP_SRC names another root): the converter of
-the very llama.cpp revision that runs the GGUF. It runs in a child process (converter_child.py, with
-this environment's Python: it needs torch, transformers and sentencepiece, the llamacpp extra) and writes
+the very llama.cpp revision that runs the GGUF. It runs in a child process (converter_child.py) with the Python
+of `make env-convert`'s .venvs/convert, which has the transformers that llama.cpp revision pins (4.57.6; transformers
+5 drops config names the converter reads, e.g. GPT-NeoX's rotary_pct), or this environment's Python with a note
+saying so (converter_python), and writes
 an F32, F16 or BF16 GGUF. Every text architecture in its TEXT_MODEL_MAP converts; one it lacks is
 `Unsupported` before anything is read. The quantization ladder is llama.cpp's `llama_model_quantize` from
 the F32 file, as before.
@@ -296,7 +298,7 @@ def _failure(log: str, arch: str, model_dir: Path, rc: int, log_path: Path | Non
 
 
 # config.json names llama.cpp 0.3.36's converter reads from the raw file that transformers (4.57 and 5) no longer
-# writes: {architecture: (what to add, why)}. Applied only to a temporary copy (config.json rewritten, every other
+# writes: {architecture: the fields to add, from the config}. Applied only to a temporary copy (config.json rewritten, every other
 # file a symlink), never to the user's checkpoint; tests/unit/test_gguf_config_map.py and the round-two tests in
 # tests/engines/test_gguf_converter.py.
 def _gpt2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -339,8 +341,8 @@ FFN_FOUR_TIMES = {"GPT2LMHeadModel": ("n_inner", "n_embd"), "PhiForCausalLM": ("
 
 def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
     """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2 or
-    Phi feed-forward width other than 4 x the hidden size (the converter writes 4 x n_embd whatever n_inner says; llama.cpp
-    then refuses ffn_down's shape), or a token the converter needs that the vocabulary lacks (GLM-4's converter
+    Phi feed-forward width other than 4 x the hidden size (the converter writes 4 x the width whatever the config
+    says; llama.cpp then refuses ffn_down's shape), or a token the converter needs that the vocabulary lacks (GLM-4's converter
     looks up `<|endoftext|>` as its end-of-text token)."""
     if arch in FFN_FOUR_TIMES:
         ffn_key, width_key = FFN_FOUR_TIMES[arch]
@@ -388,8 +390,8 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
             sys.stderr.write(f"llama.cpp's converter failed on {model_dir}; its output:\n{proc.stdout}\n")
             raise _failure(proc.stdout, arch, model_dir, proc.returncode, log_path)
         used = json.loads(report.read_text())
-        side = {**converter_identity(src), "source_architecture": arch,
-                **({"config_added": config_additions(arch, config)} if given != model_dir else {}), "out_type": out_type, **_gguf_facts(tmp),
+        added = {"config_added": config_additions(arch, config)} if given != model_dir else {}
+        side = {**converter_identity(src), "source_architecture": arch, **added, "out_type": out_type, **_gguf_facts(tmp),
                 "tokenizer_pre_source": {"hash": "converter", "given": "structure"}.get(
                     used["tokenizer_pre_source"], used["tokenizer_pre_source"])}
         side_tmp.write_text(json.dumps(side, indent=1))
