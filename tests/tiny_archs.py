@@ -18,9 +18,10 @@ What each one exercises in a converter and an engine:
 - olmo2:    q/k norms over the whole projection, norms after attention and ffn (no pre-norms)
 - stablelm: LayerNorm with biases, partial rotary (25%)
 - granite:  embedding, attention, residual and logit multipliers
-Not here: GPT-NeoX, because llama.cpp's converter (0.3.36) reads `rotary_pct` from transformers' AutoConfig, which
-transformers 5 no longer carries (KeyError even with the key in config.json); SmolLM3 (its NoPE layers) converted
-but disagreed by 1.5 nats, not looked into.
+Round two (issue 44, ARCHS_ROUND_TWO): gpt2, gpt_neox, classic falcon (multi-query), falcon with
+new_decoder_architecture, glm4, bloom (ALiBi), phi (phi-2 style: parallel block, partial rotary), mixtral, qwen2_moe,
+starcoder2, cohere, exaone4; converted in `make env-convert`'s environment (transformers 4.57.6, which llama.cpp's
+converter pins). qwen3_moe and smollm3 build too but disagree by 1.9 and 1.5 nats (not explained yet).
 Built once per cache folder by content of this file's recipe (ARCH_VERSION), like the built-in models.
 """
 
@@ -32,7 +33,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-ARCH_VERSION = "1"
+ARCH_VERSION = "2"   # 2: LayerNorms named ln_* (GPT-2, Falcon) spread as norms, not as biases
 SEED = 0
 HIDDEN, LAYERS, HEADS, HEAD_DIM, FFN, WINDOW = 128, 2, 2, 64, 256, 16
 
@@ -57,7 +58,33 @@ def _configs(bos: int, eos: int, pad: int, vocab: int) -> dict:
         "granite": lambda: t.GraniteConfig(**base, num_key_value_heads=1, embedding_multiplier=4.0,
                                            attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=2.0,
                                            tie_word_embeddings=False),
-
+        # round two (issue 44): configs as transformers 5 saves them, converted by llama.cpp's pinned converter
+        "gpt2": lambda: t.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=256,
+                                     bos_token_id=bos, eos_token_id=eos, vocab_size=vocab),
+        "gpt_neox": lambda: t.GPTNeoXConfig(**base, tie_word_embeddings=False),
+        "falcon": lambda: t.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                         multi_query=True, new_decoder_architecture=False, parallel_attn=True,
+                                         alibi=False, bias=False, **ids),
+        "falcon_new": lambda: t.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                                             num_kv_heads=1, new_decoder_architecture=True, alibi=False, bias=False,
+                                             **ids),
+        "bloom": lambda: t.BloomConfig(hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS, **ids),
+        "phi": lambda: t.PhiConfig(**{**base, "intermediate_size": 4 * HIDDEN}, num_key_value_heads=HEADS, partial_rotary_factor=0.5,
+                                   tie_word_embeddings=False),
+        "mixtral": lambda: t.MixtralConfig(**base, num_key_value_heads=1, head_dim=HEAD_DIM, num_local_experts=4,
+                                           num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False),
+        "qwen2_moe": lambda: t.Qwen2MoeConfig(**base, num_key_value_heads=1, num_experts=4, num_experts_per_tok=2,
+                                              moe_intermediate_size=64, shared_expert_intermediate_size=128,
+                                              tie_word_embeddings=False),
+        "qwen3_moe": lambda: t.Qwen3MoeConfig(**base, num_key_value_heads=1, head_dim=HEAD_DIM, num_experts=4,
+                                              num_experts_per_tok=2, moe_intermediate_size=64,
+                                              tie_word_embeddings=False),
+        "starcoder2": lambda: t.Starcoder2Config(**base, num_key_value_heads=1, sliding_window=None),
+        "cohere": lambda: t.CohereConfig(**base, num_key_value_heads=1, logit_scale=1.0),
+        "smollm3": lambda: t.SmolLM3Config(**base, num_key_value_heads=1, no_rope_layer_interval=2,
+                                           tie_word_embeddings=False),
+        "exaone4": lambda: t.Exaone4Config(**base, num_key_value_heads=1, head_dim=HEAD_DIM, tie_word_embeddings=False),
+        "glm4": lambda: t.Glm4Config(**base, num_key_value_heads=1, head_dim=HEAD_DIM, tie_word_embeddings=False),
     }
 
 
@@ -70,6 +97,12 @@ TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
 FOLDER = {"phi3": "phi-three"}
 
 ARCHS = ("mistral", "qwen2", "qwen3", "gemma3", "phi3", "olmo2", "stablelm", "granite")
+# issue 44's second round, whose configs transformers 5 writes with names llama.cpp's converter no longer finds
+# (run in `make env-convert`'s environment): tests/engines/test_gguf_converter.py, test_round_two_*
+# not here: qwen3_moe (1.9 nats apart, expert count 4 in the GGUF; not explained yet) and smollm3 (1.5, its NoPE
+# layers; not explained yet): both builders stay for whoever looks into them
+ARCHS_ROUND_TWO = ("gpt2", "gpt_neox", "falcon", "falcon_new", "glm4", "bloom", "phi", "mixtral", "qwen2_moe",
+                   "starcoder2", "cohere", "exaone4")
 
 
 def _spread(model) -> None:
@@ -82,7 +115,7 @@ def _spread(model) -> None:
             noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
             if p.ndim >= 2:
                 p.copy_(noise * (0.5 if "embed" in name else 1.0) / p.shape[-1] ** 0.5)
-            elif "norm" in name and name.endswith("weight"):
+            elif ("norm" in name or ".ln_" in name or name.startswith("ln_") or "ln_f" in name) and name.endswith("weight"):
                 p.add_(0.2 * noise)     # 1 + noise (0 + noise for Gemma's zero-centred norms)
             else:
                 p.copy_(0.1 * noise)    # biases

@@ -33,7 +33,7 @@ import pytest
 
 from adapters.contract.specs import LoadSpec, ModelSpec
 from tests.helpers import ROOT, needs_llama, vllm_script
-from tests.tiny_archs import ARCHS, resolve_arch
+from tests.tiny_archs import ARCHS, ARCHS_ROUND_TWO, resolve_arch
 
 needs_hf = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None,
@@ -105,12 +105,13 @@ def hf_rows(model_dir: Path, vocab: int, act=None) -> list[np.ndarray]:
     adapter.load(LoadSpec(framework="hf", model=ModelSpec(name="m", source=str(model_dir)), quantization="fp32",
                           device="cpu"))
     try:
-        if act is not None:   # swap the MLP activation modules (Gemma 3: ggml's f16 GELU, below)
+        if act is not None:   # swap the MLP activation modules (GELU models: ggml's f16 GELU, below)
             import torch
 
             for module in adapter.model.modules():
-                if isinstance(getattr(module, "act_fn", None), torch.nn.Module):
-                    module.act_fn = act
+                for name in ("act_fn", "act", "gelu_impl", "activation_fn"):
+                    if isinstance(getattr(module, name, None), torch.nn.Module):
+                        setattr(module, name, act)
         return full_rows(adapter.score(prompts(model_dir), top_k=vocab), vocab)
     finally:
         adapter.close()
@@ -156,9 +157,7 @@ def test_llama_cpp_matches_transformers(arch, cache_dir, tiny_model):
     assert any(n.startswith("tokenizer: llama.cpp's converter does not recognise") for n in notes)
 
 
-@needs_llama
-@needs_hf
-def test_gemma3_matches_within_ggml_gelu_precision(cache_dir, tiny_model):
+def ggml_gelu():
     import torch
 
     class GgmlGelu(torch.nn.Module):
@@ -168,13 +167,78 @@ def test_gemma3_matches_within_ggml_gelu_precision(cache_dir, tiny_model):
             y = torch.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
             return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
 
+    return GgmlGelu()
+
+
+@needs_llama
+@needs_hf
+def test_gemma3_matches_within_ggml_gelu_precision(cache_dir, tiny_model):
     model_dir = resolve_arch("gemma3", cache_dir, tiny_model)
     llama, engine_args, _, _ = llama_rows(model_dir, cache_dir)
     vocab = llama[0].shape[1]
-    plain, emulated = max_diff(llama, hf_rows(model_dir, vocab)), max_diff(llama, hf_rows(model_dir, vocab, GgmlGelu()))
+    plain, emulated = max_diff(llama, hf_rows(model_dir, vocab)), max_diff(llama, hf_rows(model_dir, vocab, ggml_gelu()))
     print(f"\ngemma3 llama.cpp vs transformers {plain:.2e}; vs transformers with ggml's f16 GELU {emulated:.2e}")
     assert engine_args["source_architecture"] == "Gemma3ForCausalLM"
     assert emulated < plain / 2 and emulated < 1e-3 and plain < 5e-3
+
+
+def _convert_env_problem() -> str | None:
+    try:
+        from adapters.engines.llamacpp.gguf_convert import converter_python
+    except ImportError as err:
+        return str(err)
+    return converter_python()[1]
+
+
+needs_convert_env = pytest.mark.skipif(_convert_env_problem() is not None,
+                                       reason=f"{_convert_env_problem()} (run `make env-convert`)")
+# issue 44's second round: checkpoints saved by transformers 5, converted in `make env-convert`'s environment
+# (transformers 4.57.6, as llama.cpp 0.3.36 pins). Measured (max |dlogprob| llama.cpp vs transformers; in brackets
+# with transformers' GELU replaced by ggml's f16 one): mixtral 5.7e-6, qwen2_moe 6.2e-6, cohere 1.9e-6,
+# exaone4 4.8e-6; GELU models: gpt2 1.4e-3 (3.7e-4), gpt_neox 1.8e-3 (3.0e-4), classic falcon 9.6e-4 (3.1e-4),
+# falcon new_decoder_architecture 9.0e-4 (1.3e-4), bloom 4.9e-4 (8.3e-5), starcoder2 5.7e-4 (1.6e-4): ggml's f16
+# GELU accounts for most of the difference beyond 1e-4 (the rest, as for Gemma 3: activations whose f16 rounding
+# flips on 1e-6 differences upstream); phi 1.5e-3 (8.0e-4): ggml's GELU accounts for half, the rest not looked
+# into. glm4: Unsupported in preflight (its converter needs <|endoftext|>). gpt2 and classic falcon convert
+# through config_added (n_ctx; num_kv_heads 1 for multi-query).
+GELU = {"gpt2", "gpt_neox", "falcon", "falcon_new", "bloom", "starcoder2"}
+ROUND_TWO = {**{a: "within" for a in ("mixtral", "qwen2_moe", "cohere", "exaone4")},
+             **{a: "ggml_gelu" for a in GELU}, "phi": "ggml_gelu_half", "glm4": "unsupported"}
+CONFIG_ADDED = {"gpt2": {"n_ctx": 256}, "falcon": {"num_kv_heads": 1}}
+
+
+@needs_llama
+@needs_hf
+@needs_convert_env
+@pytest.mark.parametrize("arch", ARCHS_ROUND_TWO)
+def test_round_two_matches_or_says_why(arch, cache_dir, tiny_model):
+    from adapters.base import Unsupported
+    from adapters.engines.llamacpp.gguf_convert import converted_gguf
+
+    model_dir = resolve_arch(arch, cache_dir, tiny_model)
+    if ROUND_TWO[arch] == "unsupported":
+        with pytest.raises(Unsupported, match="<|endoftext|>"):
+            converted_gguf(model_dir, "f32", cache_dir)
+        return
+    gguf, _ = converted_gguf(model_dir, "f32", cache_dir)
+    side = json.loads(gguf.with_suffix(".json").read_text())
+    assert side["converter_transformers"] == "4.57.6" and "converter_env_reason" not in side
+    assert side.get("config_added", {}) == CONFIG_ADDED.get(arch, {})
+    assert "n_ctx" not in json.loads((model_dir / "config.json").read_text())   # the checkpoint is untouched
+    llama, _, _, _ = llama_rows(model_dir, cache_dir)
+    vocab = llama[0].shape[1]
+    hf = hf_rows(model_dir, vocab)
+    plain = max_diff(llama, hf)
+    emulated = float("nan") if ROUND_TWO[arch] == "within" else max_diff(llama, hf_rows(model_dir, vocab, ggml_gelu()))
+    spread = float(np.mean([r.max(1).mean() - r.min(1).mean() for r in hf]))
+    print(f"\n{arch:10} llama.cpp vs transformers {plain:.2e}; with ggml's f16 GELU {emulated:.2e} (rows span {spread:.1f})")
+    assert spread > 2.0
+    if ROUND_TWO[arch] == "within":
+        assert plain < TOL
+    elif ROUND_TWO[arch] == "ggml_gelu":   # beyond 1e-4 mostly through ggml's f16 GELU (as Gemma 3)
+        assert plain >= TOL and emulated < plain / 2 and emulated < 1e-3 and plain < 5e-3
+    else:   # phi: ggml's GELU accounts for about half
+        assert plain >= TOL and emulated < plain * 0.6 and plain < 5e-3
 
 
 @needs_llama

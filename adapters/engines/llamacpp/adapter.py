@@ -135,7 +135,8 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
     @classmethod
     def model_problem(cls, model: ModelFacts, quantization: str, options, device: str) -> str | None:
         """Before any engine starts: a hub id (there is no local checkpoint to convert), `gguf` on a checkpoint,
-        an architecture llama.cpp's converter lacks, the converter not unpacked."""
+        an architecture llama.cpp's converter lacks, the converter not unpacked, a checkpoint property the converter
+        cannot write (gguf_convert.preflight)."""
         from adapters.engines.llamacpp import gguf_convert
 
         if model.kind == "hub":
@@ -151,7 +152,8 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
             return ("quantization 'gguf' means a given .gguf file used as it is; "
                     f"{model.source} is an HF checkpoint (use fp32/fp16/bf16 or a quantized level)")
         try:
-            gguf_convert.architecture_of(model.config, gguf_convert.converter_dir())
+            arch = gguf_convert.architecture_of(model.config, gguf_convert.converter_dir())
+            gguf_convert.preflight(Path(model.source), model.config, arch)
         except ImportError:      # no llama-cpp-python beside the driver: the group's own environment checks
             return None
         except (Unsupported, FileNotFoundError) as err:

@@ -11,7 +11,8 @@ Two changes to the converter's behaviour, both about the tokenizer:
   (`TextModel.get_vocab_base_pre` raises NotImplementedError) gets the pre-tokenizer name the caller passes
   as the last argument, and the report says so; without that argument the converter's error stands;
 - a checkpoint whose tokenizer_config.json declares the generic `PreTrainedTokenizerFast` (tokenizer.json is
-  the whole tokenizer) is loaded as that class where the converter asks AutoTokenizer. transformers 5 swaps
+  the whole tokenizer), or GPT2Tokenizer beside a tokenizer.json, is loaded as PreTrainedTokenizerFast where the
+  converter asks AutoTokenizer. transformers 5 swaps
   in the model type's own class instead (Qwen2Tokenizer for a qwen2 config), which adds its default special
   tokens (`<|endoftext|>` as a 513th token on the built-in tiny-qwen2's 512-row embedding) and fails the
   converter's vocabulary-size assertion. The project reads tokenizer.json the same way
@@ -58,9 +59,17 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# declared classes loaded from tokenizer.json alone: the generic one, and GPT2Tokenizer, which transformers 4.57 (the
+# converter's environment) builds with GPT-2's default <|endoftext|> added when the vocabulary lacks it (a 513th
+# token on the built-in tiny vocabulary: the converter's vocabulary-size assertion fails)
+DECLARED_FROM_TOKENIZER_JSON = ("PreTrainedTokenizerFast", "GPT2Tokenizer")
+
+
 def _declared_class_for_auto_tokenizer(model_dir: Path) -> None:
     config = model_dir / "tokenizer_config.json"
-    if not config.is_file() or json.loads(config.read_text()).get("tokenizer_class") != "PreTrainedTokenizerFast":
+    if not config.is_file() or not (model_dir / "tokenizer.json").is_file():
+        return
+    if json.loads(config.read_text()).get("tokenizer_class") not in DECLARED_FROM_TOKENIZER_JSON:
         return
     import transformers
 

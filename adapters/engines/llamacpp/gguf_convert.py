@@ -3,8 +3,10 @@
 The converter is llama.cpp's `convert_hf_to_gguf.py` with its `conversion/` modules and its own `gguf-py`,
 taken from the source distribution of the pinned llama-cpp-python (`make llama-cpp-src` unpacks those files
 into `.cache/llama-cpp-src/<version>/`; LOSSLESS_BENCH_LLAMACPP_SRC names another root): the converter of
-the very llama.cpp revision that runs the GGUF. It runs in a child process (converter_child.py, with
-this environment's Python: it needs torch, transformers and sentencepiece, the llamacpp extra) and writes
+the very llama.cpp revision that runs the GGUF. It runs in a child process (converter_child.py) with the Python
+of `make env-convert`'s .venvs/convert, which has the transformers that llama.cpp revision pins (4.57.6; transformers
+5 drops config names the converter reads, e.g. GPT-NeoX's rotary_pct), or this environment's Python with a note
+saying so (converter_python), and writes
 an F32, F16 or BF16 GGUF. Every text architecture in its TEXT_MODEL_MAP converts; one it lacks is
 `Unsupported` before anything is read. The quantization ladder is llama.cpp's `llama_model_quantize` from
 the F32 file, as before.
@@ -110,9 +112,54 @@ def converter_identity(src: Path) -> dict[str, str]:
     for f in [*files, CHILD]:   # the child's two tokenizer rules are part of what converts
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     gguf_py = re.search(r'^version\s*=\s*"([^"]+)"', (src / "gguf-py" / "pyproject.toml").read_text(), re.M)
+    env = converter_environment()   # the transformers that reads the config is part of what converts
     return {"converter": f"llama.cpp convert_hf_to_gguf.py from the llama-cpp-python {src.name} source distribution",
-            "converter_version": f"{src.name}+{h.hexdigest()[:12]}",
-            "converter_gguf_py": gguf_py.group(1) if gguf_py else "unknown"}
+            "converter_version": f"{src.name}+{h.hexdigest()[:12]}+transformers-{env['converter_transformers']}",
+            "converter_gguf_py": gguf_py.group(1) if gguf_py else "unknown", **env}
+
+
+PYTHON_ENV = "LOSSLESS_BENCH_CONVERT_PYTHON"
+
+
+def converter_python() -> tuple[str, str | None]:
+    """The Python that runs the converter and, when it is not the converter's own environment, why not.
+
+    `make env-convert` builds .venvs/convert with the transformers llama.cpp pins (4.57.x; transformers 5 no
+    longer writes or reads some config names the converter asks for, e.g. GPT-NeoX's rotary_pct);
+    LOSSLESS_BENCH_CONVERT_PYTHON names another interpreter. Without either, this environment's Python runs
+    it and the reason says so (provenance: converter_env_reason)."""
+    env = os.environ.get(PYTHON_ENV)
+    if env:
+        return env, None
+    own = Path(__file__).resolve().parents[3] / ".venvs" / "convert" / "bin" / "python"
+    if own.is_file():
+        return str(own), None
+    return sys.executable, (f"no converter environment ({own} absent; `make env-convert` builds it, or set "
+                            f"{PYTHON_ENV}): converting under this environment's transformers, which that "
+                            "llama.cpp revision does not pin")
+
+
+@functools.lru_cache(maxsize=4)
+def _python_transformers(python: str) -> str:
+    """The transformers version an interpreter imports, read from its environment's dist-info (no child process)."""
+    import importlib.metadata
+
+    if Path(python) == Path(sys.executable):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version("transformers")
+        return "none"
+    env = Path(python).parent.parent
+    found = sorted(env.glob("lib/python*/site-packages/transformers-*.dist-info"))
+    return found[0].name[len("transformers-"):-len(".dist-info")] if found else "unknown"
+
+
+def converter_environment() -> dict[str, str]:
+    """Provenance of the converter's environment (part of the cache key through converter_identity)."""
+    python, reason = converter_python()
+    out = {"converter_python": python, "converter_transformers": _python_transformers(python)}
+    if reason:
+        out["converter_env_reason"] = reason
+    return out
 
 
 @functools.lru_cache(maxsize=4)
@@ -193,6 +240,11 @@ def conversion_notes(config: dict[str, Any], side: dict[str, Any]) -> list[str]:
         notes.append(f"sliding_window={sw} is not in the GGUF (llama.cpp's converter writes none for "
                      f"{side.get('source_architecture')}); outputs can differ from HF only for contexts longer "
                      f"than {sw} tokens")
+    if side.get("config_added"):
+        notes.append(f"config: the converter read a temporary copy of config.json with {side['config_added']} added "
+                     "(names it asks for that transformers no longer writes; the checkpoint is untouched)")
+    if side.get("converter_env_reason"):
+        notes.append(f"converter environment: {side['converter_env_reason']}")
     return notes
 
 
@@ -216,15 +268,97 @@ def _gguf_facts(path: Path) -> dict[str, Any]:
             "sliding_window_in_gguf": any(k.endswith(".attention.sliding_window") for k in reader.fields)}
 
 
-def _failure(log: str, arch: str, model_dir: Path, rc: int) -> Exception:
-    if "BPE pre-tokenizer was not recognized" in log:
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit))(:.*)?$")
+_STAGE_LINE = re.compile(r"^INFO:hf-to-gguf:(.+)$")
+
+
+def failure_reason(log: str) -> str:
+    """One line for a failed conversion: the exception's own last line (the last `SomethingError: ...` line
+    after the last traceback, never a warning banner printed earlier) and the stage, the converter's last
+    `INFO:hf-to-gguf:` line before the traceback."""
+    lines = log.strip().splitlines()
+    start = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")), default=0)
+    errors = [ln.strip() for ln in lines[start:] if _ERROR_LINE.match(ln.strip())]
+    error = errors[-1] if errors else (lines[-1].strip() if lines else "no output")
+    stages = [m.group(1).strip() for ln in lines[:start or len(lines)] if (m := _STAGE_LINE.match(ln.strip()))]
+    stage = stages[-1] if stages else "starting the converter"
+    return f"{error[:400]} (stage: {stage[:160]})"
+
+
+def _failure(log: str, arch: str, model_dir: Path, rc: int, log_path: Path | None = None) -> Exception:
+    reason = failure_reason(log)
+    if "BPE pre-tokenizer was not recognized" in log and "NotImplementedError" in reason:
         return Unsupported(f"llama.cpp's converter does not recognise the BPE pre-tokenizer of {model_dir.name} "
                            "(its hash table, get_vocab_base_pre), and tokenizer.json's pre_tokenizer is not one "
                            "lossless-bench maps to a llama.cpp pre-tokenizer (a ByteLevel one with GPT-2's regex)")
     if f"Model {arch} is not supported" in log:
         return Unsupported(f"llama.cpp's converter does not support architecture {arch}")
-    tail = " | ".join(ln.strip() for ln in log.strip().splitlines()[-4:])
-    return RuntimeError(f"llama.cpp's converter failed on {model_dir.name} (exit {rc}): {tail[-1200:]}")
+    where = f"; full output in {log_path}" if log_path else ""
+    return RuntimeError(f"llama.cpp's converter failed on {model_dir.name} (exit {rc}): {reason}{where}")
+
+
+# config.json names llama.cpp 0.3.36's converter reads from the raw file that transformers (4.57 and 5) no longer
+# writes: {architecture: the fields to add, from the config}. Applied only to a temporary copy (config.json rewritten, every other
+# file a symlink), never to the user's checkpoint; tests/unit/test_gguf_config_map.py and the round-two tests in
+# tests/engines/test_gguf_converter.py.
+def _gpt2_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {"n_ctx": cfg["n_positions"]} if "n_ctx" not in cfg and "n_positions" in cfg else {}
+
+
+def _falcon_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    # classic Falcon's multi-query attention has one K/V head; transformers saves num_kv_heads = the query heads
+    # beside multi_query: true, and the converter reshapes the fused qkv by num_kv_heads
+    if cfg.get("multi_query") and not cfg.get("new_decoder_architecture") and cfg.get("num_kv_heads", 1) != 1:
+        return {"num_kv_heads": 1}
+    return {}
+
+
+CONFIG_FIELDS = {"GPT2LMHeadModel": _gpt2_fields, "FalconForCausalLM": _falcon_fields}
+
+
+def config_additions(arch: str, config: dict[str, Any]) -> dict[str, Any]:
+    rule = CONFIG_FIELDS.get(arch)
+    return rule(config) if rule else {}
+
+
+def _checkpoint_for_converter(model_dir: Path, config: dict[str, Any], arch: str, tmp_root: Path) -> Path:
+    """model_dir itself, or a temporary copy (same folder name) with config.json's renamed fields added."""
+    extra = config_additions(arch, config)
+    if not extra:
+        return model_dir
+    copy = tmp_root / model_dir.name
+    copy.mkdir()
+    for f in model_dir.iterdir():
+        if f.name != "config.json":
+            (copy / f.name).symlink_to(f.resolve())
+    (copy / "config.json").write_text(json.dumps({**config, **extra}, indent=1))
+    return copy
+
+
+# architectures whose converter writes feed_forward_length = 4 x the width, whatever the config says
+FFN_FOUR_TIMES = {"GPT2LMHeadModel": ("n_inner", "n_embd"), "PhiForCausalLM": ("intermediate_size", "hidden_size")}
+
+
+def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
+    """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2 or
+    Phi feed-forward width other than 4 x the hidden size (the converter writes 4 x the width whatever the config
+    says; llama.cpp then refuses ffn_down's shape), or a token the converter needs that the vocabulary lacks (GLM-4's converter
+    looks up `<|endoftext|>` as its end-of-text token)."""
+    if arch in FFN_FOUR_TIMES:
+        ffn_key, width_key = FFN_FOUR_TIMES[arch]
+        ffn, width = config.get(ffn_key), config.get(width_key)
+        if ffn is not None and width is not None and ffn != 4 * width:
+            raise Unsupported(f"llama.cpp's {arch} converter writes a feed-forward width of 4 x {width_key} "
+                              f"({4 * width}); this checkpoint's {ffn_key} is {ffn}")
+    if arch not in ("Glm4ForCausalLM", "Glm4MoeForCausalLM"):
+        return
+    tok = model_dir / "tokenizer.json"
+    if tok.is_file():
+        data = json.loads(tok.read_text())
+        known = set((data.get("model") or {}).get("vocab") or {}) | {a["content"] for a in data.get("added_tokens", [])}
+        if "<|endoftext|>" not in known:
+            raise Unsupported(f"llama.cpp's GLM-4 converter needs the token <|endoftext|> in the vocabulary "
+                              f"(its end-of-text token); {model_dir.name}'s tokenizer has none")
 
 
 def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike,
@@ -235,20 +369,29 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
         raise ValueError(f"out_type must be one of {OUT_TYPES}, got {out_type!r}")
     model_dir, out_path = Path(model_dir), Path(out_path)
     src = converter_dir()
-    arch = architecture_of(read_config(model_dir), src)
+    config = read_config(model_dir)
+    arch = architecture_of(config, src)
+    preflight(model_dir, config, arch)
     pre = pre_tokenizer_by_structure(model_dir)
     tmp = _atomic_target(out_path)
     report = tmp.with_name(tmp.name + ".report")
     side_tmp = _atomic_target(out_path.with_suffix(".json"))
-    argv = [sys.executable, str(CHILD), str(src), str(model_dir), str(tmp), out_type, str(report), *([pre] if pre else [])]
+    python, _ = converter_python()
+    staging = tempfile.TemporaryDirectory(prefix="bench-convert-")
+    given = _checkpoint_for_converter(model_dir, config, arch, Path(staging.name))
+    argv = [python, str(CHILD), str(src), str(given), str(tmp), out_type, str(report), *([pre] if pre else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONNOUSERSITE": "1"}
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                               cwd=str(src))
         if proc.returncode != 0 or not report.is_file():
-            raise _failure(proc.stdout, arch, model_dir, proc.returncode)
+            log_path = out_path.with_name(out_path.name + ".convert.log")
+            log_path.write_text(proc.stdout)
+            sys.stderr.write(f"llama.cpp's converter failed on {model_dir}; its output:\n{proc.stdout}\n")
+            raise _failure(proc.stdout, arch, model_dir, proc.returncode, log_path)
         used = json.loads(report.read_text())
-        side = {**converter_identity(src), "source_architecture": arch, "out_type": out_type, **_gguf_facts(tmp),
+        added = {"config_added": config_additions(arch, config)} if given != model_dir else {}
+        side = {**converter_identity(src), "source_architecture": arch, **added, "out_type": out_type, **_gguf_facts(tmp),
                 "tokenizer_pre_source": {"hash": "converter", "given": "structure"}.get(
                     used["tokenizer_pre_source"], used["tokenizer_pre_source"])}
         side_tmp.write_text(json.dumps(side, indent=1))
@@ -257,6 +400,7 @@ def convert_hf_to_gguf(model_dir: str | os.PathLike, out_path: str | os.PathLike
     finally:
         for leftover in (tmp, report, side_tmp):
             leftover.unlink(missing_ok=True)
+        staging.cleanup()
     return out_path, side
 
 
@@ -273,9 +417,13 @@ def converted_gguf(model_dir: str | os.PathLike, out_type: str = "f32",
     """(path, cache_hit): the cached GGUF for this checkpoint and output type, converting on a miss."""
     model_dir = Path(model_dir)
     src = converter_dir()
-    architecture_of(read_config(model_dir), src)  # Unsupported before hashing gigabytes
+    config = read_config(model_dir)
+    arch = architecture_of(config, src)  # Unsupported before hashing gigabytes
+    preflight(model_dir, config, arch)
     version = converter_identity(src)["converter_version"]
-    key = hashlib.sha256(f"{checkpoint_hash(model_dir)}|{version}|{out_type}".encode()).hexdigest()[:24]
+    added = config_additions(arch, config)   # what the converter reads is part of the key
+    extra = f"|{json.dumps(added, sort_keys=True)}" if added else ""
+    key = hashlib.sha256(f"{checkpoint_hash(model_dir)}|{version}|{out_type}{extra}".encode()).hexdigest()[:24]
     path = _cache_root(cache_dir) / f"{model_dir.name}-{key}-{out_type}.gguf"
     if path.is_file() and path.with_suffix(".json").is_file():
         return path, True
@@ -409,8 +557,8 @@ def gguf_for(source: str | os.PathLike, quantization: str,
     else:
         raise Unsupported(f"llamacpp cannot run quantization {quantization}")
     conversion = json.loads(converted.with_suffix(".json").read_text())
-    for key in ("converter", "converter_version", "converter_gguf_py", "source_architecture", "tokenizer_pre",
-                "tokenizer_pre_source"):
+    for key in ("converter", "converter_version", "converter_gguf_py", "converter_transformers", "source_architecture",
+                "tokenizer_pre", "tokenizer_pre_source"):
         facts[key] = conversion.get(key)
     facts["gguf_cache_hit"] = hit
     facts["gguf_file_type"] = FTYPES[quantization]
