@@ -65,4 +65,5 @@ def test_gate_passes_and_fails_on_the_two_kinds_of_policy(ladder_run, tmp_path):
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     failures = [line for line in bad.stdout.splitlines() if "q4_0" in line or "q8_0" in line]
-    assert len(failures) == 2 and all("lossy" in line for line in failures)
+    # q4_0 is lossy; q8_0 near-lossless or lossy (its KL sits near kl_near): neither is lossless
+    assert len(failures) == 2 and all("lossy" in line or "near-lossless" in line for line in failures), bad.stdout
