@@ -116,9 +116,12 @@ def test_vllm_cells_ok_with_engine_facts(vllm_run):
         energy = {k: missing[k] for k in ("energy_j", "energy_j_per_token") if k in missing}
         assert bool(energy) == pd.isna(r.energy_j)   # no RAPL counter here: null with the reason
         no_hits = {"prefix_cache_hit_rate": missing["prefix_cache_hit_rate"]} if r.flags == "no_prefix_cache" else {}
+        # no GPU here (vLLM's environment has no NVML binding either): the GPU disturbance is null with its reason
+        gpu = {k: missing[k] for k in ("gpu_busy_runs", "output_tok_s_recheck_runs") if k in missing}
+        assert gpu.get("gpu_busy_runs", "NVML").startswith(("NVML", "no GPU")), gpu
         assert missing == {"queue_ms": "no arrival queue: an offline batch, or a closed loop", **NO_SPECULATION,
                            **dict.fromkeys(("kv_cache_usage_max", "requests_waiting_max", "gauge_samples"),
-                                           OFFLINE_GAUGES), **energy, **no_hits}
+                                           OFFLINE_GAUGES), **energy, **no_hits, **gpu}
 
 
 @needs_vllm
