@@ -100,8 +100,7 @@ def test_rules_and_baseline_name_workloads():
     (named(exclude=[{"workload": "chats"}]), ["exclude[0].workload: unknown workload 'chats' (defined in "
                                               "workloads: drawn, chat)"]),
     (named(baseline={"workload": "x"}), ["baseline.workload: unknown workload 'x' (defined in workloads: drawn, chat)"]),
-    (named(workloads__drawn__seed="a"), ["workloads.drawn.seed: Input should be a valid integer, unable to parse "
-                                         "string as an integer"]),
+    (named(workloads__drawn__seed="a"), ["workloads.drawn.seed: Input should be a valid integer"]),   # strict
     (named(workloads__chat__path="missing.json"), ["workloads.chat.path: missing.json: no such file"]),
     (named(workloads__drawn__prefix_groups=4), ["workloads.drawn.prefix_groups: prefix groups need "
                                                 "workloads.drawn.shared_prefix_len > 0 (the tokens each group's "
