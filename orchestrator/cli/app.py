@@ -24,9 +24,16 @@ class _Bench(typer.Typer):
     typer's CliRunner does not): a command that started a local Ray cluster ends it and exits at once."""
 
     def __call__(self, *args, **kwargs):
+        from orchestrator.execution import stop
+
+        stop.stop_on_sigterm()
         try:
             return super().__call__(*args, **kwargs)
         except SystemExit as e:   # how click ends every command, 0 included
+            if stop.terminated():   # typer made the interrupt 130: say what stopped it, exit as SIGTERM asks
+                print("bench: stopped by SIGTERM (what was stored is kept; `bench run` with the same run dir "
+                      "resumes, the cells that were running rerun)", file=sys.stderr)
+                e.code = stop.EXIT_CODE
             exit_now(e.code)
             raise
 

@@ -7,7 +7,8 @@ when; engine_child/ (spec.py, prompts.py, supervisor.py, rows.py) is the launche
 written for the child with every request's token ids, the child supervised, its files turned into rows);
 progress.py is what the user sees while it runs (fed by the parts' reports to scheduling/ledger.py's progress
 board); rescore.py, after the cells, has the baseline's engine score
-every cell's seeded samples; reaper.py ends a local cluster with its driver; jobs.py is
+every cell's seeded samples; reaper.py ends a local cluster with its driver; stop.py makes SIGTERM stop a
+run as Ctrl-C does (exit 143); jobs.py is
 `bench submit` / `bench status`.
 
 May import: orchestrator.values, orchestrator.inputs, orchestrator.matrix, orchestrator.store,

@@ -14,6 +14,7 @@ import time
 
 import pandas as pd
 import psutil
+import pytest
 
 from orchestrator.execution.runner import run_matrix
 from orchestrator.store.run_store import RunStore
@@ -110,14 +111,18 @@ def _engine_running(driver) -> bool:
         return False
 
 
-def test_killed_driver_leaves_no_process_behind_and_resumes_with_every_cell_stored_once(write_matrix, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["kill -9", "SIGTERM"])
+def test_killed_driver_leaves_no_process_behind_and_resumes_with_every_cell_stored_once(sig, write_matrix, tmp_path):
+    """kill -9: nothing runs in the driver; SIGTERM stops it as Ctrl-C does: exit 143 and one line, no traceback
+    and no crash dump of Ray's (orchestrator/execution/stop.py). Either way nothing outlives it and a resume
+    stores every cell once."""
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"]["batch_size"] = [1, 2, 3]
     data["axes"]["flags"] = ["default", "eager"]
     data["flags"] = {"hf": {"eager": {"attn_implementation": "eager"}}}
     path, run_dir = write_matrix(data), tmp_path / "run"
     driver = subprocess.Popen(bench_cmd("run", str(path), "--run-dir", str(run_dir)), cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     tree = psutil.Process(driver.pid)
     deadline = time.monotonic() + 600
     while not (_cell_files(run_dir) and _engine_running(tree)) and time.monotonic() < deadline and driver.poll() is None:
@@ -125,8 +130,12 @@ def test_killed_driver_leaves_no_process_behind_and_resumes_with_every_cell_stor
     # the run's processes, mid-group: Ray's (gcs_server, raylet, its agents and workers) and the engine's
     procs = tree.children(recursive=True)
     names = " ".join(_name(p) for p in procs)
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
+    driver.send_signal(sig)
+    _, stderr = driver.communicate(timeout=120)
+    if sig == signal.SIGTERM:
+        last = [x for x in stderr.splitlines() if x.strip()][-1]
+        assert driver.returncode == 143 and last.startswith("bench: stopped by SIGTERM"), stderr[-3000:]
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
     stored_before_kill = len(_cell_files(run_dir))
     assert 1 <= stored_before_kill < 6, "the kill must land mid-run"
     assert "raylet" in names and "adapters.worker" in names, names

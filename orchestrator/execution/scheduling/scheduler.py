@@ -10,6 +10,7 @@ group no node can satisfy is reported before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -19,6 +20,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from orchestrator.execution import reaper
+from orchestrator.execution.stop import stop_on_sigterm
 from orchestrator.execution.scheduling import model_size
 from orchestrator.execution.scheduling.dispatch import Dispatcher, Work
 from orchestrator.execution.scheduling.estimate import GroupFacts, History, estimate_groups
@@ -79,19 +81,22 @@ def init_ray(address: str | None = None, log_file=None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:   # a cluster: as it was configured (its nodes' addresses, its ports)
-        ray.init(address=address, logging_level=level, log_to_driver=False)
+        with _sigterm_kept():
+            ray.init(address=address, logging_level=level, log_to_driver=False)
         return
     # address="local": always a fresh local instance; without it ray.init joins any cluster another
     # process started on this machine (`ray start`, ray.cluster_utils), and then rejects num_cpus.
     # The cluster is this driver's: a watchdog kills what is left of it when the driver ends (reaper.py)
     reaper.start()
     try:
-        ctx = _init_local(level)
+        with _sigterm_kept():
+            ctx = _init_local(level)
     except Exception as first:   # Ray's startup wait (30 s, fixed in Ray) missed under load: once more
         reaper.end()   # what the failed start left running
         ray.shutdown()
         try:
-            ctx = _init_local(level)
+            with _sigterm_kept():
+                ctx = _init_local(level)
         except Exception as e:
             raise ClusterStartError(
                 f"the local Ray cluster did not start, twice ({_first_line(first)}; then {_first_line(e)}). On a "
@@ -99,6 +104,21 @@ def init_ray(address: str | None = None, log_file=None) -> None:
                 f"start a cluster yourself (`ray start --head --node-ip-address 127.0.0.1`) and give its address "
                 f"with --address or RAY_ADDRESS") from e
     reaper.watch(ctx.address_info["session_dir"])
+
+
+@contextlib.contextmanager
+def _sigterm_kept():
+    """Ray's init installs SIGTERM handlers of its own (the driver's sys.exit(15); a head node started here kills
+    its processes and exits 1 with a crash dump): they are kept out, through the one function Ray installs them
+    with, so a SIGTERM at any moment stops the run as Ctrl-C does (orchestrator/execution/stop.py); the reaper
+    ends the local cluster."""
+    utils = ray._private.utils
+    install, utils.set_sigterm_handler = utils.set_sigterm_handler, lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = install
+        stop_on_sigterm()   # in case a Ray without that function took it over anyway
 
 
 LOOPBACK = "127.0.0.1"
