@@ -8,6 +8,7 @@ bool; every reader asks these two questions the same way. Stdlib only (the CLI's
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 from numbers import Real
 from typing import Any
@@ -49,3 +50,17 @@ def md_inert(v: Any) -> str:
     """Text for a Markdown page a viewer renders: & and < as entities (no raw HTML tag, no entity), > kept
     (readable, harmless alone)."""
     return str(v).replace("&", "&amp;").replace("<", "&lt;")
+
+
+_CODE_SPAN = re.compile(r"(`+)[^\n]*?\1")   # CommonMark: a run of backticks closed by a run as long
+
+
+def md_page_inert(text: str) -> str:
+    """A whole Markdown page made inert (md_inert) outside its code spans, where a viewer shows text as it is
+    (an entity there would show as `&lt;`): what a user named (a model, a flag set, a task, a reason) renders
+    as text, never as HTML, wherever the page put it."""
+    out, at = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out += [md_inert(text[at:m.start()]), m.group(0)]
+        at = m.end()
+    return "".join(out) + md_inert(text[at:])

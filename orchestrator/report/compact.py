@@ -18,7 +18,7 @@ from rich.text import Text
 from orchestrator.report.data import q_text
 
 from orchestrator.matrix.cells import load_label
-from orchestrator.values import csv_safe, finite
+from orchestrator.values import csv_safe, finite, md_page_inert
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -261,7 +261,7 @@ def render(fmt: str, frames: dict[str, pd.DataFrame], tables: list[Table]) -> st
         return buf.getvalue()
     if fmt == "json":
         return json.dumps({name: records(df) for name, df in frames.items()}, indent=1) + "\n"
-    return "\n".join(markdown(t) for t in tables)
+    return md_page_inert("\n".join(markdown(t) for t in tables))
 
 
 def against_compact(df: pd.DataFrame, new: str, old: str) -> Table:
@@ -304,5 +304,5 @@ def emit(fmt: str, frames: dict, tables: list, lines: list[str] = (), notes: lis
         return
     sys.stdout.write(render(fmt, {k: v for k, v in frames.items() if v is not None and len(v)}, tables))
     if fmt == "md" and notes:
-        sys.stdout.write("\n" + "\n".join(f"- {x.strip()}" if i else f"**{x.rstrip(':')}**\n" for i, x in enumerate(notes))
-                         + "\n")
+        sys.stdout.write(md_page_inert("\n" + "\n".join(f"- {x.strip()}" if i else f"**{x.rstrip(':')}**\n"
+                                                        for i, x in enumerate(notes)) + "\n"))

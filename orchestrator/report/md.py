@@ -41,7 +41,7 @@ from orchestrator.report.data import (
     why_text,
 )
 from orchestrator.store.manifest import Manifest
-from orchestrator.values import as_text
+from orchestrator.values import as_text, md_page_inert
 
 
 def _md(v: Any) -> str:
@@ -123,7 +123,7 @@ def render_markdown(df: pd.DataFrame, manifest: Manifest, run_name: str, analysi
         if vs is not None and (vs.error or len(vs.table)):
             out += ["", f"### Tasks against {_md(against.name)}", ""]
             out += [f"> No task comparison: {_md(vs.error)}"] if vs.error else _tasks(vs, f"the partner in {against.name}")
-    return "\n".join(out) + "\n"
+    return md_page_inert("\n".join(out) + "\n")   # what a user named renders as text, never as HTML
 
 
 def _sampling(layer: Any, df: pd.DataFrame, manifest: Manifest) -> list[str]:
