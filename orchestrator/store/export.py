@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from orchestrator.store.integrity import plain_mode
 from orchestrator.store.run_store import RunStore
 from orchestrator.store.runs import is_run
 from orchestrator.store.schema import LOGPROBS_SCHEMA, SAMPLES_SCHEMA, TASKS_SCHEMA
@@ -47,7 +48,7 @@ def _write_rows(batches, names: list[str], path: Path, fmt: str) -> int:
                     else:
                         f.write(json.dumps(dict(zip(names, values)), allow_nan=False) + "\n")
                     n += 1
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, plain_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

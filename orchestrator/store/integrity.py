@@ -69,6 +69,17 @@ def refuse_links(root: Path, names=RUN_ENTRIES) -> None:
             raise LinkRefused(p)
 
 
+_UMASK = os.umask(0o022)   # read once, at import (setting it back at once): os.umask has no read-only form
+os.umask(_UMASK)
+
+
+def plain_mode(folder: bool = False) -> int:
+    """The mode a plain open() or mkdir gives under this process's umask (0644 / 0755 under the usual 022): every
+    run file is written with it, so whoever the umask lets read a results root (its group, where it is shared)
+    reads every run in it; mkstemp's temporary files, renamed into place, would otherwise stay 0600."""
+    return (0o777 if folder else 0o666) & ~_UMASK
+
+
 def open_nofollow(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
     """os.open that never follows a link at `path` (LinkRefused instead)."""
     try:

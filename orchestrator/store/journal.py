@@ -2,8 +2,8 @@
 
     journal/<creation time ns>-<pid>.journal3     one file per writing process, never written by another
 
-A file is the magic line, a schemas record (the Arrow schema of each table, as this process writes
-them), then one record per stored cell. A record (version 3) is
+A file is the magic line, a schemas record (the Arrow schema of each table, as this process writes them), then
+one record per stored cell (written 0644 under the usual umask: integrity.plain_mode). A record (version 3) is
 
     sync marker (8 bytes) | header length u32 | payload length u64 | crc32 u32 of everything before it
                                                                      and of the header
@@ -12,22 +12,20 @@ them), then one record per stored cell. A record (version 3) is
              a side table's message zstd-compressed whole (raw length: its size before), the cells
              row's plain (raw length 0)
 
-and goes to the file in one write(), so the cell row and its side rows are stored together or not
-at all: a killed writer leaves at most a torn last record, which readers skip (and list its cell as
-not stored). A writer that finishes a file appends an end record (a rows record of no rows, marked
-"end"): a record that does not verify before it is damage, never a torn write. A file is never
-opened for writing again once its process is gone, so a torn tail is never followed by a good
-record, and hard-linked copies of a run dir stay independent. A cell stored twice has two records;
-the later one wins (file order, then record order). Compaction folds the journal files into the
-compacted Parquet files and deletes them (one with a torn tail it keeps as `*.damaged`).
+and goes to the file in one write(), so the cell row and its side rows are stored together or not at all: a
+killed writer leaves at most a torn last record, which readers skip (and list its cell as not stored). A writer
+that finishes a file appends an end record (a rows record of no rows, marked "end"): a record that does not
+verify before it is damage, never a torn write. A file is never opened for writing again once its process is
+gone, so a torn tail is never followed by a good record, and hard-linked copies of a run dir stay independent.
+A cell stored twice has two records; the later one wins (file order, then record order). Compaction folds the
+journal files into the compacted Parquet files and deletes them (one with a torn tail it keeps as `*.damaged`).
 
-Every record verifies on its own: the header checksum covers the marker, both lengths and the
-header, the parts lie end to end and fill the payload, and each part has its checksum. A record
-that does not verify is a torn tail when no verified record follows it (the reader looks for the
-sync marker after it), and damage otherwise: `DamagedJournal`, naming the file, the byte, where
-the next verified record starts and the cells stored after it. Nothing after damage is read as if
-it were not there; `bench compact --salvage` (orchestrator/store/salvage.py) keeps every record
-that verifies and says what it could not keep.
+Every record verifies on its own: the header checksum covers the marker, both lengths and the header, the parts
+lie end to end and fill the payload, and each part has its checksum. A record that does not verify is a torn
+tail when no verified record follows it (the reader looks for the sync marker after it), and damage otherwise:
+`DamagedJournal`, naming the file, the byte, where the next verified record starts and the cells stored after
+it. Nothing after damage is read as if it were not there; `bench compact --salvage`
+(orchestrator/store/salvage.py) keeps every record that verifies and says what it could not keep.
 
 After every CELLS_BATCH cell records the writer appends a rows record: header {"rows_of": [offset,
 ...], "parts": [["cells", ...]]}, the cells rows of those records again (each named by its cells
@@ -36,17 +34,16 @@ there when they have it (one message per CELLS_BATCH rows instead of one each: a
 one-value columns, ~1 us of CPU each to decode and concatenate), else from its own record; either
 is the same row. A torn rows record is a tail like any other, skipped.
 
-Why not a Parquet file per cell: a one-row Parquet file is ~80 column chunks of footer, ~1 ms of
-CPU to open; 100,000 cells were minutes of footers. An IPC message decodes without parsing a
-footer, and the files are few.
+Why not a Parquet file per cell: a one-row Parquet file is ~80 column chunks of footer, ~1 ms of CPU to open;
+100,000 cells were minutes of footers. An IPC message decodes without a footer; the files are few.
 
-Earlier versions, still read (each version has its own suffix, so an earlier reader neither reads
-nor deletes a later version's files: it lists only its own suffixes):
-- version 2 (`*.journal2`): records start with "LBJR" and a 4-byte-marker fixed header whose crc32
-  covers the JSON header alone (the lengths and marker only by the checks above).
-- version 1 (`*.journal`): as version 2, with side messages lz4-compressed by Arrow buffer by buffer
-  (~20 LZ4 frames a logprobs message: ~300 us of CPU to decode one cell's, 6x the one zstd call of
-  version 2), parts without a raw length.
+Earlier versions, still read (each version has its own suffix, so an earlier reader neither reads nor deletes
+a later version's files: it lists only its own suffixes):
+- version 2 (`*.journal2`): records start with "LBJR" and a 4-byte-marker fixed header whose crc32 covers the
+  JSON header alone (the lengths and marker only by the checks above).
+- version 1 (`*.journal`): as version 2, with side messages lz4-compressed by Arrow buffer by buffer (~20 LZ4
+  frames a logprobs message: ~300 us of CPU to decode one cell's, 6x version 2's one zstd call), parts without
+  a raw length.
 """
 
 from __future__ import annotations
@@ -67,6 +64,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+
+from orchestrator.store.integrity import plain_mode
 
 JOURNAL_DIR = "journal"
 SUFFIX = ".journal3"                                  # what this writer writes: version 3
@@ -257,6 +256,7 @@ def atomic_file(path: Path, mode: str = "wb", durable: bool = True):
     block ends without an error (removed otherwise); `durable`: file and folder fsynced before it returns."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
+        os.fchmod(fd, plain_mode())
         with os.fdopen(fd, mode) as f:
             yield f
             if durable:

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from orchestrator.store.integrity import LinkRefused, open_nofollow, read_sealed, refuse_links, seal
+from orchestrator.store.integrity import LinkRefused, open_nofollow, plain_mode, read_sealed, refuse_links, seal
 from orchestrator.store.journal import JOURNAL_DIR, JournalWriter, atomic_file
 from orchestrator.store.layout import Layout
 from orchestrator.store.manifest import Manifest
@@ -55,6 +55,7 @@ from orchestrator.store.schema import (
 def atomic_write_table(table: pa.Table, path: Path, options: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=path.parent)
+    os.fchmod(fd, plain_mode())
     os.close(fd)
     try:
         pq.write_table(table, tmp, **(options or {"compression": "zstd"}))
