@@ -16,7 +16,7 @@ from orchestrator.report.console import err, matrix_table, out, print_table, sum
 
 
 @app.command()
-def validate(matrix: Path = typer.Argument(..., exists=True, dir_okay=False)) -> None:
+def validate(matrix: Path = typer.Argument(..., help="The matrix file (checked as the matrix is: one line)")) -> None:
     """Expand and check a matrix; runs nothing."""
     from orchestrator.inputs.task_sets import notes
     from orchestrator.matrix.cells import expand, group
@@ -44,7 +44,7 @@ def schema() -> None:
 
 
 @app.command()
-def run(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
+def run(matrix: Path = typer.Argument(..., help="The matrix file (checked as the matrix is: one line)"),
         run_dir: Optional[Path] = typer.Option(None, help="Default: results/<matrix name>"),
         address: Optional[str] = typer.Option(None, help="Ray cluster address (default: RAY_ADDRESS, else a local cluster)"),
         rerun_failed: bool = typer.Option(False, help="Run again the stored cells that are not ok"),
@@ -92,7 +92,7 @@ def _cluster_auth(address: str):
 
 
 @app.command()
-def submit(matrix: Path = typer.Argument(..., exists=True, dir_okay=False),
+def submit(matrix: Path = typer.Argument(..., help="The matrix file (checked as the matrix is: one line)"),
            address: str = typer.Option(..., help="Ray dashboard address, e.g. http://HEAD:8265"),
            run_dir: str = typer.Option(..., help="Results path on the head node (a shared file system)"),
            rerun_failed: bool = typer.Option(False),

@@ -300,7 +300,10 @@ class Serve(_Strict):
 
 class Tolerances(_Strict):
     """Thresholds for verdicts (orchestrator/judge/logits.py says how each is used; the report and the
-    gate read them from here, never restating a default)."""
+    gate read them from here, never restating a default). Each is a finite number: a NaN or infinite bound
+    would decide every verdict one way."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     atol: float = Field(1e-3, ge=0, description="Max abs difference of the actual token's teacher-forced logprob "
                         "for 'lossless' (above it: at best 'near-lossless')")

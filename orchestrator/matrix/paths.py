@@ -10,6 +10,7 @@ relative one is refused, as no node could find it either.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -18,6 +19,10 @@ from orchestrator.values import shown
 
 MAX_TEXT_BYTES = 256 * 2**20   # measure.scoring_text: a corpus to cut prompts from, read whole by each engine
 _MODEL_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json", "params.json")
+
+
+# a Hugging Face repo id, as huggingface_hub validates it: an optional namespace, a name, each 1-96 of [\w.-]
+_HUB_ID = re.compile(r"^(?:[\w.-]{1,96}/)?[\w.-]{1,96}$")
 
 
 def _is_local(p: str) -> bool:
@@ -72,6 +77,9 @@ def local_path_problems(m: Matrix, base: Path) -> list[str]:
         found = _find(python, base)
         if found is not None:
             m.run.python[fw] = str(found)
+            if not (found.is_file() and os.access(found, os.X_OK)) or str(found).startswith(("/dev/", "/proc/")):
+                problems.append(f"run.python.{fw}: {shown(str(found))} is not an executable file (a Python "
+                                "interpreter, such as an environment's bin/python)")
         else:
             missing(f"run.python.{fw}", python)
     # model paths and scoring_text are part of a cell's id: checked where found, not rewritten
@@ -79,7 +87,12 @@ def local_path_problems(m: Matrix, base: Path) -> list[str]:
         entry = m.model_entry(name)
         for key in ("source", "tokenizer"):
             value = getattr(entry, key, None)
-            if not value or not _is_local(value):
+            if not value or value.startswith("builtin:"):
+                continue
+            if not _is_local(value):   # a hub model, fetched on the node: its id must be one the hub can have
+                if not _HUB_ID.match(value) and _find(value, base) is None:
+                    problems.append(f"models.{name}.{key}: {shown(value)} is no local path (none found) and no "
+                                    "Hugging Face repo id (org/name, each part 1-96 of letters, digits, - _ .)")
                 continue
             found = _find(value, base)
             if found is None:

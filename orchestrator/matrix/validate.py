@@ -519,8 +519,8 @@ def parse_matrix_text(text: str, source: str = "matrix") -> Matrix:
     data = load_yaml(text, source)
     where = _too_large(data)
     if where:   # checked before anything walks it whole (validation, an error message)
-        raise MatrixError([f"{where}: expands to more than {MAX_VALUES:,} values through YAML aliases (&, *); "
-                           "write the values out, or use fewer aliases of aliases"], source)
+        raise MatrixError([f"{where}: holds more than {MAX_VALUES:,} values (written out, a YAML alias (*) counted "
+                           "at each use); split the matrix, or use fewer aliases of aliases"], source)
     return parse_matrix(data, source)
 
 

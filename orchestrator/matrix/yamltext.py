@@ -16,7 +16,7 @@ import yaml
 from orchestrator.matrix.models import MatrixError
 from orchestrator.values import shown
 
-MAX_FILE_BYTES = 10 * 2**20   # a matrix is a few KB; the largest shipped one is under 20 KB
+MAX_FILE_BYTES = 2**19   # a matrix is a few KB (the largest shipped one under 20 KB); PyYAML parses ~0.25 MB/s here
 MAX_DEPTH = 64                # mappings and lists inside each other (a shipped matrix: under 10)
 MAX_INT = 2**53               # larger integers are no size, seed or count an engine takes
 
@@ -55,8 +55,14 @@ class _MatrixLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _one_line(err: yaml.YAMLError) -> str:
+def _one_line(err: yaml.YAMLError, text: str) -> str:
     """A YAML error as one line: where (line and column, 1-based), what, and in what."""
+    if isinstance(err, yaml.reader.ReaderError):   # a character YAML does not allow: where it is, which it is
+        before = text[:err.position]
+        line, column = before.count("\n") + 1, err.position - (before.rfind("\n") + 1) + 1
+        code = err.character if isinstance(err.character, int) else ord(str(err.character)[:1] or "?")
+        return (f"(yaml) line {line}, column {column}: character U+{code:04X} is not allowed in YAML "
+                "(a control character or a NUL: remove it)")
     if not isinstance(err, yaml.MarkedYAMLError):
         return f"(yaml): {shown(' '.join(str(err).split()))}"
     mark = err.problem_mark or err.context_mark
@@ -93,7 +99,7 @@ def load_yaml(text: str, source: str = "matrix") -> Any:
     except MatrixError as err:
         raise MatrixError(err.problems, source) from None
     except yaml.YAMLError as err:
-        raise MatrixError([_one_line(err)], source) from None
+        raise MatrixError([_one_line(err, text)], source) from None
     except RecursionError:
         raise MatrixError([f"(yaml): nested deeper than {MAX_DEPTH} levels"], source) from None
     big = _too_big_ints(data)

@@ -25,6 +25,7 @@ PRINTS = {
     "endpoint_power": r"^fp32 vs q4_0\s+4 ",
     "env_pair_noise": r"^\| quiet \| paired \| ",
     "fixed_cost": r"^group overhead\s+\d+\.\d+",
+    "hostile_matrices": r"^refused clearly: (\d+) of \1$",
     "interval_coverage": r"^\| 10 \| 0\.3 \| \d",
     "overhead": r"^hf\s+1\s+\d+\.\d+",
     "run_cost": r"^beyond ray\.init \+ engine\s+\d+\.\d+",

@@ -64,7 +64,7 @@ def test_a_yaml_alias_bomb_fails_fast_with_its_path(tmp_path):
     t0 = time.perf_counter()
     res = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "300"})
     assert time.perf_counter() - t0 < 2 and res.exit_code == 2, res.output
-    assert "f: expands to more than 100,000 values through YAML aliases" in res.output
+    assert "f: holds more than 100,000 values (written out, a YAML alias (*) counted at each use)" in " ".join(res.output.split())
     assert len(res.output) < 600
 
 
