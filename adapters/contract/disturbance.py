@@ -149,13 +149,27 @@ def _gpu_other_share(handles: list, since_us: int, ours: set[int], missing: dict
 DISTURBED_SHARE = 0.25
 
 
-def disturbed_repeats(cpu, gpu=None) -> tuple[int, int] | None:
-    """(repeats disturbed, repeats measured) of one cell's per-repeat shares; None: none measured."""
+def disturbed_flags(cpu, gpu=None) -> list[bool]:
+    """Per timed repeat of one cell's shares: whether other processes took more than DISTURBED_SHARE of its
+    engine cores or GPUs ([] where none was measured)."""
     def shares(x) -> list[float]:
         return [float(v) for v in x] if x is not None and hasattr(x, "__len__") else []
     c, g = shares(cpu), shares(gpu)
-    n = max(len(c), len(g))
-    if not n:
+    return [max(c[i] if i < len(c) else 0.0, g[i] if i < len(g) else 0.0) > DISTURBED_SHARE
+            for i in range(max(len(c), len(g)))]
+
+
+def disturbed_repeats(cpu, gpu=None) -> tuple[int, int] | None:
+    """(repeats disturbed, repeats measured) of one cell's per-repeat shares; None: none measured."""
+    flags = disturbed_flags(cpu, gpu)
+    return (sum(flags), len(flags)) if flags else None
+
+
+def split_pairs(cpu_a, gpu_a, cpu_b, gpu_b) -> tuple[int, int] | None:
+    """(pairs split, pairs measured) of two cells whose timed repeats took turns (repeat i of one beside repeat i
+    of the other): a pair is split where one of its repeats was disturbed and the other not, so the load did not
+    fall on both. None where the two sides' repeats were not both measured, one for one."""
+    a, b = disturbed_flags(cpu_a, gpu_a), disturbed_flags(cpu_b, gpu_b)
+    if not a or len(a) != len(b):
         return None
-    flags = [max(c[i] if i < len(c) else 0.0, g[i] if i < len(g) else 0.0) > DISTURBED_SHARE for i in range(n)]
-    return sum(flags), n
+    return sum(x != y for x, y in zip(a, b)), len(a)

@@ -13,6 +13,10 @@ An env pair (a cell and its baseline the same configuration in two matrix envs, 
 turns on one node: repeat_started_at / repeat_ended_at never overlap) is paired: the interval is the t
 interval of the mean log ratio of repeat i to the baseline's repeat i (n pairs, n - 1 degrees of freedom), so
 host drift that falls on both sides of a pair drops out. `speed_test` says which test each interval is.
+measure.paired_timing gives any cell such a pair: its baseline's engine loaded beside it on its node (a timing
+twin), the baseline's repeats taken in turns with the cell's stored on the cell's row (base_output_tok_s_runs,
+base_timing_cell, base_repeat_started_at / ended_at, base_host_busy_runs): where they took turns (timing_paired),
+the cell's interval is the paired one against them, not Welch against the baseline's own row.
 
 Drift inside the run: a cell whose timed batch was measured a second time later in the run
 (output_tok_s_recheck_runs: each group's drift check, adapters.worker.group) shows how far the host moved between the two; pooled
@@ -21,8 +25,10 @@ intervals across runs), that between-measurement variance widens every Welch int
 and its baseline ran minutes apart, as two measurements of one batch did); speed_drift_sd / speed_drift say
 by how much and from what. A paired interval is not widened: a drift shared by both sides falls out of it.
 
-A call whose cell or baseline had more than MAX_DISTURBED of its timed repeats disturbed by the rest of the
-host (per-repeat shares in host_busy_runs / gpu_busy_runs) is `cannot judge`, and speed_reason says why.
+A Welch call whose cell or baseline had more than MAX_DISTURBED of its timed repeats disturbed by the rest of
+the host (per-repeat shares in host_busy_runs / gpu_busy_runs) is `cannot judge`, and speed_reason says why. A
+paired call is `cannot judge` only where more than MAX_DISTURBED of its pairs were split by the load (one repeat
+disturbed, the other not): a load on both repeats of a pair falls out of their ratio.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from adapters.contract.disturbance import DISTURBED_SHARE, disturbed_repeats  # noqa: F401 (the report's too)
+from adapters.contract.disturbance import DISTURBED_SHARE, disturbed_repeats, split_pairs  # noqa: F401 (the report's too)
 from adapters.contract.intervals import (log_mean_intervals, log_mean_p, log_ratio_intervals, log_ratio_p,
                                         run_noise)
 from orchestrator.judge.families import BH, family
@@ -136,6 +142,17 @@ def env_paired(df: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
                          base.repeat_started_at, base.repeat_ended_at)], bool)
 
 
+def timing_paired(df: pd.DataFrame) -> np.ndarray:
+    """Which rows carry their baseline's timed repeats taken in turns with theirs (measure.paired_timing: the
+    baseline's engine loaded beside the cell's, CellRecord.base_*): the twin's cell is the cell's baseline and
+    no repeat of one overlapped a repeat of the other."""
+    if "base_timing_cell" not in df:
+        return np.zeros(len(df), bool)
+    return np.array([isinstance(t, str) and t == b and took_turns(s, e, bs, be) for t, b, s, e, bs, be in zip(
+        df.base_timing_cell, df.baseline_cell_id, df.repeat_started_at, df.repeat_ended_at,
+        df.base_repeat_started_at, df.base_repeat_ended_at)], bool)
+
+
 def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float, run_var: float = 0.0,
                  run_df: float = math.inf, paired=None) -> tuple[np.ndarray, list]:
     """(q, calls): each test's q over the family of the tests not `out` (orchestrator/judge/families.py: BH at
@@ -173,11 +190,13 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     df["mem_saving"] = [1 - ratio(x, y) for x, y in zip(df.peak_mem_bytes, b.peak_mem_bytes)]
     ok = df.speedup.notna().to_numpy()
     num = [_runs(x) if k else _runs(None) for x, k in zip(df.output_tok_s_runs, ok)]
-    den = [_runs(x) for x in b.output_tok_s_runs]
+    twin = timing_paired(df)   # the baseline measured in turns with the cell: those repeats are its side
+    own = df["base_output_tok_s_runs"] if twin.any() else b.output_tok_s_runs
+    den = [_runs(t) if tw else _runs(x) for x, t, tw in zip(b.output_tok_s_runs, own, twin)]
     drift_var, drift_df, drift_from = run_drift(cells)
     center, lo, hi, n_cell, n_base = speed_intervals(num, den, drift_var, drift_df)
     p = speed_p(num, den, drift_var, drift_df)
-    paired = env_paired(df, b) & (n_cell > 0)
+    paired = (env_paired(df, b) | twin) & (n_cell > 0)
     at = np.flatnonzero(paired)
     if paired.any():   # the paired ratio (its center: the geometric mean of the ratios, the same as Welch's)
         _, lo[paired], hi[paired], p[paired] = paired_intervals([num[i] for i in at], [den[i] for i in at])
@@ -191,7 +210,7 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     widened = (df.speed_test == WELCH).to_numpy() & (drift_from is not None)
     df["speed_drift_sd"] = np.where(widened, math.sqrt(drift_var), np.nan)
     df["speed_drift"] = [drift_from if w else None for w in widened]
-    withhold_busy(df, b)
+    withhold_busy(df, b, paired, twin)
 
 
 # a speed call is withheld ("cannot judge") where more than this share of a side's timed repeats were disturbed
@@ -200,8 +219,17 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
 MAX_DISTURBED = 0.25
 
 
-def host_busy_reason(cell_cpu, cell_gpu, base_cpu, base_gpu) -> str | None:
-    """Why the host's load leaves a speed call unjudgeable ('host busy during 4 of 6 repeats'), or None."""
+def host_busy_reason(cell_cpu, cell_gpu, base_cpu, base_gpu, paired: bool = False) -> str | None:
+    """Why the host's load leaves a speed call unjudgeable, or None. Welch (the two sides timed apart): where more
+    than MAX_DISTURBED of either side's repeats were disturbed ('host busy during 4 of 6 repeats'). Paired (repeats
+    in turns): a load that fell on both repeats of a pair falls out of their ratio, so only the pairs the load
+    split (one repeat disturbed, the other not) count ('host load split 2 of 6 pairs')."""
+    if paired:
+        counted = split_pairs(cell_cpu, cell_gpu, base_cpu, base_gpu)
+        if counted and counted[0] > MAX_DISTURBED * counted[1]:
+            return f"host load split {counted[0]} of {counted[1]} pairs (one repeat disturbed, the other not)"
+        if counted:
+            return None
     parts = []
     for side, cpu, gpu in (("", cell_cpu, cell_gpu), (" of the baseline", base_cpu, base_gpu)):
         counted = disturbed_repeats(cpu, gpu)
@@ -210,11 +238,17 @@ def host_busy_reason(cell_cpu, cell_gpu, base_cpu, base_gpu) -> str | None:
     return "; ".join(parts) or None
 
 
-def withhold_busy(df: pd.DataFrame, base: pd.DataFrame) -> None:
-    """speed_call = 'cannot judge' where the host was busy (host_busy_reason), speed_reason says so."""
+def withhold_busy(df: pd.DataFrame, base: pd.DataFrame, paired=None, twin=None) -> None:
+    """speed_call = 'cannot judge' where the host was busy (host_busy_reason), speed_reason says so. `paired`: the
+    rows judged by the paired interval; `twin`: those whose baseline side is their own base_* columns."""
     def col(frame, name):
         return frame[name].tolist() if name in frame else [None] * len(frame)
+    n = len(df)
+    paired = np.zeros(n, bool) if paired is None else paired
+    twin = np.zeros(n, bool) if twin is None else twin
+    base_cpu = [o if t else x for x, o, t in zip(col(base, "host_busy_runs"), col(df, "base_host_busy_runs"), twin)]
+    base_gpu = [o if t else x for x, o, t in zip(col(base, "gpu_busy_runs"), col(df, "base_gpu_busy_runs"), twin)]
     reasons = [host_busy_reason(*x) for x in zip(col(df, "host_busy_runs"), col(df, "gpu_busy_runs"),
-                                                  col(base, "host_busy_runs"), col(base, "gpu_busy_runs"))]
+                                                  base_cpu, base_gpu, paired.tolist())]
     df["speed_reason"] = reasons
     df["speed_call"] = [c if c is None or why is None else "cannot judge" for c, why in zip(df.speed_call, reasons)]
