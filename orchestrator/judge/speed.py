@@ -1,4 +1,5 @@
-"""The speed figures of a cell against another: speedup = output_tok_s / the other's, with a 95% CI
+"""The speed figures of a cell against another: speedup = output_tok_s / the other's (a paired-timing row: against
+the baseline's repeats taken in turns with its own, the geometric mean of the pairs' ratios), with a 95% CI
 (speedup_lo/hi): the Welch t interval on the log ratio of the per-repeat throughputs
 (adapters/contract/intervals.py; the bootstrap under-covers at 3 repeats), over speedup_n_cell /
 speedup_n_base repeats (0: none); speed_p: the test that interval inverts (p < 0.05 where it excludes 1);
@@ -195,6 +196,9 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     den = [_runs(t) if tw else _runs(x) for x, t, tw in zip(b.output_tok_s_runs, own, twin)]
     drift_var, drift_df, drift_from = run_drift(cells)
     center, lo, hi, n_cell, n_base = speed_intervals(num, den, drift_var, drift_df)
+    # a timing twin's row: the speedup is against the baseline's repeats taken in turns (the geometric mean of the
+    # pairs' ratios), not the baseline's own row, timed at another moment
+    df["speedup"] = np.where(twin & np.isfinite(center), center, df.speedup.to_numpy(dtype=float))
     p = speed_p(num, den, drift_var, drift_df)
     paired = (env_paired(df, b) | twin) & (n_cell > 0)
     at = np.flatnonzero(paired)
