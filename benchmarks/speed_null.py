@@ -60,11 +60,11 @@ CALLS = ("faster", "slower")
 
 
 def matrix(frameworks: list[str], batches: list[int], repeats: int, flags: list[str], paired: bool,
-           baseline: dict | None = None) -> dict:
+           baseline: dict | None = None, output_len: int = 16) -> dict:
     cores = len(os.sched_getaffinity(0))
     return {"name": "speed-null", "models": {"tiny": "builtin:tiny"},
             "axes": {"framework": frameworks, "model": ["tiny"], "quantization": ["fp32"], "batch_size": batches,
-                     "flags": flags, "input_len": [32], "output_len": [16]},
+                     "flags": flags, "input_len": [32], "output_len": [output_len]},
             "flags": {"hf": {"same": {"attn_implementation": "sdpa"},
                              "same_again": {"attn_implementation": "sdpa", "static_cache": False}},
                       "llamacpp": {"same": {"flash_attn": "auto"},
@@ -145,6 +145,7 @@ def main() -> None:
     ap.add_argument("--busy-procs", type=int, default=2)
     ap.add_argument("--busy-period", nargs=2, type=float, default=[5.0, 30.0], metavar=("LO", "HI"),
                     help="busy host: each background process is busy, then idle, for LO-HI s each (uniform)")
+    ap.add_argument("--output-len", type=int, default=16, help="tokens generated per request (longer: longer repeats)")
     ap.add_argument("--paired-timing", choices=["on", "off"], default="on",
                     help="measure.paired_timing of both matrices (off: each cell against its baseline's own row)")
     ap.add_argument("--json", type=Path, help="Write every run's comparisons here")
@@ -164,12 +165,12 @@ def main() -> None:
                 for i in range(1 if cond == "quiet" else args.runs):
                     t0 = time.time()
                     run = bench_run(work, f"{cond}-{i}", matrix(args.frameworks, [1, 4], args.repeats, args.flags,
-                                                                 paired))
+                                                                 paired, output_len=args.output_len))
                     real = None
                     if {"hf", "llamacpp"} <= set(args.frameworks):
                         real = bench_run(work, f"{cond}-{i}-real", matrix(
                             ["hf", "llamacpp"], [1], args.repeats, ["default"], paired,
-                            {"framework": "hf", "quantization": "fp32", "flags": "default"}))
+                            {"framework": "hf", "quantization": "fp32", "flags": "default"}, args.output_len))
                     results[cond].append(judge_run(run, real))
                     calls = [(n["cell"], n["call"]) for n in results[cond][-1]["null"]]
                     reals = [(k, v["call"], v.get("test")) for k, v in results[cond][-1]["real"].items()]
@@ -179,6 +180,7 @@ def main() -> None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
     print(f"null matrix: {'+'.join(args.frameworks)}, tiny fp32, flags {'/'.join(args.flags)}, batch 1 and 4, "
+          f"{args.output_len} tokens out, "
           f"{args.repeats} timed repeats; busy: {args.busy_procs} loops switching every "
           f"{args.busy_period[0]:g}-{args.busy_period[1]:g} s; paired timing {args.paired_timing}\n")
     print("| host | runs | false calls (judge) | false calls (repeats alone) | cannot judge | real differences "
