@@ -171,12 +171,18 @@ def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float,
 
 
 def run_drift(cells: pd.DataFrame) -> tuple[float, float, str | None]:
-    """(variance, degrees of freedom, source) of the drift inside one run: the log throughput of each cell
-    measured twice (output_tok_s_recheck_runs beside output_tok_s_runs), pooled by run_noise, the one
-    estimate of a between-measurement variance. (0, inf, None) where no cell was measured twice."""
-    if "output_tok_s_recheck_runs" not in cells:
-        return 0.0, math.inf, None
-    pairs = [(_runs(a), _runs(b)) for a, b in zip(cells.output_tok_s_runs, cells.output_tok_s_recheck_runs)]
+    """(variance, degrees of freedom, source) of the drift inside one run: the log throughput of each batch
+    measured twice, pooled by run_noise, the one estimate of a between-measurement variance. Measured twice: a
+    group's drift-check cell (output_tok_s_recheck_runs beside output_tok_s_runs), and a baseline cell timed
+    again by a timing twin (measure.paired_timing: a row's base_output_tok_s_runs beside the baseline row's own
+    output_tok_s_runs, one pair per twin). (0, inf, None) where no batch was measured twice."""
+    pairs = []
+    if "output_tok_s_recheck_runs" in cells:
+        pairs += [(_runs(a), _runs(b)) for a, b in zip(cells.output_tok_s_runs, cells.output_tok_s_recheck_runs)]
+    if "base_timing_cell" in cells:
+        own = dict(zip(cells.cell_id, cells.output_tok_s_runs))
+        pairs += [(_runs(own.get(c)), _runs(b)) for c, b in zip(cells.base_timing_cell, cells.base_output_tok_s_runs)
+                  if isinstance(c, str)]
     pairs = [(a, b) for a, b in pairs if len(a) >= 2 and len(b) >= 2]
     if not pairs:
         return 0.0, math.inf, None

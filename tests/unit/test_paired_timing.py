@@ -86,7 +86,8 @@ def test_repeats_that_overlapped_fall_back_to_welch():
     cells = _cells([200.0] * 4, list(110 * drift), list(100 * drift), turns=False)
     df = cells.copy()
     add_speed(df, cells, 0.05)
-    assert df.speed_test[1] == WELCH and df.speedup_hi[1] < 1   # against the baseline's own row
+    assert df.speed_test[1] == WELCH and df.speedup[1] < 1   # against the baseline's own row (~0.41x), widened
+    assert df.speed_drift[1] == "1 cell(s) measured twice in this run"   # by the baseline's two timings' drift
 
 
 def test_the_paired_ratio_is_the_mean_log_ratio():
@@ -112,3 +113,15 @@ def test_a_load_on_both_sides_of_each_pair_is_no_reason_to_withhold():
     one = [0.6] + [0.0] * 5
     assert host_busy_reason(one, None, quiet, None, paired=True) is None   # 1 of 6 split: within MAX_DISTURBED
     assert split_pairs(busy, None, [0.0], None) is None
+
+
+def test_a_baseline_timed_again_by_a_twin_counts_in_the_runs_drift():
+    from orchestrator.judge.speed import run_drift
+
+    cells = pd.DataFrame({"cell_id": ["base", "cell"], "output_tok_s_runs": [[100.0, 101.0, 99.0], [50.0, 51.0, 49.0]],
+                          "output_tok_s_recheck_runs": [None, None],
+                          "base_timing_cell": [None, "base"], "base_output_tok_s_runs": [None, [80.0, 81.0, 79.0]]})
+    var, dof, source = run_drift(cells)
+    assert source == "1 cell(s) measured twice in this run" and dof == 1
+    assert var == pytest.approx(np.log(80 / 100) ** 2, rel=0.05)   # the host moved ~20% between the two timings
+    assert run_drift(cells.assign(base_timing_cell=[None, None]))[2] is None
