@@ -5,6 +5,11 @@ other processes took during the repeat: the busy time of those cores in /proc/st
 irq, softirq, steal) minus the CPU time of the engine's own processes (every process of this process's
 session in /proc/PID/stat: the engine child leads its own session, and an engine's processes stay in
 it, adapters/contract/processes.py), over the repeat's wall time times the core count; clamped to [0, 1].
+Those counters move in whole clock ticks (10 ms at the usual 100 Hz), and each core's and each of the engine's
+processes' count can be a tick off at either end: over a few-ms repeat (a tiny model's batch) one tick of anyone's
+reads as a whole core. So a repeat shorter than the window whose rounding stays within half of DISTURBED_SHARE
+(`resolvable_s`: about 0.16 s on 2 cores) is measured over that window up to its end: reaching back over the
+cell's earlier repeats, and after the cell's first such repeat an untimed pause that completes the window.
 GPU: where NVML answers, the mean SM utilisation (percent / 100) that processes outside this session
 had on the visible GPUs during the repeat (nvmlDeviceGetProcessUtilization); null with the reason
 otherwise. Both are stored per repeat (CellRecord.host_busy_runs, gpu_busy_runs)."""
@@ -64,37 +69,60 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rfind(")") + 2:].split()
 
 
-def session_ticks(session: int | None = None) -> int:
-    """CPU ticks the session's processes used: each live one's utime + stime + its reaped children's."""
-    total = 0
+def session_ticks(session: int | None = None) -> tuple[int, int]:
+    """(CPU ticks the session's processes used: each live one's utime + stime + its reaped children's, how many
+    processes were counted)."""
+    total = counted = 0
     for pid in session_pids(session):
         stat = _stat(pid)
         if stat is not None:
             total += sum(int(x) for x in stat[11:15])
-    return total
+            counted += 1
+    return total, counted
+
+
+def resolvable_s(cores: int, processes: int) -> float:
+    """The shortest window over which the tick rounding (a tick per core and two per process, utime and stime)
+    stays within half of DISTURBED_SHARE of the cores' time."""
+    return (cores + 2 * processes) / (DISTURBED_SHARE / 2) / (_TICK * cores)
 
 
 class Disturbance:
     """Measures each repeat it wraps; `cpu`, `gpu` hold one share per repeat, `missing` why one is null."""
 
-    def __init__(self) -> None:
+    def __init__(self, reach_back: bool = True) -> None:
+        # reach_back=False: repeats that take turns with another engine's (an env pair, a timing twin) are measured
+        # over their own span and a pause, never over the gaps between them, where the other side's work ran
+        self.reach_back = reach_back
         self.cores = _cores()
         self.cpu: list[float] = []
         self.gpu: list[float] = []
         self.missing: dict[str, str] = {}
         self._nvml = _nvml_handles(self.missing)
+        self._marks: list[tuple[float, int, int]] = []   # (time, cores' busy ticks, the session's ticks): repeat edges
+
+    def _mark(self) -> tuple[tuple[float, int, int] | None, int]:
+        busy, (own, processes) = cores_busy_ticks(self.cores), session_ticks()
+        return (None if busy is None else (time.time(), busy, own)), processes
 
     def measure(self, fn: Callable[[], T]) -> T:
-        busy0, own0, began = cores_busy_ticks(self.cores), session_ticks(), time.time()
-        gpu_since = int(began * 1e6)
+        start, _ = self._mark()
+        gpu_since = int(time.time() * 1e6)
         result = fn()
-        wall = time.time() - began
-        busy1, own1 = cores_busy_ticks(self.cores), session_ticks()
-        if busy0 is None or busy1 is None:
+        end, processes = self._mark()
+        if start is None or end is None:
             self.missing.setdefault("host_busy_runs", "no /proc/stat on this host")
         else:
-            other = (busy1 - busy0) - (own1 - own0)
-            self.cpu.append(min(1.0, max(0.0, other / max(wall * _TICK * len(self.cores), 1e-9))))
+            need = resolvable_s(len(self.cores), processes)
+            edges = (*self._marks, start) if self.reach_back else (start,)
+            back = [m for m in edges if end[0] - m[0] >= need]
+            since = back[-1] if back else edges[0]
+            if not back:   # not even the cell's first edge is far enough back: an untimed pause completes it
+                time.sleep(need - (end[0] - since[0]))
+                end = self._mark()[0] or end
+            self._marks += [start, end]
+            other = (end[1] - since[1]) - (end[2] - since[2])
+            self.cpu.append(min(1.0, max(0.0, other / max((end[0] - since[0]) * _TICK * len(self.cores), 1e-9))))
         if self._nvml:
             share = _gpu_other_share(self._nvml, gpu_since, set(session_pids()), self.missing)
             if share is not None:

@@ -13,7 +13,6 @@ only the samples the table lacks.
 
 from __future__ import annotations
 
-import shutil
 from typing import Callable
 
 import numpy as np
@@ -21,10 +20,8 @@ import pandas as pd
 import pyarrow as pa
 
 from adapters.contract.specs import RESCORED_NPZ, RescoredSample, RescoreSpec
-from orchestrator.execution.engine_child.prompts import Tokenizer
-from orchestrator.execution.engine_child.spec import GroupJob, build_spec, tokenizer_source
-from orchestrator.execution.engine_child.supervisor import run_child
-from orchestrator.inputs import task_sets
+from orchestrator.execution.engine_child.side_work import cell_spec, run_side_work
+from orchestrator.execution.engine_child.spec import GroupJob
 from orchestrator.matrix.baselines import resolve_baselines
 from orchestrator.matrix.cells import Cell
 from orchestrator.matrix.models import AXES, Matrix
@@ -67,22 +64,14 @@ def plan(store: RunStore, selector: dict) -> dict[str, pd.DataFrame]:
 def _score(job: GroupJob, cell: Cell, samples: pd.DataFrame, top_k: int, timeout_s: float
            ) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """In a Ray task: the scorer's engine child with a rescore spec; (its arrays, None) or (None, why)."""
-    entry = job.matrix.model_entry(job.group.model)
-    spec = build_spec(job, [cell], Tokenizer(tokenizer_source(job), entry.trust_remote_code), task_sets.load_tasks([]))
+    spec = cell_spec(job, cell)
     if spec.sampling is None:
         return None, "the baseline's group has no sampling prompts"
     rescore = RescoreSpec(prompts=spec.sampling.prompts, top_k=top_k, samples=[
         RescoredSample(prompt_index=int(p), tokens=[int(t) for t in ids])
         for p, ids in zip(samples.prompt_index, samples.token_ids)])
-    spec = spec.model_copy(update={"cells": [], "scoring": None, "sampling": None, "tasks": [], "rescore": rescore})
-    work, why = run_child(job, spec, timeout_s)
-    try:
-        if why is not None:
-            return None, why
-        with np.load(work / RESCORED_NPZ) as f:
-            return {k: f[k] for k in f.files}, None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return run_side_work(job, spec, {"rescore": rescore}, RESCORED_NPZ, timeout_s,
+                         lambda f: ({k: f[k] for k in f.files}, None))
 
 
 def _rows(scorer: str, key: str, samples: pd.DataFrame, arrays: dict | None, why: str | None) -> pa.Table:

@@ -6,7 +6,6 @@ twice (its floor); the arithmetic (layers.py) aligns them by layer and position;
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -14,11 +13,9 @@ from typing import Any
 import numpy as np
 
 from adapters.contract.specs import HIDDEN_NPZ, HiddenSpec
-from orchestrator.execution.engine_child.prompts import Tokenizer
-from orchestrator.execution.engine_child.spec import GroupJob, build_spec, tokenizer_source
-from orchestrator.execution.engine_child.supervisor import run_child
+from orchestrator.execution.engine_child.side_work import cell_spec, run_side_work
+from orchestrator.execution.engine_child.spec import GroupJob
 from orchestrator.explain.layers import blocks_only, floor, layer_report, relative_errors
-from orchestrator.inputs import task_sets
 from orchestrator.matrix.cells import Cell, expand, group
 from orchestrator.store.layers_file import write_layers
 from orchestrator.store.run_store import RunStore
@@ -34,23 +31,18 @@ Captures = tuple[list[list[np.ndarray]], bool]     # per repeat, per prompt; whe
 def _capture(job: GroupJob, cell: Cell, repeats: int, n_prompts: int, timeout_s: float
              ) -> tuple[Captures | None, str | None]:
     """In a Ray task: the engine child with a hidden spec; ((captures per repeat, split), None) or (None, why)."""
-    entry = job.matrix.model_entry(job.group.model)
-    spec = build_spec(job, [cell], Tokenizer(tokenizer_source(job), entry.trust_remote_code), task_sets.load_tasks([]))
+    spec = cell_spec(job, cell)
     if spec.scoring is None or not spec.scoring.prompts:
         return None, "the cell's group has no scoring prompts"
     hidden = HiddenSpec(prompts=spec.scoring.prompts[:n_prompts], repeats=repeats)
-    spec = spec.model_copy(update={"cells": [], "scoring": None, "sampling": None, "tasks": [], "hidden": hidden})
-    work, why = run_child(job, spec, timeout_s)
-    try:
-        if why is not None:
-            return None, why
-        with np.load(work / HIDDEN_NPZ) as f:
-            if "unsupported" in f.files:
-                return None, str(f["unsupported"])
-            caps = [[f[f"r{r}_p{i}"] for i in range(len(hidden.prompts))] for r in range(repeats)]
-            return (caps, bool(f["split"])), None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+
+    def read(f) -> tuple[Captures | None, str | None]:
+        if "unsupported" in f.files:
+            return None, str(f["unsupported"])
+        caps = [[f[f"r{r}_p{i}"] for i in range(len(hidden.prompts))] for r in range(repeats)]
+        return (caps, bool(f["split"])), None
+
+    return run_side_work(job, spec, {"hidden": hidden}, HIDDEN_NPZ, timeout_s, read)
 
 
 def capture_both(run_dir: Path, cell_id: str, base_id: str, address: str | None, n_prompts: int = PROMPTS

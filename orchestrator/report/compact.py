@@ -114,17 +114,24 @@ def _bound(v) -> str:
     return format(v, ".2f") if abs(v) < 10 else format(v, ".3g") if abs(v) < 1000 else format(v, ".0f")
 
 
-def speed_text(r: dict, call: bool = True) -> str:
+def speed_text(r: dict, call: bool = True, reason: bool = True) -> str:
     """The cell/baseline speed ratio, its 95% interval and (call=True) its q over the run's speed tests,
     `paired` where the interval is the paired t (data.speed_q_text), the call: `13.76x [10.2, 18.4] q=0.003 faster`.
-    The one way every table, terminal or report, writes a speed-up."""
+    The one way every table, terminal or report, writes a speed-up; reason=False leaves a withheld call's why to
+    another column (speed_why)."""
     if not finite(r.get("speedup")):
         return ""
     ci = f" [{_bound(r.get('speedup_lo'))}, {_bound(r.get('speedup_hi'))}]" if finite(r.get("speedup_lo")) else ""
     word = _CALL.get(r.get("speed_call"), r.get("speed_call")) if call and isinstance(r.get("speed_call"), str) else ""
-    if isinstance(r.get("speed_reason"), str) and word == "cannot judge":   # the host was busy: the call withheld
-        word += f" ({r['speed_reason']})"
+    if reason and speed_why(r):
+        word += f" ({speed_why(r)})"
     return f"{r['speedup']:.2f}x{ci} {speed_q_text(r) if word else ''}{word}".rstrip()
+
+
+def speed_why(r: dict) -> str:
+    """Why a speed call was withheld (`host busy during 4 of 6 repeats`), or ""."""
+    withheld = r.get("speed_call") == "cannot judge" and isinstance(r.get("speed_reason"), str)
+    return r["speed_reason"] if withheld else ""
 
 
 def _styled(word, styles: dict) -> str:
@@ -148,7 +155,8 @@ def compare_compact(df: pd.DataFrame) -> Table:
     _col(t, "decided by", fold=True, min_width=16)
     for name, r in zip(names, df.to_dict("records")):
         t.add_row(name, _styled(r["verdict"], _VERDICT), *[_styled(r.get(col), _LAYER) for _, col in layers],
-                  speed_text(r), escape(decided_by(r)))
+                  speed_text(r, reason=False),
+                  escape("; ".join(x for x in (decided_by(r), speed_why(r) and f"speed: {speed_why(r)}") if x)))
     return _fit(t)
 
 

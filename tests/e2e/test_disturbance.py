@@ -54,3 +54,30 @@ def test_gpu_share_is_null_with_a_reason_without_nvml():
     d.measure(lambda: None)
     if d.figures()["gpu_busy_runs"] is None:
         assert d.missing["gpu_busy_runs"]
+
+
+def test_a_repeat_too_short_for_the_clock_is_measured_over_a_window_the_clock_resolves():
+    # a tiny model's batch takes a few ms; /proc/stat counts 10 ms ticks: over one repeat, one tick of anyone's
+    # reads as a whole core. On a quiet moment the windowed shares stay low; with a busy loop on every core, high.
+    from adapters.contract.disturbance import resolvable_s
+
+    def three(d: Disturbance) -> float:
+        began = time.time()
+        for _ in range(3):
+            d.measure(lambda: _spin(0.004))
+        return time.time() - began
+
+    quiet = Disturbance()
+    took = three(quiet)
+    assert took >= resolvable_s(len(quiet.cores), 1) and took < 2.0   # one untimed pause, after the first repeat
+    assert len(quiet.cpu) == 3 and quiet.figures()["host_busy_runs"] == quiet.cpu
+    others = [subprocess.Popen([sys.executable, "-c", BUSY.format(s=4)], start_new_session=True)
+              for _ in range(len(quiet.cores))]
+    try:
+        time.sleep(0.5)
+        busy = Disturbance()
+        three(busy)
+    finally:
+        for p in others:
+            p.wait()
+    assert min(busy.cpu) > 0.3 and min(busy.cpu) > max(quiet.cpu), (quiet.cpu, busy.cpu)

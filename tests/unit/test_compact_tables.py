@@ -96,3 +96,21 @@ def test_task_table_folds_the_cells_whose_every_task_says_no_change_into_one_lin
     # the moved cell keeps a line per task (its unmoved task too); the three others share one
     assert t.row_count == 2 + 1 and t.columns[0]._cells[-1] == "3 other cells"
     assert (moved.cell_id == first).sum() == 2
+
+
+def test_a_withheld_speed_call_keeps_the_speed_column_short_and_says_why_beside_the_verdict(monkeypatch):
+    import pandas as pd
+
+    from orchestrator.report.compact import compare_compact
+    monkeypatch.setattr(console.out, "_width", 120)
+    row = {"framework": "hf", "model": "tiny", "quantization": "fp32", "flags": "eager", "batch_size": 4,
+           "verdict": "lossless", "verdict_reason": "", "kl_mean": 0.0, "max_abs": 0.0, "speedup": 0.48,
+           "speedup_lo": 0.31, "speedup_hi": 0.78, "speed_call": "cannot judge",
+           "speed_reason": "host busy during 4 of 6 repeats (baseline: 5 of 6)"}
+    with console.out.capture() as cap:
+        console.out.print(compare_compact(pd.DataFrame([row, {**row, "flags": "sdpa", "speed_call": "slower"}])))
+    lines = cap.get().splitlines()
+    assert max(map(len, lines)) <= 120
+    text = " ".join(lines)
+    assert "0.48x [0.31, 0.78] cannot judge" in text and "(host busy" not in text   # not in the speed column
+    assert "KL 0, max_abs 0; speed: host busy during 4 of 6 repeats" in text   # after what decided the verdict
