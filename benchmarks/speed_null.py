@@ -7,9 +7,12 @@ change nothing: hf `default`, `same` = {attn_implementation: sdpa} (transformers
 auto} (its default) and `same_again` = {flash_attn: auto, n_threads: this host's CPU count} (its default).
 The baseline is {flags: default}: every `same*` cell is judged against its own engine's default cell at its
 batch size, so each run holds 2 engines x 2 flag sets x 2 batch sizes = 8 null comparisons; any `faster` /
-`slower` among them is a false call. Real differences, judged from the same runs with the judge's own
-functions (orchestrator.judge.speed: speed_intervals widened by run_drift, the in-run drift estimate): llama.cpp
-over hf at batch 1, and batch 4 over batch 1 (output tok/s) in hf.
+`slower` among them is a false call. With measure.paired_timing (on by default in a CPU run; --paired-timing
+off: as before) each `same*` group has its engine's `default` loaded beside it as a timing twin, and its null
+comparisons are paired t. Real differences: llama.cpp over hf at batch 1, the judge's own row of a second
+`bench run` in the same condition (hf and llama.cpp `default`, batch 1, baseline hf: with paired timing the
+llama.cpp cell's repeats take turns with hf's), and batch 4 over batch 1 (output tok/s) in hf, from the null run
+with the judge's functions (speed_intervals widened by run_drift: one engine load, which a twin cannot pair).
 
 Each run is one `bench run`, under one condition: `quiet`, or `busy` (--busy-procs background loops, each
 busy and idle in turns of --busy-period seconds, 5-30 s by default). Per condition: false calls of the null
@@ -18,6 +21,7 @@ median relative width ((hi - lo) / ratio) of the null intervals before (repeats 
 judge's interval, widened by the drift between the group's drift-check measurements).
 
     python benchmarks/speed_null.py --runs 3            # quiet x1 + busy x3, 6 repeats: ~15-25 min on 2 cores
+    python benchmarks/speed_null.py --runs 3 --paired-timing off   # the same without paired timing (before)
     python benchmarks/speed_null.py --quick             # one quiet hf-only run, flags default/same, 2 repeats (CI)
 """
 
@@ -55,18 +59,19 @@ while True:
 CALLS = ("faster", "slower")
 
 
-def matrix(frameworks: list[str], batches: list[int], repeats: int, flags: list[str]) -> dict:
+def matrix(frameworks: list[str], batches: list[int], repeats: int, flags: list[str], paired: bool,
+           baseline: dict | None = None, output_len: int = 16) -> dict:
     cores = len(os.sched_getaffinity(0))
     return {"name": "speed-null", "models": {"tiny": "builtin:tiny"},
             "axes": {"framework": frameworks, "model": ["tiny"], "quantization": ["fp32"], "batch_size": batches,
-                     "flags": flags, "input_len": [32], "output_len": [16]},
+                     "flags": flags, "input_len": [32], "output_len": [output_len]},
             "flags": {"hf": {"same": {"attn_implementation": "sdpa"},
                              "same_again": {"attn_implementation": "sdpa", "static_cache": False}},
                       "llamacpp": {"same": {"flash_attn": "auto"},
                                    "same_again": {"flash_attn": "auto", "n_threads": cores}}},
             "measure": {"warmup": 1, "repeats": repeats, "scoring_prompts": 1, "scoring_len": 16,
-                        "greedy_tokens": 2, "score_repeats": 1, "top_k": 2},
-            "baseline": {"quantization": "fp32", "flags": "default"},
+                        "greedy_tokens": 2, "score_repeats": 1, "top_k": 2, "paired_timing": paired},
+            "baseline": baseline or {"quantization": "fp32", "flags": "default"},
             "run": {"cell_timeout_s": 300, "load_timeout_s": 300}}
 
 
@@ -83,8 +88,9 @@ def _rel_width(lo: float, hi: float, c: float) -> float:
     return (hi - lo) / c if np.isfinite([lo, hi, c]).all() and c else float("nan")
 
 
-def judge_run(run_dir: Path) -> dict:
-    """The run's null comparisons (the judge's rows) and its real differences (the judge's functions)."""
+def judge_run(run_dir: Path, real_dir: Path | None) -> dict:
+    """The run's null comparisons (the judge's rows) and its real differences (llama.cpp / hf: the judge's row of
+    `real_dir`; batch 4 / batch 1: the judge's functions on the null run)."""
     df = analyse(run_dir)
     null = df[(df.cell_id != df.baseline_cell_id) & (df.flags != "default") & (df.status == "ok")]
     cells = RunStore(run_dir).read_cells()
@@ -94,12 +100,18 @@ def judge_run(run_dir: Path) -> dict:
                              [runs[(r.framework, "default", r.batch_size)] for r in null.itertuples()])
     var, dof, source = run_drift(cells.reset_index())
     real = {}
-    for name, num, den, want in (("llamacpp / hf, batch 1", ("llamacpp", "default", 1), ("hf", "default", 1), None),
-                                 ("hf batch 4 / batch 1", ("hf", "default", 4), ("hf", "default", 1), "faster")):
-        if num in runs and den in runs:
-            c, lo, hi, *_ = speed_intervals([runs[num]], [runs[den]], var, dof)
-            real[name] = {"ratio": float(c[0]), "lo": float(lo[0]), "hi": float(hi[0]),
-                          "call": speed_call(lo, hi, 0.05)[0], "want": want}
+    num, den = ("hf", "default", 4), ("hf", "default", 1)
+    if num in runs and den in runs:
+        c, lo, hi, *_ = speed_intervals([runs[num]], [runs[den]], var, dof)
+        real["hf batch 4 / batch 1"] = {"ratio": float(c[0]), "lo": float(lo[0]), "hi": float(hi[0]),
+                                        "call": speed_call(lo, hi, 0.05)[0], "want": "faster", "test": "Welch t"}
+    if real_dir is not None:
+        rdf = analyse(real_dir)
+        for r in rdf[(rdf.framework == "llamacpp") & (rdf.status == "ok")].itertuples():
+            real["llamacpp / hf, batch 1"] = {"ratio": float(r.speedup), "lo": float(r.speedup_lo),
+                                              "hi": float(r.speedup_hi), "call": r.speed_call, "want": None,
+                                              "test": r.speed_test,
+                                              "reason": r.speed_reason if isinstance(r.speed_reason, str) else None}
     return {"null": [{"cell": f"{r.framework}/{r.flags} batch {r.batch_size}", "call": r.speed_call,
                       "reason": r.speed_reason if isinstance(r.speed_reason, str) else None,
                       "ratio": float(r.speedup), "lo": float(r.speedup_lo), "hi": float(r.speedup_hi),
@@ -118,8 +130,9 @@ def summarise(cond: str, runs: list[dict]) -> str:
     # llama.cpp vs hf: a real difference either way (which engine is faster depends on the host); batch: faster
     called = sum(v["call"] in CALLS and (v["want"] is None or v["call"] == v["want"]) for v in reals)
     false_before = sum(lo > 1 or hi < 1 for n in nulls for lo, hi in [n["before"]] if np.isfinite([lo, hi]).all())
+    paired = sum(n["test"] == "paired t" for n in nulls)
     return (f"| {cond} | {len(runs)} | {false}/{len(nulls)} | {false_before}/{len(nulls)} | {withheld} | "
-            f"{called}/{len(reals)} | {before:.3f} | {after:.3f} |")
+            f"{called}/{len(reals)} | {before:.3f} | {after:.3f} | {paired}/{len(nulls)} |")
 
 
 def main() -> None:
@@ -132,11 +145,15 @@ def main() -> None:
     ap.add_argument("--busy-procs", type=int, default=2)
     ap.add_argument("--busy-period", nargs=2, type=float, default=[5.0, 30.0], metavar=("LO", "HI"),
                     help="busy host: each background process is busy, then idle, for LO-HI s each (uniform)")
+    ap.add_argument("--output-len", type=int, default=16, help="tokens generated per request (longer: longer repeats)")
+    ap.add_argument("--paired-timing", choices=["on", "off"], default="on",
+                    help="measure.paired_timing of both matrices (off: each cell against its baseline's own row)")
     ap.add_argument("--json", type=Path, help="Write every run's comparisons here")
     ap.add_argument("--quick", action="store_true", help="one quiet hf-only run, flags default and same, batch 1 and 4, 2 repeats (CI)")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.repeats, args.conditions, args.frameworks, args.flags = 1, 2, ["quiet"], ["hf"], ["default", "same"]
+    paired = args.paired_timing == "on"
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="speed-null-") as tmp:
         work = Path(tmp)
@@ -147,20 +164,28 @@ def main() -> None:
                 results[cond] = []
                 for i in range(1 if cond == "quiet" else args.runs):
                     t0 = time.time()
-                    run = bench_run(work, f"{cond}-{i}", matrix(args.frameworks, [1, 4], args.repeats, args.flags))
-                    results[cond].append(judge_run(run))
+                    run = bench_run(work, f"{cond}-{i}", matrix(args.frameworks, [1, 4], args.repeats, args.flags,
+                                                                 paired, output_len=args.output_len))
+                    real = None
+                    if {"hf", "llamacpp"} <= set(args.frameworks):
+                        real = bench_run(work, f"{cond}-{i}-real", matrix(
+                            ["hf", "llamacpp"], [1], args.repeats, ["default"], paired,
+                            {"framework": "hf", "quantization": "fp32", "flags": "default"}, args.output_len))
+                    results[cond].append(judge_run(run, real))
                     calls = [(n["cell"], n["call"]) for n in results[cond][-1]["null"]]
-                    print(f"{cond} run {i}: {calls} ({time.time() - t0:.0f} s)", file=sys.stderr)
+                    reals = [(k, v["call"], v.get("test")) for k, v in results[cond][-1]["real"].items()]
+                    print(f"{cond} run {i}: {calls} real: {reals} ({time.time() - t0:.0f} s)", file=sys.stderr)
             finally:
                 for p in busy:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
     print(f"null matrix: {'+'.join(args.frameworks)}, tiny fp32, flags {'/'.join(args.flags)}, batch 1 and 4, "
+          f"{args.output_len} tokens out, "
           f"{args.repeats} timed repeats; busy: {args.busy_procs} loops switching every "
-          f"{args.busy_period[0]:g}-{args.busy_period[1]:g} s\n")
+          f"{args.busy_period[0]:g}-{args.busy_period[1]:g} s; paired timing {args.paired_timing}\n")
     print("| host | runs | false calls (judge) | false calls (repeats alone) | cannot judge | real differences "
-          "called | median rel. width before | after |")
-    print("|---|---|---|---|---|---|---|---|")
+          "called | median rel. width before | after | null tests paired |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for cond, runs in results.items():
         print(summarise(cond, runs))
     if args.json:

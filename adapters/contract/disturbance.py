@@ -90,7 +90,10 @@ def resolvable_s(cores: int, processes: int) -> float:
 class Disturbance:
     """Measures each repeat it wraps; `cpu`, `gpu` hold one share per repeat, `missing` why one is null."""
 
-    def __init__(self) -> None:
+    def __init__(self, reach_back: bool = True) -> None:
+        # reach_back=False: repeats that take turns with another engine's (an env pair, a timing twin) are measured
+        # over their own span and a pause, never over the gaps between them, where the other side's work ran
+        self.reach_back = reach_back
         self.cores = _cores()
         self.cpu: list[float] = []
         self.gpu: list[float] = []
@@ -111,8 +114,9 @@ class Disturbance:
             self.missing.setdefault("host_busy_runs", "no /proc/stat on this host")
         else:
             need = resolvable_s(len(self.cores), processes)
-            back = [m for m in (*self._marks, start) if end[0] - m[0] >= need]
-            since = back[-1] if back else (self._marks or [start])[0]
+            edges = (*self._marks, start) if self.reach_back else (start,)
+            back = [m for m in edges if end[0] - m[0] >= need]
+            since = back[-1] if back else edges[0]
             if not back:   # not even the cell's first edge is far enough back: an untimed pause completes it
                 time.sleep(need - (end[0] - since[0]))
                 end = self._mark()[0] or end
@@ -173,13 +177,27 @@ def _gpu_other_share(handles: list, since_us: int, ours: set[int], missing: dict
 DISTURBED_SHARE = 0.25
 
 
-def disturbed_repeats(cpu, gpu=None) -> tuple[int, int] | None:
-    """(repeats disturbed, repeats measured) of one cell's per-repeat shares; None: none measured."""
+def disturbed_flags(cpu, gpu=None) -> list[bool]:
+    """Per timed repeat of one cell's shares: whether other processes took more than DISTURBED_SHARE of its
+    engine cores or GPUs ([] where none was measured)."""
     def shares(x) -> list[float]:
         return [float(v) for v in x] if x is not None and hasattr(x, "__len__") else []
     c, g = shares(cpu), shares(gpu)
-    n = max(len(c), len(g))
-    if not n:
+    return [max(c[i] if i < len(c) else 0.0, g[i] if i < len(g) else 0.0) > DISTURBED_SHARE
+            for i in range(max(len(c), len(g)))]
+
+
+def disturbed_repeats(cpu, gpu=None) -> tuple[int, int] | None:
+    """(repeats disturbed, repeats measured) of one cell's per-repeat shares; None: none measured."""
+    flags = disturbed_flags(cpu, gpu)
+    return (sum(flags), len(flags)) if flags else None
+
+
+def split_pairs(cpu_a, gpu_a, cpu_b, gpu_b) -> tuple[int, int] | None:
+    """(pairs split, pairs measured) of two cells whose timed repeats took turns (repeat i of one beside repeat i
+    of the other): a pair is split where one of its repeats was disturbed and the other not, so the load did not
+    fall on both. None where the two sides' repeats were not both measured, one for one."""
+    a, b = disturbed_flags(cpu_a, gpu_a), disturbed_flags(cpu_b, gpu_b)
+    if not a or len(a) != len(b):
         return None
-    flags = [max(c[i] if i < len(c) else 0.0, g[i] if i < len(g) else 0.0) > DISTURBED_SHARE for i in range(n)]
-    return sum(flags), n
+    return sum(x != y for x, y in zip(a, b)), len(a)

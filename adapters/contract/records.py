@@ -186,6 +186,14 @@ class CellRecord(CellMetrics):
     # the cell's timed batch measured once more, at its group's start (the drift check, adapters.worker.group):
     # the judge pools the drift between a cell's two measurements over the run, widening its speed intervals
     output_tok_s_recheck_runs: list[float] | None = None
+    # measure.paired_timing: the baseline cell whose engine was loaded beside this cell's (a timing twin) and whose
+    # timed repeats took turns with this cell's (ABBA), and what they measured: the judge pairs repeat i with repeat i
+    base_timing_cell: str | None = None
+    base_output_tok_s_runs: list[float] | None = None
+    base_host_busy_runs: list[float] | None = None
+    base_gpu_busy_runs: list[float] | None = None
+    base_repeat_started_at: list[float] | None = None
+    base_repeat_ended_at: list[float] | None = None
     notes: list[str] = Field(default_factory=list)
     # serve.search (adapters/serving/slo_search.py). A probe's row: its number, whether it met every SLO, what it
     # missed and each SLO's check. The search's own row: the highest load that met them, the first load

@@ -201,7 +201,7 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
     spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
     energy.reset()
     clock: list[tuple[float, float]] = []
-    host = Disturbance()
+    host = Disturbance(reach_back=not turns.on)   # turns: the gaps between repeats hold the other side's work
     runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r], True)), turns, clock, host)
     spec = _spec_figures(spec_before, adapter.spec_counters())
     tel, tel_missing = telemetry.figures(

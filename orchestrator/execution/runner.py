@@ -13,7 +13,7 @@ from rich.console import Console
 from orchestrator.execution.scheduling.estimate import History
 from orchestrator.execution.preflight import check_nodes, preflight, resolve_models
 from orchestrator.execution.progress import RunProgress
-from orchestrator.execution.engine_child.spec import GroupJob, pair_jobs
+from orchestrator.execution.engine_child.spec import GroupJob, pair_jobs, timing_twins
 from orchestrator.execution.engine_child.supervisor import PROJECT_ROOT
 from orchestrator.matrix.cells import Cell, EngineGroup, expand, group
 from orchestrator.matrix.models import Matrix
@@ -145,8 +145,8 @@ def _run(m: Matrix, text: str, cells: list[Cell], store: RunStore, address: str 
 
             for job, status, reason in checked.excluded:
                 on_done(job, status_rows(job, status, reason))
-            if checked.runnable:   # an env pair runs as one job (orchestrator/execution/engine_child/spec.py: pair_jobs)
-                schedule(pair_jobs(checked.runnable), on_done, measured, progress)
+            if checked.runnable:   # an env pair, and a group with its baseline's timing twin, run as one job (spec.py)
+                schedule(timing_twins(pair_jobs(checked.runnable)), on_done, measured, progress)
     try:
         _rescore(m, store, cells, address, console, quiet)
     except Exception as e:   # the cells stand; the sampling layer judges each sample by its own engine, and says so

@@ -109,7 +109,7 @@ class ProbeRunner:
         data |= {"name": f"explain-{c['cell_id']}", "models": models,
                  "axes": axes, "flags": flags, "include": include, "exclude": [], "tasks": [],
                  # the logit and text layers only: one timed batch, no warm-up, samples or tasks
-                 "measure": measure | {"warmup": 0, "repeats": 1}}
+                 "measure": measure | {"warmup": 0, "repeats": 1, "paired_timing": False}}
         return data
 
     def run(self, sets: list[tuple[frozenset[str], str]]) -> list[Probe]:

@@ -129,7 +129,7 @@ def matrix_data(m: Matrix, cell: dict[str, Any], options: dict[str, Any], probes
                   "include": include, "exclude": [],
                   "baseline": {"framework": fw, "quantization": "fp32", "flags": flags, "mode": cell["mode"]}}
     if not timed:
-        out |= {"tasks": [], "measure": measure | {"warmup": 0, "repeats": 1}}
+        out |= {"tasks": [], "measure": measure | {"warmup": 0, "repeats": 1, "paired_timing": False}}
     return out | {"name": f"{'recipe' if timed else 'sensitivity'}-{cell['cell_id']}"}
 
 

@@ -232,17 +232,18 @@ def _speed_check(r: dict, bound: str, limit: float, require_run_noise: bool) -> 
 
 
 def _env_speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
-    """A speed bound within one run: an env pair's cell against its baseline env (orchestrator/judge/speed.py:
-    their repeats took turns, so the paired interval holds the host's drift); other cells cannot be judged."""
+    """A speed bound within one run: a cell paired with its baseline (an env pair, or measure.paired_timing's
+    timing twin; orchestrator/judge/speed.py: their repeats took turns, so the paired interval holds the host's
+    drift); other cells cannot be judged."""
     what = SPEED_BOUNDS[bound][1]
     if r.get("speed_test") != PAIRED:
-        return False, (f"cannot judge {what} within one run: not an env pair whose repeats took turns "
-                       "(compare with a stored run: --against OLD_RUN)")
+        return False, (f"cannot judge {what} within one run: its repeats did not take turns with its baseline's "
+                       "(an env pair, or measure.paired_timing; else compare with a stored run: --against OLD_RUN)")
     if bound != "max_slowdown":
         return False, f"cannot judge {what} within one run: an env pair bounds output tokens/s only (max_slowdown)"
     ratio, lo, hi = r["speedup"], r["speedup_lo"], r["speedup_hi"]
-    shown = (f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {int(r['speedup_n_cell'])} pairs, paired t, "
-             f"env {r.get('env')} over its baseline's)")
+    side = f"env {r.get('env')} over its baseline's" if isinstance(r.get("env"), str) else "over its baseline's turns"
+    shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {int(r['speedup_n_cell'])} pairs, paired t, {side})"
     ok = hi >= 1 - limit
     return ok, f"{shown}: " + (f"wholly below x{1 - limit:.3f}" if not ok else f"above x{1 - limit:.3f}"
                                if lo >= 1 - limit else f"not wholly below x{1 - limit:.3f} (within the noise)")

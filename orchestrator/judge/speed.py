@@ -1,4 +1,5 @@
-"""The speed figures of a cell against another: speedup = output_tok_s / the other's, with a 95% CI
+"""The speed figures of a cell against another: speedup = output_tok_s / the other's (a paired-timing row: against
+the baseline's repeats taken in turns with its own, the geometric mean of the pairs' ratios), with a 95% CI
 (speedup_lo/hi): the Welch t interval on the log ratio of the per-repeat throughputs
 (adapters/contract/intervals.py; the bootstrap under-covers at 3 repeats), over speedup_n_cell /
 speedup_n_base repeats (0: none); speed_p: the test that interval inverts (p < 0.05 where it excludes 1);
@@ -13,6 +14,10 @@ An env pair (a cell and its baseline the same configuration in two matrix envs, 
 turns on one node: repeat_started_at / repeat_ended_at never overlap) is paired: the interval is the t
 interval of the mean log ratio of repeat i to the baseline's repeat i (n pairs, n - 1 degrees of freedom), so
 host drift that falls on both sides of a pair drops out. `speed_test` says which test each interval is.
+measure.paired_timing gives any cell such a pair: its baseline's engine loaded beside it on its node (a timing
+twin), the baseline's repeats taken in turns with the cell's stored on the cell's row (base_output_tok_s_runs,
+base_timing_cell, base_repeat_started_at / ended_at, base_host_busy_runs): where they took turns (timing_paired),
+the cell's interval is the paired one against them, not Welch against the baseline's own row.
 
 Drift inside the run: a cell whose timed batch was measured a second time later in the run
 (output_tok_s_recheck_runs: each group's drift check, adapters.worker.group) shows how far the host moved between the two; pooled
@@ -21,8 +26,10 @@ intervals across runs), that between-measurement variance widens every Welch int
 and its baseline ran minutes apart, as two measurements of one batch did); speed_drift_sd / speed_drift say
 by how much and from what. A paired interval is not widened: a drift shared by both sides falls out of it.
 
-A call whose cell or baseline had more than MAX_DISTURBED of its timed repeats disturbed by the rest of the
-host (per-repeat shares in host_busy_runs / gpu_busy_runs) is `cannot judge`, and speed_reason says why.
+A Welch call whose cell or baseline had more than MAX_DISTURBED of its timed repeats disturbed by the rest of
+the host (per-repeat shares in host_busy_runs / gpu_busy_runs) is `cannot judge`, and speed_reason says why. A
+paired call is `cannot judge` only where more than MAX_DISTURBED of its pairs were split by the load (one repeat
+disturbed, the other not): a load on both repeats of a pair falls out of their ratio.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from adapters.contract.disturbance import DISTURBED_SHARE, disturbed_repeats  # noqa: F401 (the report's too)
+from adapters.contract.disturbance import DISTURBED_SHARE, disturbed_repeats, split_pairs  # noqa: F401 (the report's too)
 from adapters.contract.intervals import (log_mean_intervals, log_mean_p, log_ratio_intervals, log_ratio_p,
                                         run_noise)
 from orchestrator.judge.families import BH, family
@@ -136,6 +143,17 @@ def env_paired(df: pd.DataFrame, base: pd.DataFrame) -> np.ndarray:
                          base.repeat_started_at, base.repeat_ended_at)], bool)
 
 
+def timing_paired(df: pd.DataFrame) -> np.ndarray:
+    """Which rows carry their baseline's timed repeats taken in turns with theirs (measure.paired_timing: the
+    baseline's engine loaded beside the cell's, CellRecord.base_*): the twin's cell is the cell's baseline and
+    no repeat of one overlapped a repeat of the other."""
+    if "base_timing_cell" not in df:
+        return np.zeros(len(df), bool)
+    return np.array([isinstance(t, str) and t == b and took_turns(s, e, bs, be) for t, b, s, e, bs, be in zip(
+        df.base_timing_cell, df.baseline_cell_id, df.repeat_started_at, df.repeat_ended_at,
+        df.base_repeat_started_at, df.base_repeat_ended_at)], bool)
+
+
 def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float, run_var: float = 0.0,
                  run_df: float = math.inf, paired=None) -> tuple[np.ndarray, list]:
     """(q, calls): each test's q over the family of the tests not `out` (orchestrator/judge/families.py: BH at
@@ -153,12 +171,18 @@ def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float,
 
 
 def run_drift(cells: pd.DataFrame) -> tuple[float, float, str | None]:
-    """(variance, degrees of freedom, source) of the drift inside one run: the log throughput of each cell
-    measured twice (output_tok_s_recheck_runs beside output_tok_s_runs), pooled by run_noise, the one
-    estimate of a between-measurement variance. (0, inf, None) where no cell was measured twice."""
-    if "output_tok_s_recheck_runs" not in cells:
-        return 0.0, math.inf, None
-    pairs = [(_runs(a), _runs(b)) for a, b in zip(cells.output_tok_s_runs, cells.output_tok_s_recheck_runs)]
+    """(variance, degrees of freedom, source) of the drift inside one run: the log throughput of each batch
+    measured twice, pooled by run_noise, the one estimate of a between-measurement variance. Measured twice: a
+    group's drift-check cell (output_tok_s_recheck_runs beside output_tok_s_runs), and a baseline cell timed
+    again by a timing twin (measure.paired_timing: a row's base_output_tok_s_runs beside the baseline row's own
+    output_tok_s_runs, one pair per twin). (0, inf, None) where no batch was measured twice."""
+    pairs = []
+    if "output_tok_s_recheck_runs" in cells:
+        pairs += [(_runs(a), _runs(b)) for a, b in zip(cells.output_tok_s_runs, cells.output_tok_s_recheck_runs)]
+    if "base_timing_cell" in cells:
+        own = dict(zip(cells.cell_id, cells.output_tok_s_runs))
+        pairs += [(_runs(own.get(c)), _runs(b)) for c, b in zip(cells.base_timing_cell, cells.base_output_tok_s_runs)
+                  if isinstance(c, str)]
     pairs = [(a, b) for a, b in pairs if len(a) >= 2 and len(b) >= 2]
     if not pairs:
         return 0.0, math.inf, None
@@ -173,11 +197,16 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     df["mem_saving"] = [1 - ratio(x, y) for x, y in zip(df.peak_mem_bytes, b.peak_mem_bytes)]
     ok = df.speedup.notna().to_numpy()
     num = [_runs(x) if k else _runs(None) for x, k in zip(df.output_tok_s_runs, ok)]
-    den = [_runs(x) for x in b.output_tok_s_runs]
+    twin = timing_paired(df)   # the baseline measured in turns with the cell: those repeats are its side
+    own = df["base_output_tok_s_runs"] if twin.any() else b.output_tok_s_runs
+    den = [_runs(t) if tw else _runs(x) for x, t, tw in zip(b.output_tok_s_runs, own, twin)]
     drift_var, drift_df, drift_from = run_drift(cells)
     center, lo, hi, n_cell, n_base = speed_intervals(num, den, drift_var, drift_df)
+    # a timing twin's row: the speedup is against the baseline's repeats taken in turns (the geometric mean of the
+    # pairs' ratios), not the baseline's own row, timed at another moment
+    df["speedup"] = np.where(twin & np.isfinite(center), center, df.speedup.to_numpy(dtype=float))
     p = speed_p(num, den, drift_var, drift_df)
-    paired = env_paired(df, b) & (n_cell > 0)
+    paired = (env_paired(df, b) | twin) & (n_cell > 0)
     at = np.flatnonzero(paired)
     if paired.any():   # the paired ratio (its center: the geometric mean of the ratios, the same as Welch's)
         _, lo[paired], hi[paired], p[paired] = paired_intervals([num[i] for i in at], [den[i] for i in at])
@@ -191,7 +220,7 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
     widened = (df.speed_test == WELCH).to_numpy() & (drift_from is not None)
     df["speed_drift_sd"] = np.where(widened, math.sqrt(drift_var), np.nan)
     df["speed_drift"] = [drift_from if w else None for w in widened]
-    withhold_busy(df, b)
+    withhold_busy(df, b, paired, twin)
 
 
 # a speed call is withheld ("cannot judge") where more than this share of a side's timed repeats were disturbed
@@ -200,8 +229,17 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
 MAX_DISTURBED = 0.25
 
 
-def host_busy_reason(cell_cpu, cell_gpu, base_cpu, base_gpu) -> str | None:
-    """Why the host's load leaves a speed call unjudgeable ('host busy during 4 of 6 repeats'), or None."""
+def host_busy_reason(cell_cpu, cell_gpu, base_cpu, base_gpu, paired: bool = False) -> str | None:
+    """Why the host's load leaves a speed call unjudgeable, or None. Welch (the two sides timed apart): where more
+    than MAX_DISTURBED of either side's repeats were disturbed ('host busy during 4 of 6 repeats'). Paired (repeats
+    in turns): a load that fell on both repeats of a pair falls out of their ratio, so only the pairs the load
+    split (one repeat disturbed, the other not) count ('host load split 2 of 6 pairs')."""
+    if paired:
+        counted = split_pairs(cell_cpu, cell_gpu, base_cpu, base_gpu)
+        if counted and counted[0] > MAX_DISTURBED * counted[1]:
+            return f"host load split {counted[0]} of {counted[1]} pairs (one repeat disturbed, the other not)"
+        if counted:
+            return None
     parts = []
     for side, cpu, gpu in (("", cell_cpu, cell_gpu), (" of the baseline", base_cpu, base_gpu)):
         counted = disturbed_repeats(cpu, gpu)
@@ -210,11 +248,17 @@ def host_busy_reason(cell_cpu, cell_gpu, base_cpu, base_gpu) -> str | None:
     return "; ".join(parts) or None
 
 
-def withhold_busy(df: pd.DataFrame, base: pd.DataFrame) -> None:
-    """speed_call = 'cannot judge' where the host was busy (host_busy_reason), speed_reason says so."""
+def withhold_busy(df: pd.DataFrame, base: pd.DataFrame, paired=None, twin=None) -> None:
+    """speed_call = 'cannot judge' where the host was busy (host_busy_reason), speed_reason says so. `paired`: the
+    rows judged by the paired interval; `twin`: those whose baseline side is their own base_* columns."""
     def col(frame, name):
         return frame[name].tolist() if name in frame else [None] * len(frame)
+    n = len(df)
+    paired = np.zeros(n, bool) if paired is None else paired
+    twin = np.zeros(n, bool) if twin is None else twin
+    base_cpu = [o if t else x for x, o, t in zip(col(base, "host_busy_runs"), col(df, "base_host_busy_runs"), twin)]
+    base_gpu = [o if t else x for x, o, t in zip(col(base, "gpu_busy_runs"), col(df, "base_gpu_busy_runs"), twin)]
     reasons = [host_busy_reason(*x) for x in zip(col(df, "host_busy_runs"), col(df, "gpu_busy_runs"),
-                                                  col(base, "host_busy_runs"), col(base, "gpu_busy_runs"))]
+                                                  base_cpu, base_gpu, paired.tolist())]
     df["speed_reason"] = reasons
     df["speed_call"] = [c if c is None or why is None else "cannot judge" for c, why in zip(df.speed_call, reasons)]

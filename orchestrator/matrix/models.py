@@ -187,7 +187,9 @@ _NEW_MEASURE_FIELDS = {"stream_requests": 64}
 def stable_dump(section: BaseModel) -> dict:
     """A workload or measure section as cell ids hash it: fields newer than cell ids only where set."""
     new = _NEW_WORKLOAD_FIELDS | _NEW_MEASURE_FIELDS
-    out = {k: v for k, v in section.model_dump().items() if not (k in new and v == new[k])}
+    # paired_timing is how a run arranges its timings (orchestrator/execution/engine_child/spec.py: timing_twins),
+    # not what a cell is: never in an id
+    out = {k: v for k, v in section.model_dump().items() if not (k in new and v == new[k]) and k != "paired_timing"}
     if isinstance(out.get("sampling"), dict):
         # rescore is the run's step after its cells, not what a cell measures: never in an id
         default_auto = out["sampling"].get("auto_seeds") == SeedsAuto().model_dump()
@@ -250,6 +252,11 @@ class Measure(_Strict):
     scoring_text: str = Field("builtin", description="Text the scoring prompts are cut from: 'builtin' or a path")
     sampling: Sampling | None = Field(None, description="Seeded samples of the scoring prompts (the sampling "
                                       "layer): compared seed by seed and as a distribution")
+    paired_timing: bool | None = Field(None, description="The timed repeats of each cell and of its baseline "
+                                       "(same batch, lengths, workload) take turns on one node, the baseline's engine "
+                                       "loaded beside the cell's as a timing twin, so the speed ratio is paired; null: "
+                                       "on where both fit on one node (a CPU run: the scheduler gives a group a whole "
+                                       "node), off on a GPU run; false: off (Welch against the baseline's own row)")
 
 
 class Search(_Strict):

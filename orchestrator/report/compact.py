@@ -15,7 +15,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
-from orchestrator.report.data import q_text
+from orchestrator.report.data import q_text, speed_q_text
 
 from orchestrator.matrix.cells import load_label
 from orchestrator.values import csv_safe, finite, md_page_inert
@@ -115,8 +115,9 @@ def _bound(v) -> str:
 
 
 def speed_text(r: dict, call: bool = True, reason: bool = True) -> str:
-    """The cell/baseline speed ratio, its 95% interval and (call=True) the call: `13.76x [10.2, 18.4] faster`. The
-    one way every table, terminal or report, writes a speed-up; reason=False leaves a withheld call's why to
+    """The cell/baseline speed ratio, its 95% interval and (call=True) its q over the run's speed tests,
+    `paired` where the interval is the paired t (data.speed_q_text), the call: `13.76x [10.2, 18.4] q=0.003 faster`.
+    The one way every table, terminal or report, writes a speed-up; reason=False leaves a withheld call's why to
     another column (speed_why)."""
     if not finite(r.get("speedup")):
         return ""
@@ -124,7 +125,7 @@ def speed_text(r: dict, call: bool = True, reason: bool = True) -> str:
     word = _CALL.get(r.get("speed_call"), r.get("speed_call")) if call and isinstance(r.get("speed_call"), str) else ""
     if reason and speed_why(r):
         word += f" ({speed_why(r)})"
-    return f"{r['speedup']:.2f}x{ci} {word}".rstrip()
+    return f"{r['speedup']:.2f}x{ci} {speed_q_text(r) if word else ''}{word}".rstrip()
 
 
 def speed_why(r: dict) -> str:

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from orchestrator.matrix.cells import load_label
 from orchestrator.values import as_text
-from orchestrator.report.data import q_text
+from orchestrator.report.data import q_text, speed_q_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -245,7 +245,8 @@ def compare_table(df: pd.DataFrame) -> Table:
         if call == "cannot judge" and isinstance(r.get("speed_reason"), str):   # the host was busy
             call += f" ({r['speed_reason']})"
         speed = "" if not finite(r["speedup"]) else \
-            f"{r['speedup']:.2f}x [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}] {call}".rstrip()
+            f"{r['speedup']:.2f}x [{num(r['speedup_lo'], '.2f')}, {num(r['speedup_hi'], '.2f')}] " \
+            f"{speed_q_text(r) if call else ''}{call}".rstrip()
         greedy = "" if not finite(r["greedy_match"]) else f"{r['greedy_match']:.2f}/{r['greedy_close']:.2f}"
         t.add_row(str(r["framework"]), str(r["model"]), str(r["quantization"]), _flags(r),
                   *[_workload(r) for _ in named], load,

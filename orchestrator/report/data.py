@@ -372,6 +372,15 @@ def q_text(r: dict) -> str:
     return format(r["q_value"], ".3g") if is_judged(r) and finite(r.get("q_value")) else ""
 
 
+def speed_q_text(r: dict) -> str:
+    """A speed row's q (its p adjusted over the run's speed tests, orchestrator/judge/speed.py) and, where its
+    interval is the paired t (repeats taken in turns with its baseline's), `paired`: `q=0.003 paired `; empty for
+    the baseline against itself and where there is no test."""
+    if not finite(r.get("speed_q")) or r.get("cell_id") == r.get("baseline_cell_id"):
+        return ""
+    return f"q={r['speed_q']:.2g} " + ("paired " if r.get("speed_test") == "paired t" else "")
+
+
 def moved_items_text(r: dict) -> str:
     """Items that moved against the baseline: '20 worse / 0 better of 111'."""
     if not is_judged(r) or not finite(r.get("n_paired")):

@@ -113,9 +113,11 @@ def _columns(multi_len: bool, with_tasks: bool = False, with_workload: bool = Fa
          lambda r: num(r["errors"], ".0f") if r["mode"] == "serve" else "", "n"),
         ("mem", "peak MiB", "peak memory during the timed batches (the kernel's peak RSS on CPU, nvml on GPU)",
          lambda r: r["peak_mem_bytes"], lambda r: mib(r["peak_mem_bytes"]), "n"),
-        ("speedup", "speedup [95% CI]",
-         "output tokens/s / the baseline cell's; 95% CI: Welch t interval on the log ratio over repeats",
-         lambda r: r["speedup"], lambda r: speed_text(r, call=False), "n"),
+        ("speedup", "speedup [95% CI] q call",
+         "output tokens/s / the baseline cell's; 95% CI: Welch t interval on the log ratio over repeats, or the "
+         "paired t ('paired') where the cell's repeats took turns with its baseline's; q: its p adjusted over the "
+         "run's speed tests (Benjamini-Hochberg); the call",
+         lambda r: r["speedup"], speed_text, "n"),
         ("reason", "reason", "why the verdict (or the status)", why_text, why_text, "reason"),
     ]
     return cols

@@ -42,7 +42,7 @@ def test_compare_prints_one_line_per_cell_within_120_columns(run):
     assert "identical" in line["hf/fp32/default"] and "bitwise identical" in line["hf/fp32/default"]
     # the verdict, the other layers, the speed-up with its interval and call, and the bound that decided
     assert "near-lossless" in line["llamacpp/q8_0/default"] and "max_abs 0.0813 > atol 1e-3" in line["llamacpp/q8_0/default"]
-    assert "15.45x [8.01, 28.5] faster" in line["llamacpp/q8_0/default"]
+    assert "15.45x [8.01, 28.5] q=0.0015 faster" in line["llamacpp/q8_0/default"]
     assert "near-lossless" in line["llamacpp/fp32/default"] and "max_abs 1.7e-3 > atol 1e-3" in line["llamacpp/fp32/default"]
     assert "no change" in line["llamacpp/fp32/default"]
     sampling = res.stdout[res.stdout.index("Sampling layer"):].splitlines()   # its own table, one line per cell
@@ -73,7 +73,7 @@ def test_formats_give_the_rows_of_the_table_with_every_column(run):
     assert len(rows) == 5 and set(columns) <= set(rows[0])
     md = CliRunner().invoke(app, ["compare", run, "--format", "md"]).stdout
     assert "| cell | verdict | tasks | speed-up [95% CI] | decided by |" in md
-    assert "| llamacpp/q8_0/default | near-lossless | no change | 15.45x [8.01, 28.5] faster |" in md
+    assert "| llamacpp/q8_0/default | near-lossless | no change | 15.45x [8.01, 28.5] q=0.0015 faster |" in md
     shown = list(csv.DictReader(io.StringIO(CliRunner().invoke(app, ["show", run, "--format", "csv"]).stdout)))
     assert len(shown) == 5 and "ttft_ms_p50" in shown[0]
     bad = CliRunner().invoke(app, ["compare", run, "--format", "xml"])

@@ -18,7 +18,7 @@ def test_the_first_screen_answers_both_questions():
     best = fastest_unchanged(v.cells)
     assert (best["flags"], best["quantization"], best["verdict"]) == ("f32_kv", "fp32", "lossless")
     fastest = next(line for line in lines if line.startswith("fastest with outputs unchanged:"))
-    assert "llamacpp/tiny/fp32/f32_kv batch 1 (lossless): 11.92x [9.41, 15.1] faster" in fastest
+    assert "llamacpp/tiny/fp32/f32_kv batch 1 (lossless): 11.92x [9.41, 15.1] q=2.5e-05 faster" in fastest
     assert any(line.startswith("did not run: llamacpp/tiny/fp8/default batch 1: unsupported") for line in lines)
     assert lines[-1] == "further: bench compare RUN (every layer; --wide), bench report RUN (report.html)"
 

@@ -5,6 +5,7 @@ starts from, and why a group cannot start in its environment at all.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from adapters.contract.specs import (
 from orchestrator.execution.engine_child.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
 from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
+from orchestrator.matrix.baselines import axis_value
 from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule, pair_key, stream_schedule
 from orchestrator.matrix.models import Matrix, Sampling, Tolerances
 
@@ -49,6 +51,9 @@ class GroupJob:
     board: Any = None       # the driver's progress board (orchestrator/execution/progress.py): PartReports go there
     env_vars: dict[str, str] = field(default_factory=dict)   # the matrix env's variables, in the engine child's environ
     twin: "GroupJob | None" = None   # an env pair: the same cells in another env, run on this node, interleaved
+    timing_twin: "GroupJob | None" = None   # measure.paired_timing: the baseline's cells, timed in turns with these
+    timing_only: bool = False        # a timing twin: warm-up and timed repeats only (no logprobs, samples, tasks)
+    timing_pairs: dict[str, str] = field(default_factory=dict)   # with a timing twin: cell_id -> its baseline's
 
     def all_cells(self) -> list[Cell]:
         """Its cells and its twin's."""
@@ -162,6 +167,42 @@ def pair_jobs(jobs: list[GroupJob]) -> list[GroupJob]:
         else:
             first.twin = job
     return out
+
+
+def paired_timing_on(m: Matrix, device: str) -> bool:
+    """measure.paired_timing, its null resolved: on where a cell's engine and its baseline's fit on one node. A
+    CPU run: yes (the scheduler gives a CPU group a whole node, and both engines' weights are in its memory); a
+    GPU run: no (an engine such as vLLM takes most of its GPU's memory for itself)."""
+    on = m.measure.paired_timing
+    return on if on is not None else device == "cpu"
+
+
+def timing_twins(jobs: list[GroupJob]) -> list[GroupJob]:
+    """measure.paired_timing: each offline or stream job whose cells' baselines (the matrix's `baseline` selector,
+    an exact match: same batch, lengths, workload, env) are in another job gets a `timing_twin`: a copy of that
+    baseline job with just those cells, timing only, run beside it on one node, each cell's timed repeats taking
+    turns with its baseline's (supervisor.Floor). An env pair, a serve group, a job of the baseline's own, and a
+    baseline cell wanted twice by one job (a selector that fixes a load axis) are left as they are: Welch."""
+    if not jobs or not paired_timing_on(jobs[0].matrix, jobs[0].device):
+        return jobs
+    sel = {a: axis_value(a, v) for a, v in jobs[0].matrix.baseline.items()}
+    owner = {tuple(axis_value(a, v) for a, v in c.axes().items()): (job, c) for job in jobs for c in job.group.cells}
+    for job in jobs:
+        if job.twin is not None or job.group.mode == "serve":
+            continue
+        base_job, cells, pairs = None, {}, {}
+        for c in job.group.cells:
+            want = tuple(sel.get(a, axis_value(a, v)) for a, v in c.axes().items())
+            j, b = owner.get(want, (None, None))
+            if j is None or j is job or (base_job is not None and j is not base_job) or b.cell_id in cells \
+                    or j.group.mode == "serve":
+                continue
+            base_job, cells[b.cell_id], pairs[c.cell_id] = j, b, b.cell_id
+        if base_job is not None:
+            group = dataclasses.replace(base_job.group, cells=list(cells.values()))
+            job.timing_twin = dataclasses.replace(base_job, group=group, twin=None, timing_twin=None, timing_only=True)
+            job.timing_pairs = pairs
+    return jobs
 
 
 def _cell_arrival(m: Matrix, cell: Cell, gaps_s: list[float] | None):

@@ -149,20 +149,17 @@ class Floor:
                 self.over.add((self.tokens[cell_id], side))
 
 
-def _run_pair(job: GroupJob) -> list[CellResult]:
-    """An env pair: both engines loaded side by side (two children), each phase of work taking turns."""
-    sides = {"a": dataclasses.replace(job, twin=None),
-             "b": dataclasses.replace(job.twin, board=job.board, tries=job.tries, part_id=job.part_id, twin=None)}
-    keys = [{pair_key(c) for c in j.group.cells} for j in sides.values()]
-    floor = Floor({c.cell_id: pair_key(c) for j in sides.values() for c in j.group.cells
-                   if pair_key(c) in keys[0] & keys[1]})
+def _run_sides(sides: dict[str, GroupJob], tokens: dict[str, tuple]) -> dict[str, list[CellResult]]:
+    """Two groups loaded side by side on this node (two children), each phase of work taking turns on one
+    Floor; `tokens` says which cells of the two sides are a pair (their timed repeats in ABBA order)."""
+    floor = Floor(tokens)
     results: dict[str, list[CellResult]] = {}
 
     def run(side: str) -> None:
         try:
             results[side] = _run_group(sides[side], None, floor, side)
         except Exception as err:   # never lose a side's rows: each cell says what went wrong
-            why = f"env pair supervisor failed: {type(err).__name__}: {err}"
+            why = f"pair supervisor failed: {type(err).__name__}: {err}"
             results[side] = [CellResult(cell_row(sides[side], c, "failed", why)) for c in sides[side].group.cells]
             floor.release(side)
             for c in sides[side].group.cells:
@@ -173,7 +170,43 @@ def _run_pair(job: GroupJob) -> list[CellResult]:
         t.start()
     for t in threads:
         t.join()
+    return results
+
+
+def _run_pair(job: GroupJob) -> list[CellResult]:
+    """An env pair: both engines loaded side by side, each phase of work taking turns."""
+    sides = {"a": dataclasses.replace(job, twin=None),
+             "b": dataclasses.replace(job.twin, board=job.board, tries=job.tries, part_id=job.part_id, twin=None)}
+    keys = [{pair_key(c) for c in j.group.cells} for j in sides.values()]
+    results = _run_sides(sides, {c.cell_id: pair_key(c) for j in sides.values() for c in j.group.cells
+                                 if pair_key(c) in keys[0] & keys[1]})
     return results["a"] + results["b"]
+
+
+# the twin's figures a paired cell's row carries (CellRecord.base_*), from the twin's row of its baseline cell
+TWIN_FIGURES = ("output_tok_s_runs", "host_busy_runs", "gpu_busy_runs", "repeat_started_at", "repeat_ended_at")
+
+
+def _run_timed_beside(job: GroupJob) -> list[CellResult]:
+    """measure.paired_timing: the job's cells run as usual, its baseline's engine loaded beside it as a timing twin
+    (warm-up and timed repeats only), each cell's timed repeats taking turns with its baseline cell's. The twin's
+    rows are not stored (the baseline's own group gives the baseline's rows): what its repeats measured goes on
+    the paired cell's row (base_*), or, where the twin's cell did not end ok, why not."""
+    twin = dataclasses.replace(job.timing_twin, board=None, tries=job.tries, part_id=job.part_id)
+    sides = {"a": dataclasses.replace(job, timing_twin=None), "b": twin}
+    tokens = {c: ("timing", c) for c in job.timing_pairs} | {b: ("timing", c) for c, b in job.timing_pairs.items()}
+    results = _run_sides(sides, tokens)
+    base_rows = {r.row["cell_id"]: r.row for r in results["b"]}
+    for r in results["a"]:
+        base = base_rows.get(job.timing_pairs.get(r.row["cell_id"], ""))
+        if base is None or r.row.get("status") != "ok":
+            continue
+        if base["status"] == "ok":
+            r.row.update({"base_timing_cell": base["cell_id"]} | {f"base_{k}": base.get(k) for k in TWIN_FIGURES})
+        else:
+            r.row.setdefault("missing", {})["base_output_tok_s_runs"] = (
+                f"the baseline's timing twin ({base['cell_id']}) ended {base['status']}: {base.get('reason')}")
+    return results["a"]
 
 
 def run_group(job: GroupJob) -> list[CellResult]:
@@ -182,6 +215,8 @@ def run_group(job: GroupJob) -> list[CellResult]:
     runs both groups here, interleaved."""
     if job.twin is not None:
         return _run_pair(job)
+    if job.timing_twin is not None:
+        return _run_timed_beside(job)
     if job.ledger is None:
         return _run_group(job, None)
     from orchestrator.execution.scheduling.ledger import PartChannel
@@ -241,6 +276,8 @@ def _run_group(job: GroupJob, channel, floor: Floor | None = None, side: str = "
         if channel:
             spec_all.claims_dir = channel.claims_dir
         spec_all.turns = floor is not None and spec_all.mode != "serve"   # an env pair: take turns with the twin
+        if job.timing_only:   # a timing twin: its cells' logprobs, samples and tasks are its own group's work
+            spec_all = spec_all.model_copy(update={"scoring": None, "sampling": None, "tasks": []})
     except NoChatTemplate as err:  # known only here, where a hub model's tokenizer is fetched
         for c in remaining:
             finish(c.cell_id, "unsupported", str(err))

@@ -223,7 +223,7 @@ def schedule(jobs: list[GroupJob], on_done: Callable[[GroupJob, Rows], None], hi
         return
     estimates = estimate_groups([facts(j) for j in runnable], history)
     works = [Work(j, job_need(j, list(nodes.values())), e.load_s, tuple(e.cell_s),
-                  splittable=not _shared_server(j) and j.twin is None,   # an env pair stays whole, on one node
+                  splittable=not _shared_server(j) and j.twin is None and j.timing_twin is None,   # a pair stays whole
                   load_sigma=e.load_sigma, cell_sigma=tuple(e.cell_sigma)) for j, e in zip(runnable, estimates)]
     run = runnable[0].matrix.run
     dispatcher = Dispatcher(nodes, works, split_groups=run.split_groups, steal_cells=run.steal_cells)
