@@ -202,7 +202,7 @@ needs_convert_env = pytest.mark.skipif(_convert_env_problem() is not None,
 # into. glm4: Unsupported in preflight (its converter needs <|endoftext|>). gpt2 and classic falcon convert
 # through config_added (n_ctx; num_kv_heads 1 for multi-query).
 GELU = {"gpt2", "gpt_neox", "falcon", "falcon_new", "bloom", "starcoder2"}
-ROUND_TWO = {**{a: "within" for a in ("mixtral", "qwen2_moe", "cohere", "exaone4")},
+ROUND_TWO = {**{a: "within" for a in ("mixtral", "qwen2_moe", "cohere", "exaone4", "qwen3_moe", "smollm3")},
              **{a: "ggml_gelu" for a in GELU}, "phi": "ggml_gelu_half", "glm4": "unsupported"}
 CONFIG_ADDED = {"gpt2": {"n_ctx": 256}, "falcon": {"num_kv_heads": 1}}
 
