@@ -215,6 +215,7 @@ CONFIG_ADDED = {"gpt2": {"n_ctx": 256}, "falcon": {"num_kv_heads": 1}}
 def test_round_two_matches_or_says_why(arch, cache_dir, tiny_model):
     from adapters.base import Unsupported
     from adapters.engines.llamacpp.gguf_convert import converted_gguf
+    from adapters.engines.llamacpp.native import gelu_deviation
 
     model_dir = resolve_arch(arch, cache_dir, tiny_model)
     if ROUND_TWO[arch] == "unsupported":
@@ -226,6 +227,8 @@ def test_round_two_matches_or_says_why(arch, cache_dir, tiny_model):
     assert side["converter_transformers"] == "4.57.6" and "converter_env_reason" not in side
     assert side.get("config_added", {}) == CONFIG_ADDED.get(arch, {})
     assert "n_ctx" not in json.loads((model_dir / "config.json").read_text())   # the checkpoint is untouched
+    # the verdict's reason names ggml's f16 GELU on exactly the GELU models (from the GGUF's architecture)
+    assert (gelu_deviation(gguf) is not None) == (ROUND_TWO[arch] != "within")
     llama, _, _, _ = llama_rows(model_dir, cache_dir)
     vocab = llama[0].shape[1]
     hf = hf_rows(model_dir, vocab)
