@@ -148,7 +148,8 @@ def build(arch: str, out_dir: Path, tokenizer_dir: Path) -> None:
 def resolve_arch(arch: str, cache_root: Path, tokenizer_dir: Path) -> Path:
     """The cached checkpoint of `arch`, built on first use (atomically: a temporary folder, then a rename)."""
     rev = f".{REVISION[arch]}" if arch in REVISION else ""
-    final = Path(cache_root) / "models" / f"arch-{FOLDER.get(arch, arch)}-v{ARCH_VERSION}{rev}-{Path(tokenizer_dir).name}"
+    name = f"arch-{FOLDER.get(arch, arch)}-v{ARCH_VERSION}{rev}-{Path(tokenizer_dir).name}"
+    final = Path(cache_root) / "models" / name
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -46,8 +46,8 @@ from adapters.engines.llamacpp.native import (
     Batch,
     VocabMap,
     check_seed,
-    gelu_deviation,
     flash_attn_mode,
+    gelu_deviation,
     last_error,
     tensor_types,
 )

@@ -343,8 +343,8 @@ def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
     """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2 or
     Phi feed-forward width other than 4 x the hidden size (the converter writes 4 x the width whatever the config
     says; llama.cpp then refuses ffn_down's shape), a value llama.cpp's graph hardcodes otherwise (qwen3moe's
-    top-k renormalisation, smollm3's NoPE step of 4: no GGUF key carries either), or a token the converter needs that the vocabulary lacks (GLM-4's converter
-    looks up `<|endoftext|>` as its end-of-text token)."""
+    top-k renormalisation, smollm3's NoPE step of 4: no GGUF key carries either), or a token the converter needs
+    that the vocabulary lacks (GLM-4's converter looks up `<|endoftext|>` as its end-of-text token)."""
     if arch in FFN_FOUR_TIMES:
         ffn_key, width_key = FFN_FOUR_TIMES[arch]
         ffn, width = config.get(ffn_key), config.get(width_key)
