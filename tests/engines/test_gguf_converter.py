@@ -205,7 +205,8 @@ needs_convert_env = pytest.mark.skipif(_convert_env_problem() is not None,
 # GELU accounts for most of the difference beyond 1e-4 (the rest, as for Gemma 3: activations whose f16 rounding
 # flips on 1e-6 differences upstream); phi 1.5e-3 (8.0e-4): ggml's GELU accounts for half, and the rest is the same
 # GELU: transformers with ggml's f16 GELU moves by 8.0e-4 when its GELU inputs move by 1e-6 relative (gpt2
-# 5.9e-4, bloom 1.9e-4); full rotary (partial_rotary_factor 1) leaves 1.4e-3 (6.8e-4): not partial rotary. qwen3_moe 6.2e-6 and smollm3 6.7e-6 (built with norm_topk_prob true and NoPE every 4th layer, as the
+# 5.9e-4, bloom 1.9e-4); full rotary (partial_rotary_factor 1) leaves 1.4e-3 (6.8e-4): not partial rotary.
+# qwen3_moe 6.2e-6 and smollm3 6.7e-6 (built with norm_topk_prob true and NoPE every 4th layer, as the
 # released checkpoints are; other values are Unsupported in preflight). glm4: Unsupported in preflight (its
 # converter needs <|endoftext|>). gpt2 and classic falcon convert through config_added (n_ctx; num_kv_heads 1
 # for multi-query).
