@@ -20,6 +20,9 @@ class LoadFacts(ContractModel):
     kv_budget_bytes: int | None = None
     batch_mode: Literal["batched", "sequential"] = "batched"
     notes: list[str] = Field(default_factory=list)
+    # a difference from the reference the engine makes by design, whatever the optimisation (llama.cpp's f16 GELU
+    # on a CPU): the judge names it in the reason of a cell whose baseline does not share it
+    engine_deviation: str | None = None
     memory_pids: list[int] = Field(default_factory=list)   # extra processes to count (engine children)
 
 

@@ -402,3 +402,15 @@ def judge(df: pd.DataFrame, pm: pd.DataFrame, base_key: pd.Series, tolerances: T
     for r in records:  # NaN -> None so "missing" reads the same for every column type
         r.update({k: None for k, v in r.items() if isinstance(v, float) and math.isnan(v)})
     df["verdict"], df["verdict_reason"] = zip(*[_verdict(r, tolerances) for r in records]) if records else ([], [])
+    if "engine_deviation" in df and len(df):
+        _name_engine_deviation(df)
+
+
+def _name_engine_deviation(df: pd.DataFrame) -> None:
+    """A near-lossless or lossy cell whose engine declares a by-design difference (LoadFacts.engine_deviation) that
+    its baseline, a cell of this frame, does not share: the reason says so after the metrics."""
+    own = df["engine_deviation"].where(df["engine_deviation"].notna(), None)
+    base = df["baseline_cell_id"].map(dict(zip(df["cell_id"], own)))
+    known = df["baseline_cell_id"].isin(df["cell_id"])
+    named = df["verdict"].isin(["near-lossless", "lossy"]) & own.notna() & known & (base != own)
+    df.loc[named, "verdict_reason"] = df.loc[named, "verdict_reason"] + "; " + own[named]

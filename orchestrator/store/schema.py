@@ -57,6 +57,7 @@ DRIVER_COLUMNS: dict[str, pa.DataType] = {
     "model_fingerprint": pa.string(),   # content hash of the model's weights, config and tokenizer files
     "host": pa.string(),                # the node's CPU, memory, GPUs and NVIDIA driver (adapters/contract/host.py)
     "engine_args": pa.string(),         # the arguments given to the engine
+    "engine_deviation": pa.string(),    # LoadFacts.engine_deviation: a by-design difference the verdict names
     "attempt": pa.int32(),              # which engine process of the group ran the cell
     "group_tries": pa.int32(),          # times the group was sent to Ray (over 1: its node was lost)
     "started_at": pa.string(),
@@ -81,7 +82,8 @@ CELL_COLUMNS = (
     "output_tok_s_runs", "ttft_ms_p50_runs", "ttft_ms_p99_runs", "tpot_ms_p50_runs", "tpot_ms_p99_runs",
     "scheduled_ms", "sent_ms",
     "engine_ttft_ms", "engine_ttft_ms_p50", "engine_ttft_agrees", "peak_mem_bytes", "load_peak_mem_bytes",
-    "mem_source", "kv_budget_bytes", "versions", "model_fingerprint", "host", "engine_args", "notes", "missing",
+    "mem_source", "kv_budget_bytes", "versions", "model_fingerprint", "host", "engine_args", "engine_deviation",
+    "notes", "missing",
     "attempt", "group_tries", "started_at", "duration_s", "repeat_started_at", "repeat_ended_at", "host_busy_runs",
     "gpu_busy_runs", "output_tok_s_recheck_runs", "base_timing_cell", "base_output_tok_s_runs",
     "base_host_busy_runs", "base_gpu_busy_runs", "base_repeat_started_at", "base_repeat_ended_at", "search_id",

@@ -207,6 +207,25 @@ def test_kl_orders_small_and_large_changes(tmp_path):
                             "|ppl_rel| 0.8 > ppl_rel_near 0.02")
 
 
+def test_engine_deviation_named_against_a_baseline_without_it(tmp_path):
+    """llama.cpp's f16 GELU on a GELU model (LoadFacts.engine_deviation, the adapter's): a near-lossless or lossy
+    cell's reason names it after the metrics where the baseline does not share it; against a baseline that does
+    (a llama.cpp fp32 baseline for its q8_0) the reason stays the metrics'."""
+    gelu = "engine property, not a conversion fault: llama.cpp's CPU GELU rounds to f16 (gpt2 is a GELU model)"
+    store = run_dir(tmp_path)
+    write(store, "lcpp", framework="llamacpp", reps=[(prompt_rows(probs=[0.49, 0.31, 0.1]), gen_rows())],
+          engine_deviation=gelu)
+    write(store, "silu", framework="vllm", reps=[(prompt_rows(probs=[0.49, 0.31, 0.1]), gen_rows())])
+    df = analyse(store.root)
+    assert row(df, "lcpp")["verdict_reason"] == "kl_mean 2.6e-04 > kl_lossless 1.0e-04; " + gelu
+    assert row(df, "silu")["verdict_reason"] == "kl_mean 2.6e-04 > kl_lossless 1.0e-04"
+    shared = run_dir(tmp_path / "shared", baseline={"framework": "llamacpp", "quantization": "fp32"})
+    write(shared, "lbase", framework="llamacpp", reps=same(), engine_deviation=gelu)
+    write(shared, "q8", framework="llamacpp", quantization="q8_0",
+          reps=[(prompt_rows(probs=[0.49, 0.31, 0.1]), gen_rows())], engine_deviation=gelu)
+    assert row(analyse(shared.root), "q8")["verdict_reason"] == "kl_mean 2.6e-04 > kl_lossless 1.0e-04"
+
+
 def test_noise_floor_relaxes_lossless(tmp_path):
     store = RunStore(tmp_path / "run")
     base = prompt_rows()

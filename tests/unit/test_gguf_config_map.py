@@ -84,6 +84,18 @@ def test_preflight_refuses_what_the_converter_cannot_write(tmp_path):
     gc.preflight(tmp_path, {}, "Glm4ForCausalLM")
 
 
+def test_preflight_names_what_llamacpp_hardcodes(tmp_path):
+    """qwen3moe renormalises the top-k expert weights always; smollm3's NoPE step is 4 with no GGUF key: a
+    checkpoint that differs is Unsupported with the field named, one as real checkpoints ship it passes."""
+    with pytest.raises(Unsupported, match="norm_topk_prob is false"):
+        gc.preflight(tmp_path, {}, "Qwen3MoeForCausalLM")
+    gc.preflight(tmp_path, {"norm_topk_prob": True}, "Qwen3MoeForCausalLM")
+    with pytest.raises(Unsupported, match=r"no_rope_layers is \[1, 0\]"):
+        gc.preflight(tmp_path, {"no_rope_layers": [1, 0]}, "SmolLM3ForCausalLM")
+    gc.preflight(tmp_path, {"no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}, "SmolLM3ForCausalLM")
+    gc.preflight(tmp_path, {"no_rope_layers": [1, 1]}, "SmolLM3ForCausalLM")
+
+
 def test_converter_environment_says_when_it_is_not_its_own(monkeypatch, tmp_path):
     monkeypatch.delenv(gc.PYTHON_ENV, raising=False)
     monkeypatch.setattr(gc, "__file__", str(tmp_path / "a" / "b" / "c" / "gguf_convert.py"))

@@ -47,6 +47,7 @@ from adapters.engines.llamacpp.native import (
     VocabMap,
     check_seed,
     flash_attn_mode,
+    gelu_deviation,
     last_error,
     tensor_types,
 )
@@ -240,7 +241,8 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
             "gguf_tensor_types": types,
             **facts,
         }
-        self.info = LoadFacts(versions=versions, engine_args=engine_args, batch_mode=batch_mode, notes=notes)
+        self.info = LoadFacts(versions=versions, engine_args=engine_args, batch_mode=batch_mode, notes=notes,
+                              engine_deviation=gelu_deviation(path) if self.n_gpu_layers == 0 else None)
         self.info.notes.append("llama.cpp system info: " + llama_cpp.llama_print_system_info().decode().strip())
         self._record_context(logs)
         return self.info

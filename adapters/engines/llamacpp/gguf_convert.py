@@ -342,14 +342,22 @@ FFN_FOUR_TIMES = {"GPT2LMHeadModel": ("n_inner", "n_embd"), "PhiForCausalLM": ("
 def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
     """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2 or
     Phi feed-forward width other than 4 x the hidden size (the converter writes 4 x the width whatever the config
-    says; llama.cpp then refuses ffn_down's shape), or a token the converter needs that the vocabulary lacks (GLM-4's converter
-    looks up `<|endoftext|>` as its end-of-text token)."""
+    says; llama.cpp then refuses ffn_down's shape), a value llama.cpp's graph hardcodes otherwise (qwen3moe's
+    top-k renormalisation, smollm3's NoPE step of 4: no GGUF key carries either), or a token the converter needs
+    that the vocabulary lacks (GLM-4's converter looks up `<|endoftext|>` as its end-of-text token)."""
     if arch in FFN_FOUR_TIMES:
         ffn_key, width_key = FFN_FOUR_TIMES[arch]
         ffn, width = config.get(ffn_key), config.get(width_key)
         if ffn is not None and width is not None and ffn != 4 * width:
             raise Unsupported(f"llama.cpp's {arch} converter writes a feed-forward width of 4 x {width_key} "
                               f"({4 * width}); this checkpoint's {ffn_key} is {ffn}")
+    if arch == "Qwen3MoeForCausalLM" and not config.get("norm_topk_prob", False):
+        raise Unsupported("llama.cpp's qwen3moe always renormalises the top-k expert weights; this checkpoint's "
+                          "norm_topk_prob is false")
+    if arch == "SmolLM3ForCausalLM" and "no_rope_layers" in config:   # 1 = RoPE; llama.cpp: NoPE where (i+1) % 4 == 0
+        if config["no_rope_layers"] != [int((i + 1) % 4 != 0) for i in range(len(config["no_rope_layers"]))]:
+            raise Unsupported("llama.cpp's smollm3 hardcodes a NoPE layer every 4th layer (no GGUF key); this "
+                              f"checkpoint's no_rope_layers is {config['no_rope_layers']}")
     if arch not in ("Glm4ForCausalLM", "Glm4MoeForCausalLM"):
         return
     tok = model_dir / "tokenizer.json"

@@ -105,6 +105,26 @@ def tensor_types(path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+# llama.cpp architectures whose feed-forward runs ggml_gelu (GELU, or GEGLU for Gemma)
+GELU_ARCHS = frozenset({"gpt2", "gptneox", "falcon", "bloom", "starcoder", "starcoder2", "phi2", "gemma", "gemma2",
+                        "gemma3"})
+
+
+def gelu_deviation(path) -> str | None:
+    """The reason a GELU model's logits differ from an fp32 reference on a CPU whatever the conversion: ggml's CPU
+    GELU rounds its input to f16 and reads an f16 table (GGML_GELU_FP16, a compile-time choice in ggml-cpu/vec.h);
+    None for other architectures. Measured at fp32 with an f32 KV cache: 1e-4 to 2e-3 from transformers, 3-7x
+    less with that rounding emulated in transformers (tests/engines/test_gguf_converter.py)."""
+    import gguf
+
+    field = gguf.GGUFReader(str(path)).fields.get("general.architecture")
+    arch = bytes(field.parts[field.data[0]]).decode() if field is not None else None
+    if arch not in GELU_ARCHS:
+        return None
+    return (f"engine property, not a conversion fault: llama.cpp's CPU GELU rounds to f16 ({arch} is a GELU "
+            "model; about 1e-4 to 2e-3 in logprob at fp32)")
+
+
 def gguf_head_dim(path) -> int | None:
     import gguf
 

@@ -188,6 +188,7 @@ def cell_row(job: GroupJob, cell: Cell, status: str, reason: str | None = None, 
         row |= {"load_s": loaded.load_s, "load_peak_mem_bytes": loaded.load_peak_mem_bytes,
                 "mem_source": loaded.mem_source, "versions": f.versions, "engine_args": _scrubbed(f.engine_args),
                 "kv_budget_bytes": f.kv_budget_bytes, "batch_mode": f.batch_mode,
+                "engine_deviation": f.engine_deviation,
                 "model_fingerprint": loaded.model_fingerprint,
                 "host": loaded.host.model_dump(mode="json") if loaded.host is not None else None,
                 "env_facts": loaded.env.model_dump(mode="json") if loaded.env is not None else None}
