@@ -27,7 +27,6 @@ from adapters.contract.specs import (
 from orchestrator.execution.engine_child.prompts import Tokenizer, scoring_prompts, text_prompts, timing_requests
 from orchestrator.inputs import lm_eval_tasks, task_sets
 from orchestrator.inputs.chat import ChatRenderer
-from orchestrator.matrix.baselines import axis_value
 from orchestrator.matrix.cells import Cell, EngineGroup, own_schedule, pair_key, stream_schedule
 from orchestrator.matrix.models import Matrix, Sampling, Tolerances
 
@@ -185,6 +184,8 @@ def timing_twins(jobs: list[GroupJob]) -> list[GroupJob]:
     baseline cell wanted twice by one job (a selector that fixes a load axis) are left as they are: Welch."""
     if not jobs or not paired_timing_on(jobs[0].matrix, jobs[0].device):
         return jobs
+    from orchestrator.matrix.baselines import axis_value   # here: it imports pandas, which a worker never needs
+
     sel = {a: axis_value(a, v) for a, v in jobs[0].matrix.baseline.items()}
     owner = {tuple(axis_value(a, v) for a, v in c.axes().items()): (job, c) for job in jobs for c in job.group.cells}
     for job in jobs:
