@@ -154,6 +154,14 @@ def topk_sparse(rows: Sequence[SparseRow], k: int) -> TokenScores:
                        topk_ids=ids, topk_logprobs=lps)
 
 
+# the base_* fields' null, named by the worker: the launcher fills them (and drops these) where a timing twin ran
+NO_TIMING_TWIN = dict.fromkeys(
+    ("base_timing_cell", "base_output_tok_s_runs", "base_host_busy_runs", "base_gpu_busy_runs",
+     "base_repeat_started_at", "base_repeat_ended_at"),
+    "no timing twin took turns with this cell (measure.paired_timing off or not applicable here: a GPU run, serve "
+    "mode, the baseline's own group, an env pair)")
+
+
 class CellRecord(CellMetrics):
     """A cell's measurements as the worker writes them (<cell_id>.json); the launcher adds the load
     facts and stores the row. Every field here is a column of the cells table."""

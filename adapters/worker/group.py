@@ -32,7 +32,7 @@ from adapters.contract.arrivals import TraceArrival
 from adapters.contract.disturbance import Disturbance
 from adapters.contract.events import CellStart, End, GroupUnsupported, Loaded, Started
 from adapters.contract.host import host_facts
-from adapters.contract.records import SAMPLE_COLUMNS, CellRecord
+from adapters.contract.records import NO_TIMING_TWIN, SAMPLE_COLUMNS, CellRecord
 from adapters.contract.seed_power import sample_statistic, seeds_to_detect
 from adapters.contract.specs import (
     HIDDEN_NPZ,
@@ -328,6 +328,7 @@ def main(spec_path: str, out_dir: str) -> int:
             got.record.output_tok_s_recheck_runs = runs
         else:   # a null says why: one cell a group is timed twice (drift_order), and not every group is checked
             got.record.missing["output_tok_s_recheck_runs"] = "not this group's drift-check cell"
+        got.record.missing.update(NO_TIMING_TWIN)   # the launcher fills base_* where a twin ran beside it
         return got
 
     run_cells(order, measure, events, out, claims_dir=spec.claims_dir)

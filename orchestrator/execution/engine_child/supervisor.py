@@ -35,7 +35,7 @@ from adapters.contract.events import (
     parse_event,
 )
 from adapters.contract.processes import die_with_parent
-from adapters.contract.records import CellRecord
+from adapters.contract.records import NO_TIMING_TWIN, CellRecord
 from adapters.contract.specs import GroupSpec
 from orchestrator.execution.engine_child.prompts import Tokenizer
 from orchestrator.execution.engine_child.rows import (
@@ -203,6 +203,8 @@ def _run_timed_beside(job: GroupJob) -> list[CellResult]:
             continue
         if base["status"] == "ok":
             r.row.update({"base_timing_cell": base["cell_id"]} | {f"base_{k}": base.get(k) for k in TWIN_FIGURES})
+            for k in NO_TIMING_TWIN:   # measured now: the worker's null reasons go
+                r.row.get("missing", {}).pop(k, None)
         else:
             r.row.setdefault("missing", {})["base_output_tok_s_runs"] = (
                 f"the baseline's timing twin ({base['cell_id']}) ended {base['status']}: {base.get('reason')}")
