@@ -7,7 +7,7 @@ change nothing: hf `default`, `same` = {attn_implementation: sdpa} (transformers
 auto} (its default) and `same_again` = {flash_attn: auto, n_threads: this host's CPU count} (its default).
 The baseline is {flags: default}: every `same*` cell is judged against its own engine's default cell at its
 batch size, so each run holds 2 engines x 2 flag sets x 2 batch sizes = 8 null comparisons; any `faster` /
-`slower` among them is a false call. With measure.paired_timing (on by default in a CPU run; --paired-timing
+`slower` among them is a false call. With measure.paired_timing (off by default, on here unless --paired-timing
 off: as before) each `same*` group has its engine's `default` loaded beside it as a timing twin, and its null
 comparisons are paired t. Real differences: llama.cpp over hf at batch 1, the judge's own row of a second
 `bench run` in the same condition (hf and llama.cpp `default`, batch 1, baseline hf: with paired timing the

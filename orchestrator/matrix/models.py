@@ -254,9 +254,9 @@ class Measure(_Strict):
                                       "layer): compared seed by seed and as a distribution")
     paired_timing: bool | None = Field(None, description="The timed repeats of each cell and of its baseline "
                                        "(same batch, lengths, workload) take turns on one node, the baseline's engine "
-                                       "loaded beside the cell's as a timing twin, so the speed ratio is paired; null: "
-                                       "on where both fit on one node (a CPU run: the scheduler gives a group a whole "
-                                       "node), off on a GPU run; false: off (Welch against the baseline's own row)")
+                                       "loaded beside the cell's as a timing twin, so the speed ratio is paired; null "
+                                       "or false: off (Welch against the baseline's own row): the waiting engine's "
+                                       "spinning threads slowed the timed one 5-15x on a 2-core host")
 
 
 class Search(_Strict):

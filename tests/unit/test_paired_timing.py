@@ -33,7 +33,7 @@ def _jobs(data: dict, device: str = "cpu") -> list[GroupJob]:
 
 
 def test_a_group_gets_its_baselines_engine_as_a_timing_twin():
-    jobs = {j.group.framework: j for j in _jobs(_matrix())}
+    jobs = {j.group.framework: j for j in _jobs(_matrix(paired_timing=True))}
     hf, cpp = jobs["hf"], jobs["llamacpp"]
     assert hf.timing_twin is None and not hf.timing_pairs   # the baseline's own group: nothing to pair with
     twin = cpp.timing_twin
@@ -46,11 +46,12 @@ def test_a_group_gets_its_baselines_engine_as_a_timing_twin():
 def test_paired_timing_off_or_on_a_gpu_leaves_the_jobs_as_they_were():
     assert all(j.timing_twin is None for j in _jobs(_matrix(paired_timing=False)))
     assert all(j.timing_twin is None for j in _jobs(_matrix(), device="cuda"))          # null: off on a GPU
+    assert all(j.timing_twin is None for j in _jobs(_matrix()))                         # and on a CPU (spin-waits)
     assert any(j.timing_twin is not None for j in _jobs(_matrix(paired_timing=True), device="cuda"))
 
 
 def test_a_baseline_cell_is_paired_once_per_group():
-    data = _matrix() | {"baseline": {"framework": "hf", "flags": "default", "batch_size": 1}}
+    data = _matrix(paired_timing=True) | {"baseline": {"framework": "hf", "flags": "default", "batch_size": 1}}
     cpp = next(j for j in _jobs(data) if j.group.framework == "llamacpp")
     assert len(cpp.timing_pairs) == 1 and len(cpp.timing_twin.group.cells) == 1   # the other cell: Welch
 

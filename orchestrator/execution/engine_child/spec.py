@@ -169,11 +169,12 @@ def pair_jobs(jobs: list[GroupJob]) -> list[GroupJob]:
 
 
 def paired_timing_on(m: Matrix, device: str) -> bool:
-    """measure.paired_timing, its null resolved: on where a cell's engine and its baseline's fit on one node. A
-    CPU run: yes (the scheduler gives a CPU group a whole node, and both engines' weights are in its memory); a
-    GPU run: no (an engine such as vLLM takes most of its GPU's memory for itself)."""
-    on = m.measure.paired_timing
-    return on if on is not None else device == "cpu"
+    """measure.paired_timing, its null resolved: off, until the idle side of a pair is made quiet. Two engines on a
+    small CPU node do not only take turns: the one waiting keeps its threads spinning (OpenMP's and ggml's
+    spin-waits after a batch), and on this 2-core host the timed side's throughput fell 5-15x in later repeats
+    (llama.cpp 7,447 -> 438 tok/s beside hf's twin, the README's first matrix at 6 repeats), which no paired ratio
+    undoes; a GPU run would need both engines' memory on one GPU. `true` turns it on."""
+    return bool(m.measure.paired_timing)
 
 
 def timing_twins(jobs: list[GroupJob]) -> list[GroupJob]:
