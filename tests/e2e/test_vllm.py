@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from adapters.contract.records import NO_TIMING_TWIN
 from adapters.meters.telemetry import OFFLINE_GAUGES
 from adapters.worker.cell_loop import NO_SPECULATION
 from orchestrator.execution.runner import run_matrix
@@ -121,7 +122,7 @@ def test_vllm_cells_ok_with_engine_facts(vllm_run):
         assert gpu.get("gpu_busy_runs", "NVML").startswith(("NVML", "no GPU")), gpu
         assert missing == {"queue_ms": "no arrival queue: an offline batch, or a closed loop", **NO_SPECULATION,
                            **dict.fromkeys(("kv_cache_usage_max", "requests_waiting_max", "gauge_samples"),
-                                           OFFLINE_GAUGES), **energy, **no_hits, **gpu}
+                                           OFFLINE_GAUGES), **energy, **no_hits, **gpu, **NO_TIMING_TWIN}
 
 
 @needs_vllm
