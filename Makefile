@@ -29,7 +29,7 @@ smoke: setup env-vllm llama-cpp-src env-convert
 # LMDeploy needs CUDA, but its config classes import from its unpacked wheel: the mapping tests
 # build them (LOSSLESS_BENCH_LMDEPLOY_SRC makes them required rather than skipped).
 test: setup env-vllm browser lmdeploy-src llama-cpp-src env-convert env-pair-wheel
-	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q
+	LOSSLESS_BENCH_LMDEPLOY_SRC=$(CURDIR)/$(LMDEPLOY_SRC) $(BIN)/python -m pytest -q --durations=40
 
 # The fast loop: tests/unit only (pytest -m "not slow"; tests/conftest.py marks the rest slow by folder).
 # No engine environment, browser or Ray cluster is needed; the tiny model is built on first use.

@@ -1,15 +1,48 @@
 """(e2e: it starts busy child processes.) The per-repeat disturbance measure (adapters/contract/disturbance.py) on this host's real /proc: a busy
 process in another session shows up as other processes' share of the engine cores; the engine's own
-processes (this session, a child included) do not."""
+processes (this session, a child included) do not.
 
+Each test measures from a forked child that leads its own session, as the engine child does in a run
+(engine_child/supervisor.py): the session of the pytest process is whatever launched it (under CI, a whole
+process tree whose own starts, exits and reaps would be counted as the engine's)."""
+
+import functools
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+import traceback
+
+import pytest
 
 from adapters.contract.disturbance import Disturbance
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"
+
+
+def in_own_session(test):
+    """Runs the test's body in a forked child that leads a session of its own; its failure fails the test."""
+    @functools.wraps(test)
+    def run():
+        ctx = multiprocessing.get_context("fork")
+        result = ctx.Queue()
+
+        def child():
+            os.setsid()
+            try:
+                test()
+                result.put(None)
+            except BaseException:
+                result.put(traceback.format_exc())
+
+        proc = ctx.Process(target=child)
+        proc.start()
+        failure = result.get(timeout=120)
+        proc.join(timeout=30)
+        if failure is not None:
+            pytest.fail(failure, pytrace=False)
+    return run
 
 
 def _spin(seconds: float) -> None:
@@ -18,6 +51,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
+@in_own_session
 def test_busy_process_in_another_session_counts_as_disturbance():
     d = Disturbance()
     d.measure(lambda: _spin(0.6))
@@ -37,6 +71,7 @@ def test_busy_process_in_another_session_counts_as_disturbance():
     assert d.figures()["host_busy_runs"] == d.cpu
 
 
+@in_own_session
 def test_the_engines_own_children_are_not_disturbance():
     d = Disturbance()
     def engine_with_child():   # the child stays in this session, as an engine's processes do
@@ -49,6 +84,7 @@ def test_the_engines_own_children_are_not_disturbance():
     assert d.cpu[-1] < max(0.25, baseline.cpu[-1] + 0.2), (d.cpu, baseline.cpu, os.cpu_count())
 
 
+@in_own_session
 def test_gpu_share_is_null_with_a_reason_without_nvml():
     d = Disturbance()
     d.measure(lambda: None)
@@ -56,6 +92,7 @@ def test_gpu_share_is_null_with_a_reason_without_nvml():
         assert d.missing["gpu_busy_runs"]
 
 
+@in_own_session
 def test_a_repeat_too_short_for_the_clock_is_measured_over_a_window_the_clock_resolves():
     # a tiny model's batch takes a few ms; /proc/stat counts 10 ms ticks: over one repeat, one tick of anyone's
     # reads as a whole core. On a quiet moment the windowed shares stay low; with a busy loop on every core, high.
