@@ -233,7 +233,7 @@ def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame, noise: pd.DataFrame | 
         center, lo, hi, n_new, n_old = speed_intervals(num, den, run_var, run_df)
         p = speed_p(num, den, run_var, run_df)
         # the family: this metric's tests over the run's pairs (orchestrator/judge/families.py)
-        q, calls = family_calls(num, den, center, lo, hi, p, ~ok, tolerance, run_var, run_df)
+        q, calls, band_lo, band_hi = family_calls(num, den, center, lo, hi, p, ~ok, tolerance, run_var, run_df)
         # the ratio the interval is about (geometric means of the repeats); one repeat a side: the cells' own
         with np.errstate(divide="ignore", invalid="ignore"):
             whole = np.where(ok & (old_v > 0), new_v / old_v, np.nan)
@@ -244,6 +244,7 @@ def _add_cross_speed(df: pd.DataFrame, old: pd.DataFrame, noise: pd.DataFrame | 
         if not higher_better:   # a latency ratio above 1 is slower
             calls = [{"faster": "slower", "slower": "faster"}.get(c, c) for c in calls]
         df[f"{name}_lo"], df[f"{name}_hi"], df[f"{name}_call"] = lo, hi, calls
+        df[f"{name}_band_lo"], df[f"{name}_band_hi"] = band_lo, band_hi
         df[f"{name}_p"], df[f"{name}_q"] = p, q
         df[f"{name}_n"] = [f"{a}/{b}" if a else None for a, b in zip(n_new, n_old)]
     mem_new, mem_old = df.peak_mem_bytes.to_numpy(dtype=float), base.peak_mem_bytes.to_numpy(dtype=float)

@@ -22,8 +22,10 @@ orchestrator/judge/cross_run.py (`--against OLD`: each cell against the same con
     (require_run_noise: true fails it as "cannot judge").
     A matched cell fails must_be when its verdict is worse (or n/a: not ok, no logprobs, no partner in
     OLD); so does a combination of listed values no cell has (a value no cell has at all, or a task the
-    run did not run, is a PolicyError: exit 2). A speed bound fails only when the 95% interval of the
-    NEW/OLD ratio lies wholly beyond it, so noise alone never fails a build; a ratio with no interval
+    run did not run, is a PolicyError: exit 2). A speed bound fails only when the NEW/OLD ratio's interval at the
+    speed family's level (the band: the 95% interval widened to the per-test level the run's Benjamini-Hochberg
+    family of that metric held, orchestrator/judge/speed.py) lies wholly beyond it, so noise alone never fails a
+    build, however many cells a policy bounds; a ratio with no interval
     (fewer than 2 repeats on a side) cannot show that, and fails as "cannot judge". Peak memory is one
     number per cell: its bound is checked on the ratio itself. A task rule reads the task layer
     (orchestrator/judge/task_verdicts.py): min_ratio fails when the 95% interval of the metric's ratio to the
@@ -216,7 +218,8 @@ def _speed_check(r: dict, bound: str, limit: float, require_run_noise: bool) -> 
         return False, f"cannot judge {what}: no interval (needs 2+ repeats on both sides)"
     run_sd = r.get(f"{col}_run_sd")
     noise = f", run drift sd {100 * run_sd:.1f}%" if finite(run_sd) else ", repeats only"
-    shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {r.get(f'{col}_n')}{noise})"
+    lo, hi, band = _family_band(r, col, lo, hi)
+    shown = f"{what} x{ratio:.3f} [95% CI {r[f'{col}_lo']:.3f}, {r[f'{col}_hi']:.3f}{band}] (n {r.get(f'{col}_n')}{noise})"
     if not isinstance(r.get("run_noise"), str):   # a busy host's run is no regression: the repeats cannot tell
         return not require_run_noise, (f"cannot judge {what} across runs (no run-to-run noise estimate: --noise-run "
                                        f"or earlier runs under --history): {shown}; " +
@@ -231,6 +234,16 @@ def _speed_check(r: dict, bound: str, limit: float, require_run_noise: bool) -> 
                                if hi <= 1 + limit else f"not wholly above x{1 + limit:.3f} (within the noise)")
 
 
+def _family_band(r: dict, col: str, lo: float, hi: float) -> tuple[float, float, str]:
+    """(lo, hi, how it is shown) of the interval a bound is judged by: the one at the speed family's level
+    (`{col}_band_lo/hi`, orchestrator/judge/speed.py family_calls), so that a gate's many bounds over a matrix fail
+    no more often by chance than the run's speed calls are wrong; the 95% interval where the band is missing."""
+    b_lo, b_hi = r.get(f"{col}_band_lo"), r.get(f"{col}_band_hi")
+    if not (finite(b_lo) and finite(b_hi)):
+        return lo, hi, ""
+    return b_lo, b_hi, f"; at the family's level {b_lo:.3f}, {b_hi:.3f}"
+
+
 def _env_speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
     """A speed bound within one run: a cell paired with its baseline (an env pair, or measure.paired_timing's
     timing twin; orchestrator/judge/speed.py: their repeats took turns, so the paired interval holds the host's
@@ -241,9 +254,11 @@ def _env_speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
                        "(an env pair, or measure.paired_timing; else compare with a stored run: --against OLD_RUN)")
     if bound != "max_slowdown":
         return False, f"cannot judge {what} within one run: an env pair bounds output tokens/s only (max_slowdown)"
-    ratio, lo, hi = r["speedup"], r["speedup_lo"], r["speedup_hi"]
+    ratio = r["speedup"]
+    lo, hi, band = _family_band(r, "speedup", r["speedup_lo"], r["speedup_hi"])
     side = f"env {r.get('env')} over its baseline's" if isinstance(r.get("env"), str) else "over its baseline's turns"
-    shown = f"{what} x{ratio:.3f} [95% CI {lo:.3f}, {hi:.3f}] (n {int(r['speedup_n_cell'])} pairs, paired t, {side})"
+    shown = (f"{what} x{ratio:.3f} [95% CI {r['speedup_lo']:.3f}, {r['speedup_hi']:.3f}{band}] "
+             f"(n {int(r['speedup_n_cell'])} pairs, paired t, {side})")
     ok = hi >= 1 - limit
     return ok, f"{shown}: " + (f"wholly below x{1 - limit:.3f}" if not ok else f"above x{1 - limit:.3f}"
                                if lo >= 1 - limit else f"not wholly below x{1 - limit:.3f} (within the noise)")

@@ -155,11 +155,13 @@ def timing_paired(df: pd.DataFrame) -> np.ndarray:
 
 
 def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float, run_var: float = 0.0,
-                 run_df: float = math.inf, paired=None) -> tuple[np.ndarray, list]:
-    """(q, calls): each test's q over the family of the tests not `out` (orchestrator/judge/families.py: BH at
-    SPEED_ALPHA; an `out` row keeps its p as q), and speed_call's words: faster / slower where q < SPEED_ALPHA,
-    "no difference" only where the interval at the family's level (1 - the level a test not called had to beat)
-    lies within the tolerance. `paired`: the rows whose interval is the paired one (paired_intervals)."""
+                 run_df: float = math.inf, paired=None) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
+    """(q, calls, band_lo, band_hi): each test's q over the family of the tests not `out`
+    (orchestrator/judge/families.py: BH at SPEED_ALPHA; an `out` row keeps its p as q), speed_call's words: faster
+    / slower where q < SPEED_ALPHA, "no difference" only where the interval at the family's level (1 - the level a
+    test not called had to beat) lies within the tolerance; and that interval (the band: what a bound on the ratio,
+    bench gate's max_slowdown, is judged by, so a family of bounds holds the family's level too). `paired`: the
+    rows whose interval is the paired one (paired_intervals)."""
     fam = family(np.where(out, np.nan, p), SPEED_ALPHA, BH)
     q = np.where(out, p, fam.q)
     _, band_lo, band_hi, *_ = speed_intervals(num, den, run_var, run_df, level=1 - fam.level)
@@ -167,7 +169,7 @@ def family_calls(num: list, den: list, center, lo, hi, p, out, tolerance: float,
         at = np.flatnonzero(paired)
         _, band_lo[paired], band_hi[paired], _ = paired_intervals([num[i] for i in at], [den[i] for i in at],
                                                                   1 - fam.level)
-    return q, speed_call(lo, hi, tolerance, q, center, SPEED_ALPHA, band_lo, band_hi)
+    return q, speed_call(lo, hi, tolerance, q, center, SPEED_ALPHA, band_lo, band_hi), band_lo, band_hi
 
 
 def run_drift(cells: pd.DataFrame) -> tuple[float, float, str | None]:
@@ -212,8 +214,10 @@ def add_speed(df: pd.DataFrame, cells: pd.DataFrame, tolerance: float) -> None:
         _, lo[paired], hi[paired], p[paired] = paired_intervals([num[i] for i in at], [den[i] for i in at])
     # the family: every speed test of the run's ok cells (the baseline against itself is none)
     out = ((df.cell_id == df.baseline_cell_id) | (df.get("status", "ok") != "ok")).to_numpy()
-    q, calls = family_calls(num, den, center, lo, hi, p, out, tolerance, drift_var, drift_df, paired=paired)
+    q, calls, band_lo, band_hi = family_calls(num, den, center, lo, hi, p, out, tolerance, drift_var, drift_df,
+                                              paired=paired)
     df["speedup_lo"], df["speedup_hi"], df["speedup_n_cell"], df["speedup_n_base"] = lo, hi, n_cell, n_base
+    df["speedup_band_lo"], df["speedup_band_hi"] = band_lo, band_hi
     df["speed_p"], df["speed_q"], df["speed_call"] = p, q, calls
     df["speed_test"] = [None if not (finite(a) and finite(z)) else PAIRED if pr else WELCH
                         for a, z, pr in zip(lo, hi, paired)]

@@ -111,3 +111,38 @@ def test_judge_run_says_what_each_family_held_and_bench_gate_prints_it(tmp_path)
                       "    task: {name: tiny-ending, no_regression: true, accept_underpowered: true}\n")
     res = CliRunner().invoke(app, ["gate", str(tmp_path / "new"), "--policy", str(policy)], catch_exceptions=False)
     assert "family: tasks: 0 of 6 tests called at FDR 0.05" in res.stdout, res.stdout
+
+
+def test_a_gates_many_speed_bounds_hold_the_familys_level():
+    """bench gate's max_slowdown is judged by the interval at the speed family's level (speed.family_calls' band),
+    so bounding 20 cells does not fail one by chance where a single bound would: a 12% drop whose 95% interval is
+    wholly below x0.95 fails alone, and passes 'within the noise' among 19 cells that changed nothing."""
+    from orchestrator.judge.gate import Policy, gate
+    from orchestrator.judge.speed import family_calls, speed_intervals, speed_p
+
+    rng = np.random.default_rng(3)
+    old = [100 * np.exp(rng.normal(0, 0.04, 6)) for _ in range(20)]
+    new = [100 * np.exp(rng.normal(0, 0.04, 6)) for _ in range(20)]
+    new[0] = old[0].mean() * 0.88 * np.exp(rng.normal(0, 0.04, 6))
+
+    def rows(k: int) -> pd.DataFrame:
+        num, den = new[:k], old[:k]
+        center, lo, hi, n_new, n_old = speed_intervals(num, den)
+        p = speed_p(num, den)
+        q, calls, band_lo, band_hi = family_calls(num, den, center, lo, hi, p, np.zeros(k, bool), 0.05)
+        return pd.DataFrame({
+            "cell_id": [f"c{i}" for i in range(k)], "framework": "hf", "model": "tiny", "quantization": "fp32",
+            "flags": [f"f{i}" for i in range(k)], "mode": "offline", "batch_size": 1, "request_rate": None,
+            "load": None, "verdict": "identical", "verdict_reason": "", "only_in": None, "run_noise": "1 run",
+            "tok_s_ratio": center, "tok_s_lo": lo, "tok_s_hi": hi, "tok_s_band_lo": band_lo, "tok_s_band_hi": band_hi,
+            "tok_s_n": "6/6", "tok_s_run_sd": np.nan})
+
+    policy = Policy.model_validate({"rules": [{"match": {"framework": "hf"}, "max_slowdown": 0.05}]})
+    alone, many = rows(1), rows(20)
+    assert alone.tok_s_hi[0] < 0.95 and many.tok_s_hi[0] < 0.95   # the same 95% interval either way
+    passed, lines = gate(alone, policy, against=True)
+    assert not passed and "wholly below x0.950" in lines[0], lines
+    passed, lines = gate(many, policy, against=True)
+    assert passed and many.tok_s_band_hi[0] >= 0.95, (lines, many.tok_s_band_hi[0])
+    # the family still calls it slower (q < 0.05): a drop, not one beyond the bound at the family's level
+    assert many.tok_s_band_hi[0] < 1.0
