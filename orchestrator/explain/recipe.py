@@ -119,6 +119,15 @@ def gguf_files(run: Path) -> dict[str, tuple[int, str]]:
 
 
 def sha256_file(path: str) -> str | None:
+    """The file's sha256; `path` as a row stores it (engine_child/rows.py writes the project's folder as <project>,
+    the temp dir as <tmp>, home as ~). None where it is not here."""
+    import tempfile
+
+    from orchestrator.execution.engine_child.spec import PROJECT_ROOT
+
+    for name, real in (("<project>", str(PROJECT_ROOT)), ("<tmp>", tempfile.gettempdir()), ("~", str(Path.home()))):
+        if path.startswith(name + "/"):
+            path = real + path[len(name):]
     if not path or not Path(path).is_file():
         return None
     h = hashlib.sha256()
