@@ -6,13 +6,16 @@ by its F32 bytes), and candidate k keeps the k highest-ranked groups at a higher
 below q8_0, f16 for q8_0) and the rest at their type in the cell's file. Every candidate k = 0 (the cell's own
 types) ... all is a probe cell (`tensor_types`), run in one round and measured, not predicted: the KL of a mix is
 not the sum of its groups' (errors compound), and a candidate's bytes are its GGUF file's size as the row stores
-it. The recipe is the smallest file among the candidates whose measured KL mean is within the budget.
+it. Each KL mean comes with its 95% interval over the scoring prompts (orchestrator/judge/analysis.py
+kl_interval); a candidate is within the budget where the interval's upper end is, and "may exceed" it where only
+the mean is. The recipe is the smallest candidate within the budget (else the smallest whose mean is, said so).
 
 Then the recipe runs as a normal cell beside llama.cpp's presets (q8_0, q6_k, q5_k_m, q4_k_m, q4_0), the run's
-measure and tasks, each judged against the same configuration at fp32: bytes, KL, speed. The result says whether
-the recipe is smaller than every preset that meets the budget, or that none of them is beaten. It is stored in
-RUN/explain/CELL/recipe.json and recipe.parquet, and the recipe itself as a flag set a matrix can name again
-(RUN/explain/CELL/recipe-flags.yaml: `flags: {llamacpp: {recipe: {tensor_types: ...}}}` at the cell's level).
+measure and tasks, each judged against the same configuration at fp32: bytes, KL with its interval, speed. The
+result says whether the recipe is smaller than every preset within the budget, or that none of them is beaten.
+It is stored in RUN/explain/CELL/recipe.json and recipe.parquet; the recipe itself as RUN/explain/CELL/recipe.yaml
+(orchestrator/matrix/recipes.py: `quantization: [{recipe: path}]` in a matrix runs the same GGUF bytes), and as a
+flag set (recipe-flags.yaml: `flags: {llamacpp: {recipe: {tensor_types: ...}}}` at the cell's level).
 """
 
 from __future__ import annotations
@@ -156,7 +159,7 @@ def _row_facts(c: Candidate, judged: pd.DataFrame, files: dict[str, tuple[int, s
 
 
 def kl_text(c: Candidate) -> str:
-    """'KL 2.9e-3 [2.6e-3, 3.2e-3]' (the interval '[no interval: 1 prompt]' where there is none)."""
+    """'KL 0.0029 [0.0026, 0.0032]' (the interval '[no interval: 1 prompt(s)]' where there is none)."""
     if c.kl_mean is None:
         return "KL -"
     iv = f"[{c.kl_lo:.2g}, {c.kl_hi:.2g}]" if c.kl_lo is not None and c.kl_hi is not None else \
