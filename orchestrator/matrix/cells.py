@@ -187,8 +187,11 @@ def expand(m: Matrix) -> list[Cell]:
             continue
         combos.append(point)
     problems = []
+    recipes = {q.label: q for q in m.axes.quantization if isinstance(q, RecipeRef)}
     for i, rule in enumerate(m.include):
         point = _point(m, {a: rule.get(a, axis_values(m, a)[0]) for a in AXES})
+        if isinstance(point["quantization"], str) and point["quantization"] in recipes:   # a recipe by its short form
+            point["quantization"] = recipes[point["quantization"]]
         why = _applies(m, point)
         if why:
             problems.append(f"include[{i}].{why[0]}: {why[1]}")

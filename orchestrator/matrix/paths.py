@@ -119,4 +119,20 @@ def local_path_problems(m: Matrix, base: Path) -> list[str]:
         problem = _regular_file_problem(where, found, MAX_RECIPE_BYTES) or load_into(q, found)
         if problem:
             problems.append(problem if problem.startswith(where) else f"{where}: {problem}")
+    if any(isinstance(q, RecipeRef) for q in m.axes.quantization) and not problems:
+        problems += _recipe_rule_problems(m)
     return problems
+
+
+def _recipe_rule_problems(m: Matrix) -> list[str]:
+    """include/exclude rules name a recipe by its short form, known once the files are read: each must be one."""
+    labels = [q.label for q in m.axes.quantization if isinstance(q, RecipeRef)]
+    out = []
+    for section in ("include", "exclude"):
+        for i, rule in enumerate(getattr(m, section)):
+            wants = rule.get("quantization")
+            for w in wants if isinstance(wants, list) else [wants]:
+                if isinstance(w, str) and w.startswith("recipe-") and w not in labels:
+                    out.append(f"{section}[{i}].quantization: {shown(w)} names no recipe of axes.quantization "
+                               f"(they are: {', '.join(labels)})")
+    return out

@@ -106,6 +106,17 @@ def test_rules_name_a_recipe_by_its_short_form(tmp_path):
     cells = expand(load_matrix(path)[0])
     assert [(c.framework, c.quantization) for c in cells] == [("llamacpp", "q8_0"), ("llamacpp", "recipe-tiny-mix"),
                                                              ("hf", "q8_0")]
+    # an include rule naming it adds the recipe's cell itself (its level and types), at other axis values
+    data["include"] = [{"framework": "llamacpp", "quantization": "recipe-tiny-mix", "batch_size": 4}]
+    path.write_text(yaml.safe_dump(data))
+    added = expand(load_matrix(path)[0])[-1]
+    assert (added.quantization, added.level, added.batch_size) == ("recipe-tiny-mix", "q4_0", 4)
+    assert added.options == {"tensor_types": RECIPE["tensor_types"]}
+    data["include"] = [{"framework": "llamacpp", "quantization": "recipe-tyop", "batch_size": 4}]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(MatrixError, match=r"include\[0\].quantization: 'recipe-tyop' names no recipe of "
+                                          r"axes.quantization \(they are: recipe-tiny-mix\)"):
+        load_matrix(path)
 
 
 def test_an_engine_without_tensor_types_runs_no_recipe_one_line_before_it_starts(tmp_path):
