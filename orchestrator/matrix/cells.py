@@ -70,7 +70,7 @@ class EngineGroup:
         return self.level or self.quantization
 
 
-def _recipe(m: Matrix, fw: str, ref: RecipeRef, options: dict) -> tuple[dict, dict]:
+def _recipe(fw: str, ref: RecipeRef, options: dict) -> tuple[dict, dict]:
     """A recipe cell's options (its tensor_types, where the engine has that option) and what its id holds."""
     if ref.digest is None or ref.tensor_types is None:
         raise MatrixError([f"axes.quantization: the recipe {ref.recipe!r} was not read (a matrix naming a recipe "
@@ -88,7 +88,7 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     quant, ref = quant_label(values["quantization"]), values["quantization"]
     recipe = None
     if isinstance(ref, RecipeRef):   # the recipe's file digest is in the id: an edited file is another cell
-        options, recipe = _recipe(m, fw, ref, options)
+        options, recipe = _recipe(fw, ref, options)
     model = m.model_entry(values["model"])
     # the serving fields are left out where unset, so ids of cells without them stay as they were
     entry = model.model_dump(exclude={k for k in ("endpoint", "api_key_env") if getattr(model, k) is None})
