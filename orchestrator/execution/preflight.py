@@ -134,7 +134,7 @@ def preflight(jobs: list[GroupJob], models: Resolved | None = None) -> Preflight
             out.model_problems[g.model] = why
             out.excluded.append((job, "failed", f"preflight: {why}"))
             continue
-        reason = adapters.ADAPTERS[g.framework].model_problem(facts, g.quantization, g.options, job.device)
+        reason = adapters.ADAPTERS[g.framework].model_problem(facts, g.engine_quantization, g.options, job.device)
         if reason:
             out.excluded.append((job, "unsupported", reason))
         else:

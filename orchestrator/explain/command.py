@@ -156,9 +156,10 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
                 sensitivity: bool = typer.Option(False, "--sensitivity", help="llama.cpp quantized cells: the KL of each "
                                                  "tensor group quantized alone, the rest F32 (explain/sensitivity.py)"),
                 recipe: bool = typer.Option(False, "--recipe", help="llama.cpp quantized cells: the smallest per-tensor "
-                                            "mix within --kl-budget, timed beside the presets (explain/recipe.py)"),
+                                            "mix within --kl-budget, timed beside the presets; writes RUN/explain/CELL/recipe.yaml, which a matrix names as "
+                                            "quantization: [{recipe: path}] (explain/recipe.py)"),
                 kl_budget: float = typer.Option(0.01, "--kl-budget", min=0.0, help="--recipe: the largest mean KL "
-                                                "against fp32 the mix may have"),
+                                                "against fp32 the mix may have, read from its 95% interval's upper end"),
                 address: Optional[str] = typer.Option(None, help="Ray cluster address (default: a local cluster)"),
                 quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines")) -> None:
     """Why is a cell not lossless? Re-runs its configuration with each suspect (the engine's numerics flags,

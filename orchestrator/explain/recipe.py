@@ -6,17 +6,21 @@ by its F32 bytes), and candidate k keeps the k highest-ranked groups at a higher
 below q8_0, f16 for q8_0) and the rest at their type in the cell's file. Every candidate k = 0 (the cell's own
 types) ... all is a probe cell (`tensor_types`), run in one round and measured, not predicted: the KL of a mix is
 not the sum of its groups' (errors compound), and a candidate's bytes are its GGUF file's size as the row stores
-it. The recipe is the smallest file among the candidates whose measured KL mean is within the budget.
+it. Each KL mean comes with its 95% interval over the scoring prompts (orchestrator/judge/analysis.py
+kl_interval); a candidate is within the budget where the interval's upper end is, and "may exceed" it where only
+the mean is. The recipe is the smallest candidate within the budget (else the smallest whose mean is, said so).
 
 Then the recipe runs as a normal cell beside llama.cpp's presets (q8_0, q6_k, q5_k_m, q4_k_m, q4_0), the run's
-measure and tasks, each judged against the same configuration at fp32: bytes, KL, speed. The result says whether
-the recipe is smaller than every preset that meets the budget, or that none of them is beaten. It is stored in
-RUN/explain/CELL/recipe.json and recipe.parquet, and the recipe itself as a flag set a matrix can name again
-(RUN/explain/CELL/recipe-flags.yaml: `flags: {llamacpp: {recipe: {tensor_types: ...}}}` at the cell's level).
+measure and tasks, each judged against the same configuration at fp32: bytes, KL with its interval, speed. The
+result says whether the recipe is smaller than every preset within the budget, or that none of them is beaten.
+It is stored in RUN/explain/CELL/recipe.json and recipe.parquet; the recipe itself as RUN/explain/CELL/recipe.yaml
+(orchestrator/matrix/recipes.py: `quantization: [{recipe: path}]` in a matrix runs the same GGUF bytes), and as a
+flag set (recipe-flags.yaml: `flags: {llamacpp: {recipe: {tensor_types: ...}}}` at the cell's level).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -33,6 +37,7 @@ from rich.table import Table
 from adapters.base import normalize_quantization
 from orchestrator.explain.sensitivity import ALL, fill, matrix_data, run_probes, run_sensitivity, sensitivity_path
 from orchestrator.matrix.cells import expand
+from orchestrator.matrix.recipes import Provenance, RecipeFile, write_recipe
 from orchestrator.store.explain_file import EXPLAIN_DIR
 from orchestrator.values import finite
 
@@ -41,6 +46,7 @@ CANDIDATES_DIR = "recipe-candidates"     # RUN/explain/<cell_id>/recipe-candidat
 FINAL_DIR = "recipe-run"                 # RUN/explain/<cell_id>/recipe-run/: the recipe beside the presets, timed
 RECIPE_FILE, RECIPE_TABLE, RECIPE_FLAGS = "recipe.json", "recipe.parquet", "recipe-flags.yaml"
 RECIPE_SET = "recipe"                    # the recipe's flag-set name in recipe-run.yaml and recipe-flags.yaml
+RECIPE_YAML = "recipe.yaml"              # the recipe a matrix names: quantization: [{recipe: .../recipe.yaml}]
 
 
 class Candidate(BaseModel):
@@ -53,6 +59,9 @@ class Candidate(BaseModel):
     verdict: str | None = None
     file_bytes: int | None = None        # the GGUF the row ran (engine_args.gguf_file_size_bytes)
     kl_mean: float | None = None
+    kl_lo: float | None = None           # the KL mean's 95% interval over the scoring prompts (judge.analysis.kl_interval)
+    kl_hi: float | None = None
+    n_prompts: int | None = None
     top1: float | None = None
     max_abs: float | None = None
     n_positions: int | None = None
@@ -60,7 +69,9 @@ class Candidate(BaseModel):
     speedup: float | None = None         # against fp32, with its 95% interval (the judge's)
     speedup_lo: float | None = None
     speedup_hi: float | None = None
-    within_budget: bool = False
+    within_budget: bool = False          # the KL interval's upper bound is within the budget
+    mean_within: bool = False            # the KL mean is (the interval may still reach past it)
+    gguf_sha256: str | None = None       # the timed cells' GGUF, hashed (a recipe named by a matrix runs these bytes)
 
 
 class RecipeResult(BaseModel):
@@ -75,8 +86,11 @@ class RecipeResult(BaseModel):
     tensor_types: dict[str, str] = Field(default_factory=dict)
     presets: list[Candidate] = Field(default_factory=list)
     summary: str
-    test: str = ("KL mean over the scoring positions against the same configuration at fp32 (orchestrator/judge); "
-                 "speed-up against fp32 with the judge's 95% interval")
+    recipe_file: str | None = None       # RUN/explain/CELL/recipe.yaml: the recipe a matrix names ({recipe: path})
+    kl_interval: str | None = None       # how the KL intervals were made
+    test: str = ("KL mean over the scoring positions against the same configuration at fp32 (orchestrator/judge), "
+                 "with its 95% interval over the scoring prompts; 'within budget' where the interval's upper bound "
+                 "is; speed-up against fp32 with the judge's 95% interval")
     wall_s: float = 0.0
 
 
@@ -95,21 +109,73 @@ def candidate_types(ranked: list, k: int, keep: str) -> dict[str, str]:
     return {**{g.pattern: (keep if i < k else g.type) for i, g in enumerate(ranked)}, ".": "f32"}
 
 
-def file_sizes(run: Path) -> dict[str, int]:
-    """Cell id -> the size of the GGUF it ran, from the stored rows' engine_args (the judge does not carry them)."""
+def gguf_files(run: Path) -> dict[str, tuple[int, str]]:
+    """Cell id -> (size, path) of the GGUF it ran, from the stored rows' engine_args (the judge does not carry them)."""
     from orchestrator.store.run_store import RunStore
 
     out = {}
     for cid, args in RunStore(run).read_cells()[["cell_id", "engine_args"]].itertuples(index=False):
         args = json.loads(args) if isinstance(args, str) else (args or {})
         if finite(args.get("gguf_file_size_bytes")):
-            out[cid] = int(args["gguf_file_size_bytes"])
+            out[cid] = (int(args["gguf_file_size_bytes"]), str(args.get("gguf_path") or ""))
     return out
 
 
-def _row_facts(c: Candidate, judged: pd.DataFrame, sizes: dict[str, int]) -> None:
+def sha256_file(path: str) -> str | None:
+    """The file's sha256; `path` as a row stores it (engine_child/rows.py writes the project's folder as <project>,
+    the temp dir as <tmp>, home as ~). None where it is not here."""
+    import tempfile
+
+    from orchestrator.execution.engine_child.spec import PROJECT_ROOT
+
+    for name, real in (("<project>", str(PROJECT_ROOT)), ("<tmp>", tempfile.gettempdir()), ("~", str(Path.home()))):
+        if path.startswith(name + "/"):
+            path = real + path[len(name):]
+    if not path or not Path(path).is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _row_facts(c: Candidate, judged: pd.DataFrame, files: dict[str, tuple[int, str]], run: Path, budget: float,
+               digest: bool = False) -> None:
+    """The candidate's row (status, KL, speed), its file's size, its KL interval and whether it is within budget."""
+    from orchestrator.judge.analysis import kl_interval
+
     fill(c, judged, ("kl_mean", "top1", "max_abs", "output_tok_s", "speedup", "speedup_lo", "speedup_hi"))
-    c.file_bytes = sizes.get(c.cell_id or "")
+    size, path = files.get(c.cell_id or "", (None, ""))
+    c.file_bytes = size
+    base = judged.loc[c.cell_id].get("baseline_cell_id") if c.cell_id in judged.index else None
+    if c.status == "ok" and isinstance(base, str):
+        iv = kl_interval(run, c.cell_id, base)
+        c.kl_lo, c.kl_hi, c.n_prompts = iv["kl_lo"], iv["kl_hi"], iv["n_prompts"]
+    c.mean_within = c.status == "ok" and c.kl_mean is not None and c.kl_mean <= budget
+    c.within_budget = c.mean_within and c.kl_hi is not None and c.kl_hi <= budget
+    if digest:
+        c.gguf_sha256 = sha256_file(path)
+
+
+def kl_text(c: Candidate) -> str:
+    """'KL 0.0029 [0.0026, 0.0032]' (the interval '[no interval: 1 prompt(s)]' where there is none)."""
+    if c.kl_mean is None:
+        return "KL -"
+    iv = f"[{c.kl_lo:.2g}, {c.kl_hi:.2g}]" if c.kl_lo is not None and c.kl_hi is not None else \
+        f"[no interval: {c.n_prompts or 0} prompt(s)]"
+    return f"KL {c.kl_mean:.2g} {iv}"
+
+
+def budget_text(c: Candidate, budget: float) -> str:
+    """Whether `c` is within `budget`, read from its interval's upper bound, with the margin where it is not."""
+    if c.status != "ok" or c.kl_mean is None:
+        return f"{c.status}: {c.reason or 'no KL'}"
+    if c.within_budget:
+        return f"{kl_text(c)}: within {budget:g}"
+    if c.mean_within:
+        return f"{kl_text(c)}: may exceed {budget:g}"
+    return f"{kl_text(c)}: over {budget:g}"
 
 
 def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: float, address: str | None,
@@ -129,14 +195,15 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
         console.print(f"explain {cell['cell_id']} --recipe: {len(sets)} candidates ({len(ranked)} groups, kept at {keep})")
     parsed, judged = run_probes(folder, CANDIDATES_DIR, matrix_data(m, cell, options, sets), address, console)
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
-    sizes = file_sizes(folder / CANDIDATES_DIR)
+    files = gguf_files(folder / CANDIDATES_DIR)
     candidates = []
     for k, name in enumerate(sets):
         c = Candidate(name=name, quantization=level, kept=[g.group for g in ranked[:k]], cell_id=ids.get((name, level)))
-        _row_facts(c, judged, sizes)
-        c.within_budget = c.status == "ok" and c.kl_mean is not None and c.kl_mean <= budget
+        _row_facts(c, judged, files, folder / CANDIDATES_DIR, budget)
         candidates.append(c)
-    fits = [c for c in candidates if c.within_budget and c.file_bytes]
+    # the smallest whose interval is within the budget; else the smallest whose mean is (said: may exceed)
+    fits = [c for c in candidates if c.within_budget and c.file_bytes] or \
+        [c for c in candidates if c.mean_within and c.file_bytes]
     best = min(fits, key=lambda c: c.file_bytes) if fits else None
     chosen = sets[best.name]["tensor_types"] if best else {}
     # the recipe as a normal cell beside the presets (the run's measure and tasks), all against fp32
@@ -144,15 +211,20 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
                         presets=PRESETS, timed=True)
     parsed, judged = run_probes(folder, FINAL_DIR, final, address, console)
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
-    sizes = file_sizes(folder / FINAL_DIR)
+    files = gguf_files(folder / FINAL_DIR)
     timed = [Candidate(name=q, quantization=q, cell_id=ids.get((cell["flags"], q))) for q in PRESETS]
     recipe = Candidate(name=RECIPE_SET, quantization=level, kept=best.kept, cell_id=ids.get((RECIPE_SET, level))) if best else None
     for c in [*timed, *([recipe] if recipe else [])]:
-        _row_facts(c, judged, sizes)
-        c.within_budget = c.status == "ok" and c.kl_mean is not None and c.kl_mean <= budget
+        _row_facts(c, judged, files, folder / FINAL_DIR, budget, digest=True)
+    from orchestrator.judge.analysis import KL_INTERVAL
+
     result = RecipeResult(run=str(run_dir), cell_id=cell["cell_id"], quantization=level, kl_budget=budget, keep=keep,
                           ranking=[g.group for g in ranked], candidates=candidates, recipe=recipe, tensor_types=chosen,
-                          presets=timed, summary=summary(recipe, timed, budget), wall_s=round(time.monotonic() - started, 1))
+                          presets=timed, summary=summary(recipe, timed, budget), wall_s=round(time.monotonic() - started, 1),
+                          kl_interval=KL_INTERVAL)
+    if recipe is not None and recipe.status == "ok":
+        result.recipe_file = str(folder / RECIPE_YAML)
+        atomic_write_text(folder / RECIPE_YAML, recipe_yaml(result, run_dir))
     atomic_write_text(sensitivity_path(run_dir, cell["cell_id"], RECIPE_FILE), result.model_dump_json(indent=2) + "\n")
     rows = [{"role": "candidate", **c.model_dump()} for c in candidates] + \
            [{"role": "timed", **c.model_dump()} for c in [*timed, *([recipe] if recipe else [])]]
@@ -166,35 +238,67 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     return result
 
 
+def recipe_yaml(result: RecipeResult, run_dir: Path) -> str:
+    """The recipe as the YAML a matrix names (orchestrator/matrix/recipes.py): base level, per-tensor types, and
+    where it came from (the run's id, never its folder)."""
+    import importlib.metadata
+
+    r = result.recipe
+    try:
+        version = importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    prov = Provenance(source_run=_run_id(run_dir), cell=result.cell_id, kl_budget=result.kl_budget,
+                      kl_mean=r.kl_mean, kl_lo=r.kl_lo, kl_hi=r.kl_hi, kl_interval=result.kl_interval,
+                      n_positions=r.n_positions, file_bytes=r.file_bytes, gguf_sha256=r.gguf_sha256,
+                      llama_cpp_python=version, within_budget=r.within_budget, kept_at=result.keep, kept=r.kept)
+    budget = f"{result.kl_budget:g}"
+    return write_recipe(RecipeFile(name=f"{result.cell_id[:8]}-{result.quantization}-kl{budget}",
+                                   base=result.quantization, tensor_types=result.tensor_types, provenance=prov))
+
+
+def _run_id(run_dir: Path) -> str | None:
+    from orchestrator.store.run_store import RunStore
+
+    return RunStore(run_dir).read_manifest().run_id or None
+
+
 def summary(recipe: Candidate | None, presets: list[Candidate], budget: float) -> str:
+    """'within budget' where the KL interval's upper bound is; 'may exceed' where only the mean is."""
     if recipe is None:
         return f"no candidate's KL mean is within {budget:g}: even the most kept mix is over the budget"
-    if not (recipe.within_budget and recipe.file_bytes):
-        return (f"the recipe met {budget:g} in the search but not as a timed cell (KL mean {recipe.kl_mean}): "
+    if not (recipe.mean_within and recipe.file_bytes):
+        return (f"the recipe met {budget:g} in the search but not as a timed cell ({budget_text(recipe, budget)}): "
                 "the KL moved between runs by more than the margin")
     meeting = [p for p in presets if p.within_budget and p.file_bytes]
+    near = [p for p in presets if p.mean_within and not p.within_budget and p.file_bytes]
     smaller = [p for p in meeting if p.file_bytes <= recipe.file_bytes]
-    head = f"recipe: {recipe.file_bytes} bytes, KL mean {recipe.kl_mean:.3g} within {budget:g}"
+    head = f"recipe: {recipe.file_bytes} bytes, {budget_text(recipe, budget)}"
+    tail = ("; " + ", ".join(f"{p.name} ({p.file_bytes} bytes, {budget_text(p, budget)})" for p in near)) if near else ""
     if not meeting:
-        return head + "; no preset meets the budget"
+        return head + "; no preset is within the budget (upper bound)" + tail
     if smaller:
-        return head + "; none beats the presets: " + ", ".join(f"{p.name} ({p.file_bytes} bytes, KL {p.kl_mean:.3g})"
-                                                               for p in smaller) + " meets it at that size or less"
+        return head + "; none beats the presets: " + ", ".join(f"{p.name} ({p.file_bytes} bytes, {kl_text(p)})"
+                                                               for p in smaller) + " is within it at that size or less" + tail
+    if not recipe.within_budget:
+        return head + "; smaller than every preset within it (upper bound): " + ", ".join(
+            f"{p.name} ({p.file_bytes} bytes, {kl_text(p)})" for p in meeting) + tail
     return head + "; smaller than every preset that meets it: " + ", ".join(
-        f"{p.name} ({p.file_bytes} bytes, KL {p.kl_mean:.3g})" for p in meeting)
+        f"{p.name} ({p.file_bytes} bytes, {kl_text(p)})" for p in meeting) + tail
 
 
 def recipe_table(result: RecipeResult) -> Table:
     t = Table(title=f"recipe {result.cell_id}: {result.quantization}, groups kept at {result.keep}, KL budget "
               f"{result.kl_budget:g}, against fp32", title_justify="left")
-    for col in ("cell", "kept", "bytes", "kl_mean", "top1", "tok/s", "speed-up (95% CI)", "in budget"):
+    for col in ("cell", "kept", "bytes", "KL mean [95% CI]", "top1", "tok/s", "speed-up (95% CI)", "budget"):
         t.add_column(col, justify="left" if col in ("cell", "kept", "in budget") else "right")
     f = lambda v: f"{v:.3g}" if v is not None else "-"
     for c in [*([result.recipe] if result.recipe else []), *result.presets]:
         ci = f"{f(c.speedup)} ({f(c.speedup_lo)}-{f(c.speedup_hi)})" if c.speedup is not None else "-"
+        within = budget_text(c, result.kl_budget).rsplit(": ", 1)[-1] if c.status == "ok" else f"{c.status}: {c.reason or ''}"
         t.add_row(escape(c.name if c.name in PRESETS else f"{c.name} ({result.quantization})"), str(len(c.kept)),
-                  str(c.file_bytes or "-"), f(c.kl_mean), f(c.top1), f(c.output_tok_s), ci,
-                  "yes" if c.within_budget else ("no" if c.status == "ok" else escape(f"{c.status}: {c.reason or ''}")))
+                  str(c.file_bytes or "-"), escape(kl_text(c).removeprefix("KL ")), f(c.top1), f(c.output_tok_s), ci,
+                  escape(within))
     return t
 
 
@@ -205,3 +309,11 @@ def print_recipe(result: RecipeResult, console: Console) -> None:
                               f"{c.name} {c.status}" for c in result.candidates))
     console.print(f"{escape(result.summary)}; {result.wall_s:.0f} s; the result: "
                   f"{escape(str(sensitivity_path(result.run, result.cell_id, RECIPE_FILE)))}")
+    if result.recipe_file:
+        console.print("  ship it: in a matrix, " + escape(matrix_line(result.recipe_file))
+                      + " (llamacpp cells; the path relative to the matrix file)")
+
+
+def matrix_line(recipe_file: str) -> str:
+    """The matrix line that names a written recipe."""
+    return f"quantization: [{{recipe: {recipe_file}}}]"

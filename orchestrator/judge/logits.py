@@ -281,11 +281,13 @@ def _unregister(con, name: str) -> None:
 
 
 def pair_metrics(con, pairs: pd.DataFrame, files: dict[str, str], atol: float, ref_rows: float = 1000.0,
-                  located: dict | None = None, journals: dict | None = None) -> pd.DataFrame:
+                  located: dict | None = None, journals: dict | None = None,
+                  per_prompt: list | None = None) -> pd.DataFrame:
     """`pairs` (pair_id, a_cell, a_rep, b_cell, b_rep, ...) plus the metrics of b against a. Each side's
     file is `files[cell]`, unless the pairs name it (a_file, b_file: two runs hold the same cell ids);
     the reference cells of one call must be distinct by id (they come from one run). `journals`
-    (journal_layouts) reads the cells whose file is a journal."""
+    (journal_layouts) reads the cells whose file is a journal. `per_prompt`, where given, gets each chunk's
+    scoring prompts (pair_id, prompt_index, n_common, sum_kl): what kl_mean sums, by prompt."""
     out = []
     journals = journals or {}
     if "a_file" not in pairs:
@@ -303,6 +305,9 @@ def pair_metrics(con, pairs: pd.DataFrame, files: dict[str, str], atol: float, r
         source, params = _logprob_source(con, "b_src", chunk.b_cell, chunk.b_file, journals)
         con.execute(_STREAM_SQL.format(ln_floor=repr(_LN_FLOOR), atol=repr(float(atol)), source=source), params)
         _unregister(con, "b_src")
+        if per_prompt is not None:
+            per_prompt.append(con.sql("SELECT pair_id, prompt_index, n_common, sum_kl FROM part "
+                                      "WHERE kind = 'prompt' ORDER BY pair_id, prompt_index").df())
         out.append(con.sql(_COMBINE_SQL).df())
         con.unregister("chunk")
     metrics = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["pair_id"])

@@ -19,7 +19,8 @@ from typing import Any
 
 from adapters.base import normalize_quantization
 from adapters.contract.arrivals import RATED
-from orchestrator.matrix.models import AXES, Matrix, MatrixError, SyntheticWorkload, axis_values, stable_dump
+from orchestrator.matrix.models import AXES, Matrix, MatrixError, RecipeRef, SyntheticWorkload, axis_values, stable_dump
+from orchestrator.matrix.recipes import quant_label
 
 
 def _hash(obj: Any) -> str:
@@ -44,6 +45,7 @@ class Cell:
     env: str | None = None                 # the named engine environment (matrix envs; None: no env axis)
     cell_id: str = ""
     engine_key: str = ""
+    level: str | None = None               # the level the engine loads where `quantization` is a recipe's short form
 
     def axes(self) -> dict[str, Any]:
         return {a: getattr(self, a) for a in AXES}
@@ -60,16 +62,39 @@ class EngineGroup:
     cells: list[Cell]
     mode: str = "offline"
     env: str | None = None
+    level: str | None = None               # a recipe's base level (quantization is then recipe-<name>)
+
+    @property
+    def engine_quantization(self) -> str:
+        """What the engine loads: the recipe's base level (its overrides are in options), else the quantization."""
+        return self.level or self.quantization
+
+
+def _recipe(fw: str, ref: RecipeRef, options: dict) -> tuple[dict, dict]:
+    """A recipe cell's options (its tensor_types, where the engine has that option) and what its id holds."""
+    if ref.digest is None or ref.tensor_types is None:
+        raise MatrixError([f"axes.quantization: the recipe {ref.recipe!r} was not read (a matrix naming a recipe "
+                           "is loaded from its file: bench run/validate MATRIX.yaml)"])
+    from adapters import ADAPTERS
+
+    if "tensor_types" in ADAPTERS[fw].Options.model_fields:
+        options = {**options, "tensor_types": dict(ref.tensor_types)}
+    return options, {"base": ref.base, "sha256": ref.digest}
 
 
 def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
     fw = values["framework"]
     options = m.engine_options(fw, values["flags"])
-    quant = normalize_quantization(values["quantization"])
+    quant, ref = quant_label(values["quantization"]), values["quantization"]
+    recipe = None
+    if isinstance(ref, RecipeRef):   # the recipe's file digest is in the id: an edited file is another cell
+        options, recipe = _recipe(fw, ref, options)
     model = m.model_entry(values["model"])
     # the serving fields are left out where unset, so ids of cells without them stay as they were
     entry = model.model_dump(exclude={k for k in ("endpoint", "api_key_env") if getattr(model, k) is None})
     engine = {"framework": fw, "model": entry, "quantization": quant, "flags": values["flags"], "options": options}
+    if recipe:
+        engine["recipe"] = recipe
     if values["env"] is not None:   # an engine environment: its own engine (ids without the env axis stay as they were)
         engine["env"] = values["env"]
     serve = values["mode"] == "serve"
@@ -96,7 +121,8 @@ def _make_cell(m: Matrix, values: dict[str, Any]) -> Cell:
                 output_len=values["output_len"], options=options, mode=values["mode"],
                 request_rate=float(values["request_rate"]) if values["request_rate"] is not None else None,
                 search=search,
-                workload=values["workload"], env=values["env"], cell_id=_hash(canonical), engine_key=_hash(engine))
+                workload=values["workload"], env=values["env"], cell_id=_hash(canonical), engine_key=_hash(engine),
+                level=recipe["base"] if recipe else None)
 
 
 def serve_settings(m: Matrix) -> dict[str, Any]:
@@ -145,7 +171,8 @@ def matches(values: dict[str, Any], rule: dict[str, Any]) -> bool:
         wants = want if isinstance(want, list) else [want]
         have = values.get(key)
         if key == "quantization":
-            wants, have = [normalize_quantization(str(w)) for w in wants], normalize_quantization(str(have))
+            wants, have = [quant_label(w) if isinstance(w, RecipeRef) else normalize_quantization(str(w))
+                           for w in wants], quant_label(have)
         if have not in wants:
             return False
     return True
@@ -160,8 +187,11 @@ def expand(m: Matrix) -> list[Cell]:
             continue
         combos.append(point)
     problems = []
+    recipes = {q.label: q for q in m.axes.quantization if isinstance(q, RecipeRef)}
     for i, rule in enumerate(m.include):
         point = _point(m, {a: rule.get(a, axis_values(m, a)[0]) for a in AXES})
+        if isinstance(point["quantization"], str) and point["quantization"] in recipes:   # a recipe by its short form
+            point["quantization"] = recipes[point["quantization"]]
         why = _applies(m, point)
         if why:
             problems.append(f"include[{i}].{why[0]}: {why[1]}")
@@ -224,7 +254,7 @@ def group(cells: list[Cell]) -> list[EngineGroup]:
         g = groups.get(c.engine_key)
         if g is None:
             g = groups[c.engine_key] = EngineGroup(c.engine_key, c.framework, c.model, c.quantization,
-                                                   c.flags, c.options, [], c.mode, c.env)
+                                                   c.flags, c.options, [], c.mode, c.env, c.level)
         g.cells.append(c)
     for g in groups.values():
         # small batches first: a crash at a large batch then leaves the small ones measured

@@ -65,10 +65,28 @@ class ModelEntry(_Strict):
         return v.rstrip("/") if v else v
 
 
+class RecipeRef(_Strict):
+    """`quantization: {recipe: path}`: a per-tensor recipe (the YAML `bench explain --recipe` writes,
+    orchestrator/matrix/recipes.py). The path is looked up like the matrix's other paths; the rest is filled
+    from the file when the matrix is loaded, so the run's manifest holds what ran."""
+
+    recipe: str = Field(description="The recipe's YAML file (relative: to the matrix file's folder)")
+    name: str | None = Field(None, description="Filled when loaded: the file's name, else its digest's first 8")
+    base: str | None = Field(None, description="Filled when loaded: the ggml level the overrides apply over")
+    tensor_types: dict[str, str] | None = Field(None, description="Filled when loaded: regex -> ggml type")
+    digest: str | None = Field(None, description="Filled when loaded: sha256 of the file's bytes")
+
+    @property
+    def label(self) -> str:
+        """The cell's quantization as rows and tables name it: recipe-<name>."""
+        return f"recipe-{self.name or 'unloaded'}"
+
+
 class Axes(_Strict):
     framework: list[str] = Field(min_length=1)
     model: list[str] = Field(min_length=1)
-    quantization: list[str] = Field(["fp32"], min_length=1)
+    quantization: list[Union[str, RecipeRef]] = Field(["fp32"], min_length=1, description="A level (fp32, q4_0, ...) "
+                                                      "or {recipe: path} (llamacpp: a per-tensor recipe)")
     batch_size: list[Annotated[StrictInt, Field(ge=1, le=MAX_BATCH)]] = Field([1], min_length=1)
     flags: list[str] = Field([DEFAULT_FLAGS], min_length=1)
     input_len: list[Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]] = Field([32], min_length=1)

@@ -2,8 +2,8 @@
 and scoring_text are part of a cell's id, so they stay as written): a relative path is looked up against the
 matrix file's folder, then the working directory (where docs/matrix.md's `.venvs/...` examples
 live); run.python must be found; a model or tokenizer path that exists must be a model folder (config.json or
-tokenizer_config.json) or a regular .gguf file; scoring_text must be a regular file of bounded size (no devices,
-pipes or /proc). An absolute path that exists nowhere here is left to the node (a cluster's own paths); a
+tokenizer_config.json) or a regular .gguf file; scoring_text and a quantization recipe must be regular files of
+bounded size (no devices, pipes or /proc), a recipe then read into the matrix (recipes.py). An absolute path that exists nowhere here is left to the node (a cluster's own paths); a
 relative one is refused, as no node could find it either.
 """
 
@@ -14,7 +14,8 @@ import re
 import stat
 from pathlib import Path
 
-from orchestrator.matrix.models import Matrix
+from orchestrator.matrix.models import Matrix, RecipeRef
+from orchestrator.matrix.recipes import MAX_RECIPE_BYTES, load_into
 from orchestrator.values import shown
 
 MAX_TEXT_BYTES = 256 * 2**20   # measure.scoring_text: a corpus to cut prompts from, read whole by each engine
@@ -106,4 +107,32 @@ def local_path_problems(m: Matrix, base: Path) -> list[str]:
             missing("measure.scoring_text", text)
         else:
             problems += filter(None, [_regular_file_problem("measure.scoring_text", found, MAX_TEXT_BYTES)])
+    for i, q in enumerate(m.axes.quantization):   # a recipe: found, checked and read into the matrix
+        if not isinstance(q, RecipeRef):
+            continue
+        where = f"axes.quantization[{i}].recipe"
+        found = _find(q.recipe, base)
+        if found is None:
+            problems.append(f"{where}: {shown(q.recipe)} not found (a relative path is looked up in the matrix's "
+                            f"folder {shown(str(base))}, then the working directory)")
+            continue
+        problem = _regular_file_problem(where, found, MAX_RECIPE_BYTES) or load_into(q, found)
+        if problem:
+            problems.append(problem if problem.startswith(where) else f"{where}: {problem}")
+    if any(isinstance(q, RecipeRef) for q in m.axes.quantization) and not problems:
+        problems += _recipe_rule_problems(m)
     return problems
+
+
+def _recipe_rule_problems(m: Matrix) -> list[str]:
+    """include/exclude rules name a recipe by its short form, known once the files are read: each must be one."""
+    labels = [q.label for q in m.axes.quantization if isinstance(q, RecipeRef)]
+    out = []
+    for section in ("include", "exclude"):
+        for i, rule in enumerate(getattr(m, section)):
+            wants = rule.get("quantization")
+            for w in wants if isinstance(wants, list) else [wants]:
+                if isinstance(w, str) and w.startswith("recipe-") and w not in labels:
+                    out.append(f"{section}[{i}].quantization: {shown(w)} names no recipe of axes.quantization "
+                               f"(they are: {', '.join(labels)})")
+    return out

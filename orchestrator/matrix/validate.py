@@ -17,6 +17,7 @@ from adapters.base import QUANTIZATIONS, normalize_quantization
 from orchestrator.inputs import chat, datasets, hf_datasets, task_sets, traces
 from orchestrator.matrix.models import (
     AXES,
+    RecipeRef,
     DEFAULT_FLAGS,
     MODES,
     SAMPLING_OVERRIDE,
@@ -158,7 +159,7 @@ def _check_semantics(m: Matrix) -> list[str]:
             problems.append(f"models.{model}.endpoint: a model with an endpoint makes serve cells only, and "
                             f"axes.mode has no serve (it has: {_known(m.axes.mode)})")
     for i, q in enumerate(m.axes.quantization):
-        if normalize_quantization(q) not in QUANTIZATIONS:
+        if isinstance(q, str) and normalize_quantization(q) not in QUANTIZATIONS:
             problems.append(f"axes.quantization[{i}]: unknown quantization {shown(q)} (known: {_known(QUANTIZATIONS)})")
     for fw, sets in m.flags.items():
         if fw not in ADAPTERS:
@@ -410,8 +411,11 @@ def _bad_axis_value(m: Matrix, axis: str, v: Any) -> str | None:
         return f"unknown framework {shown(v)} (known: {_known(ADAPTERS)})"
     if axis == "model" and v not in m.models:
         return f"unknown model {shown(v)} (defined in models: {_known(m.models)})"
-    if axis == "quantization" and (not isinstance(v, str) or normalize_quantization(v) not in QUANTIZATIONS):
-        return f"unknown quantization {shown(v)} (known: {_known(QUANTIZATIONS)})"
+    # a rule names a recipe by its short form, recipe-<name> (its name is read with the file, after this check)
+    recipes = any(isinstance(q, RecipeRef) for q in m.axes.quantization)
+    if axis == "quantization" and (not isinstance(v, str) or normalize_quantization(v) not in QUANTIZATIONS) \
+            and not (recipes and isinstance(v, str) and v.startswith("recipe-")):
+        return f"unknown quantization {shown(v)} (known: {_known(QUANTIZATIONS)}" + (", recipe-<name>)" if recipes else ")")
     if axis in ("batch_size", "input_len", "output_len") and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
         return f"expected a positive integer, got {shown(v)}"
     if axis == "mode" and v not in MODES:

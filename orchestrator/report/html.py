@@ -40,6 +40,7 @@ import pandas as pd
 
 from orchestrator.report import data as report_data
 from orchestrator.report.panels import sampling as report_sampling
+from orchestrator.report.panels import mixes as report_mixes
 from orchestrator.report.panels import searches as report_searches
 from orchestrator.report.panels import telemetry as report_telemetry
 from orchestrator.report.compact import speed_text
@@ -248,6 +249,30 @@ def _culprit_panel(layer: Any) -> str:
             parts.append(sortable(f"layers-{rep['cell_id']}", report_searches.layer_columns(), rep["rows"],
                                   lambda r: "#d73027" if r.get("beyond_floor") else "#1a7f37",
                                   lambda r: f"{rep['cell_id']} {r['name']}"))
+    parts.append(_mix_panel(layer.mixes))
+    return "\n".join(parts)
+
+
+def _mix_panel(mixes: list) -> str:
+    """`--sensitivity` and `--recipe` per explained cell (panels/mixes.py), saying so where a cell has neither."""
+    if not mixes:
+        return ""
+    parts = [f'<h3 id="mixes">{esc(report_mixes.TITLE)}</h3>', f"<p class='muted'>{esc(report_mixes.EXPLANATION)}</p>"]
+    for e in mixes:
+        if e.sensitivity:
+            s = e.sensitivity
+            parts.append(f"<h4>{esc(report_mixes.sensitivity_heading(s))}</h4>")
+            parts.append(sortable(f"sens-{e.cell_id}", report_mixes.sensitivity_columns(), s.get("groups") or [],
+                                  lambda r: "#1a7f37" if r.get("status") == "ok" else "#d73027",
+                                  lambda r: f"probe {r.get('cell_id')}"))
+        if e.recipe:
+            r = e.recipe
+            parts.append(f"<h4>{esc(report_mixes.recipe_heading(r))}</h4><p>{esc(report_mixes.recipe_summary(r))}</p>")
+            parts.append(sortable(f"recipe-{e.cell_id}", report_mixes.recipe_columns(), report_mixes.recipe_rows(r),
+                                  lambda c: "#1a7f37" if c.get("within_budget") else "#d73027",
+                                  lambda c: f"cell {c.get('cell_id')}"))
+    lacking = [line for line in map(report_mixes.none_line, mixes) if line]
+    parts += [f"<p class='muted'>{esc(line)}</p>" for line in lacking]
     return "\n".join(parts)
 
 

@@ -12,6 +12,7 @@ import pandas as pd
 
 from orchestrator.report import data as report_data
 from orchestrator.report.panels import sampling as report_sampling
+from orchestrator.report.panels import mixes as report_mixes
 from orchestrator.report.panels import searches as report_searches
 from orchestrator.report.panels import telemetry as report_telemetry
 from orchestrator.report.compact import speed_text
@@ -191,7 +192,23 @@ def _culprits(layer: Any) -> list[str]:
     for rep in layer.layers:
         out += ["", f"**{_md(report_searches.layers_heading(rep))}**: {_md(report_searches.layers_summary(rep))}", ""]
         out += _table(report_searches.layer_columns(), rep["rows"]) if rep["rows"] else []
-    return out
+    return out + _mixes(layer.mixes)
+
+
+def _mixes(mixes: list) -> list[str]:
+    """`--sensitivity` and `--recipe` per explained cell (panels/mixes.py), saying so where a cell has neither."""
+    if not mixes:
+        return []
+    out = ["", f"#### {report_mixes.TITLE}", "", report_mixes.EXPLANATION]
+    for e in mixes:
+        if e.sensitivity:
+            out += ["", f"**{_md(report_mixes.sensitivity_heading(e.sensitivity))}**", ""]
+            out += _table(report_mixes.sensitivity_columns(), e.sensitivity.get("groups") or [])
+        if e.recipe:
+            out += ["", f"**{_md(report_mixes.recipe_heading(e.recipe))}**: {_md(report_mixes.recipe_summary(e.recipe))}", ""]
+            out += _table(report_mixes.recipe_columns(), report_mixes.recipe_rows(e.recipe))
+    lacking = [line for line in map(report_mixes.none_line, mixes) if line]
+    return out + (["", *[f"- {_md(line)}" for line in lacking]] if lacking else [])
 
 
 def _task_word(v: Any) -> str:

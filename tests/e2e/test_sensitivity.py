@@ -118,3 +118,36 @@ def test_recipe_within_a_budget_between_q8_0_and_q4_0(ray_local, tmp_path):
     # the recipe is a flag set a matrix names again: the same tensor_types, the same file, the same cell
     flags = yaml.safe_load((run / "explain" / cell.cell_id / RECIPE_FLAGS).read_text())
     assert flags["flags"]["llamacpp"]["recipe"]["tensor_types"] == result.tensor_types
+    # 'within budget' reads the KL interval's upper bound (over the 2 scoring prompts), for the presets too
+    for c in [result.recipe, *result.presets]:
+        assert c.kl_lo <= c.kl_mean <= c.kl_hi and c.n_prompts == 2, c
+        assert c.within_budget == (c.kl_hi <= budget)
+        assert c.mean_within == (c.kl_mean <= budget)
+    assert ("may exceed" in result.summary) == any(c.mean_within and not c.within_budget
+                                                   for c in [result.recipe, *result.presets]), result.summary
+    _recipe_as_a_quantization_value(run, cell.cell_id, result, tmp_path)
+
+
+def _recipe_as_a_quantization_value(run, cell_id: str, result, tmp_path) -> None:
+    """recipe.yaml named by a new matrix (`quantization: [fp32, {recipe: r.yaml}]`) runs the search's winner:
+    the same GGUF bytes and the same KL against fp32."""
+    from orchestrator.explain.recipe import RECIPE_YAML, gguf_files, sha256_file
+
+    written = (run / "explain" / cell_id / RECIPE_YAML).read_text()
+    spec = yaml.safe_load(written)
+    assert spec["base"] == "q4_0" and spec["tensor_types"] == result.tensor_types
+    assert str(tmp_path) not in written and "/" not in spec["provenance"]["source_run"]   # no machine paths
+    assert spec["provenance"]["kl_lo"] <= spec["provenance"]["kl_mean"] <= spec["provenance"]["kl_hi"]
+    ship = tmp_path / "ship"
+    ship.mkdir()
+    (ship / "r.yaml").write_text(written)
+    (ship / "m.yaml").write_text(yaml.safe_dump(MATRIX | {"axes": MATRIX["axes"] | {
+        "quantization": ["fp32", {"recipe": "r.yaml"}]}}))
+    run_matrix(ship / "m.yaml", ship / "run", quiet=True)
+    df = analyse(ship / "run").drop_duplicates("cell_id").set_index("quantization")
+    row = df.loc[f"recipe-{spec['name']}"]
+    assert row.status == "ok", row.to_dict()
+    size, path = gguf_files(ship / "run")[row.cell_id]
+    assert size == result.recipe.file_bytes
+    assert sha256_file(path) == result.recipe.gguf_sha256 == spec["provenance"]["gguf_sha256"] is not None
+    assert abs(row.kl_mean - result.recipe.kl_mean) <= 1e-6 * result.recipe.kl_mean, (row.kl_mean, result.recipe.kl_mean)

@@ -83,10 +83,11 @@ def test_recipe_candidates_keep_the_most_sensitive_per_weight_first():
     assert candidate_types(ranked, 1, keep_type("q4_0")) == {
         r"^blk\.0\.attn_q\.weight$": "q8_0", r"^token_embd\.weight$": "q4_0", r"^output\.weight$": "q8_0", ".": "f32"}
     assert keep_type("q8_0") == "f16"
-    recipe = Candidate(name="recipe", quantization="q4_0", file_bytes=100, kl_mean=4e-3, within_budget=True)
-    q8 = Candidate(name="q8_0", quantization="q8_0", file_bytes=150, kl_mean=3e-4, within_budget=True)
-    q4 = Candidate(name="q4_0", quantization="q4_0", file_bytes=90, kl_mean=3e-2, within_budget=False)
+    ok = {"status": "ok", "mean_within": True, "within_budget": True}
+    recipe = Candidate(name="recipe", quantization="q4_0", file_bytes=100, kl_mean=4e-3, kl_lo=3e-3, kl_hi=4.5e-3, **ok)
+    q8 = Candidate(name="q8_0", quantization="q8_0", file_bytes=150, kl_mean=3e-4, kl_lo=2e-4, kl_hi=4e-4, **ok)
+    q4 = Candidate(name="q4_0", quantization="q4_0", file_bytes=90, kl_mean=3e-2, kl_lo=2e-2, kl_hi=4e-2, status="ok")
     assert "smaller than every preset that meets it: q8_0" in summary(recipe, [q8, q4], 5e-3)
     assert "none beats the presets: q8_0" in summary(recipe.model_copy(update={"file_bytes": 150}), [q8, q4], 5e-3)
-    assert "no preset meets" in summary(recipe, [q4], 5e-3)
+    assert "no preset is within the budget" in summary(recipe, [q4], 5e-3)
     assert "no candidate" in summary(None, [q8], 1e-5)

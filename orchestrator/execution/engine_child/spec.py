@@ -125,7 +125,7 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
     task_specs = task_sets.task_specs(tasks, tok, tokenizer_source(job), entry.trust_remote_code, task_max)
     sampling = m.sampling_for(g.framework, g.flags)
     load = LoadSpec(
-        framework=g.framework, quantization=g.quantization, options=g.options, device=job.device,
+        framework=g.framework, quantization=g.engine_quantization, options=g.options, device=job.device,
         gpus=0 if job.device == "cpu" else max(1, int(g.options.get("tensor_parallel_size", 1))),
         cache_dir=str(Path(job.cache_dir) / "engines"), seed=0,
         max_running=g.cells[0].batch_size if g.mode == "stream" else None,
@@ -253,8 +253,11 @@ def unsupported_reason(job: GroupJob, python: str) -> str | None:
         return f"{g.framework} has no stream mode: {cls.no_stream_reason}"
     if endpoint:
         return None   # someone else's server: nothing of the engine runs here
-    if g.quantization not in cls.quantizations:
-        return f"{g.framework} does not run quantization {g.quantization} (it runs: {', '.join(cls.quantizations)})"
+    if g.level and "tensor_types" not in cls.Options.model_fields:
+        return (f"{g.framework} runs no per-tensor recipe ({g.quantization}): recipes are llama.cpp tensor type "
+                "overrides (llamacpp's tensor_types option)")
+    if g.engine_quantization not in cls.quantizations:
+        return f"{g.framework} does not run quantization {g.engine_quantization} (it runs: {', '.join(cls.quantizations)})"
     if cls.needs_cuda and job.device != "cuda":
         return f"{g.framework} needs CUDA; this run's device is {job.device}"
     if not Path(python).exists() and shutil.which(python) is None:

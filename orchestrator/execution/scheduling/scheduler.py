@@ -186,7 +186,7 @@ def status_rows(job: GroupJob, status: str, reason: str) -> Rows:
 
 def facts(job: GroupJob) -> GroupFacts:
     g, entry = job.group, job.matrix.model_entry(job.group.model)
-    size, how = model_size.weight_bytes(entry.source, g.quantization, entry.revision)
+    size, how = model_size.weight_bytes(entry.source, g.engine_quantization, entry.revision)
     return GroupFacts(g.framework, g.engine_key, tuple(c.cell_id for c in g.cells), None if how == "unknown" else size,
                       placement.engine_gpus(g.options), job.device, entry.source.endswith(".gguf"))
 

@@ -116,6 +116,7 @@ class CulpritLayer:
     results: list[Any]        # orchestrator/store/explain_file.py's ExplainResult, by cell id
     problems: list[str]       # a line per stored result that could not be read
     layers: list[dict[str, Any]] = field(default_factory=list)   # `--layers` reports, each with its rows ("rows")
+    mixes: list[Any] = field(default_factory=list)   # `--sensitivity` / `--recipe` per explained cell (panels/mixes.py)
 
 
 def load_culprits(root: str | Path) -> CulpritLayer | None:
@@ -123,10 +124,14 @@ def load_culprits(root: str | Path) -> CulpritLayer | None:
     from orchestrator.store.explain_file import read_results
     from orchestrator.store.layers_file import read_all_layers
 
+    from orchestrator.report.panels.mixes import load_mixes
+
     results, problems = read_results(root)
     reports, damaged = read_all_layers(root)
     layers = [report | {"rows": table.to_pylist()} for report, table in reports]
-    return CulpritLayer(results, problems + damaged, layers) if results or problems or reports or damaged else None
+    mixes = load_mixes(root)
+    problems = problems + damaged + [p for e in mixes for p in e.problems]
+    return CulpritLayer(results, problems, layers, mixes) if results or problems or reports or mixes else None
 
 
 LAYERS_EXPLANATION = ("`bench explain --layers` captured the residual stream of each cell below and of its baseline "
