@@ -273,8 +273,7 @@ class Measure(_Strict):
     paired_timing: bool | None = Field(None, description="The timed repeats of each cell and of its baseline "
                                        "(same batch, lengths, workload) take turns on one node, the baseline's engine "
                                        "loaded beside the cell's as a timing twin, so the speed ratio is paired; null "
-                                       "or false: off (Welch against the baseline's own row): the waiting engine's "
-                                       "spinning threads slowed the timed one 5-15x on a 2-core host")
+                                       "or false: off (Welch against the baseline's own row; docs/matrix.md says why)")
 
 
 class Search(_Strict):

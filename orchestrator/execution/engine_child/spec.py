@@ -169,11 +169,13 @@ def pair_jobs(jobs: list[GroupJob]) -> list[GroupJob]:
 
 
 def paired_timing_on(m: Matrix, device: str) -> bool:
-    """measure.paired_timing, its null resolved: off, until the idle side of a pair is made quiet. Two engines on a
-    small CPU node do not only take turns: the one waiting keeps its threads spinning (OpenMP's and ggml's
-    spin-waits after a batch), and on this 2-core host the timed side's throughput fell 5-15x in later repeats
-    (llama.cpp 7,447 -> 438 tok/s beside hf's twin, the README's first matrix at 6 repeats), which no paired ratio
-    undoes; a GPU run would need both engines' memory on one GPU. `true` turns it on."""
+    """measure.paired_timing, its null resolved: off. A twin costs an engine load and the baseline's timed repeats per
+    paired group, and what it buys could not be shown on the 2-core host this was built on: a fall of 5-15x in
+    later repeats beside a twin (llama.cpp 7,447 -> 438 tok/s) was first put down to the waiting engine's spinning
+    threads, but unpaired cells on that host swing as far under other work (llama.cpp 29 to 5,275 tok/s within one
+    cell), and an idle llama.cpp process beside a timed one left its median throughput where it was (8,068 vs 9,045
+    tok/s without it, 18 repeats each, interleaved); the issue-40 study on a quiet host is owed. A GPU run would need
+    both engines' memory on one GPU. `true` turns it on."""
     return bool(m.measure.paired_timing)
 
 
