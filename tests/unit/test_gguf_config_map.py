@@ -96,6 +96,14 @@ def test_preflight_names_what_llamacpp_hardcodes(tmp_path):
     gc.preflight(tmp_path, {"no_rope_layers": [1, 1]}, "SmolLM3ForCausalLM")
 
 
+def test_preflight_refuses_a_phi_with_qk_layernorm(tmp_path):
+    """llama.cpp's converter (0.3.36) on a tiny phi saved with qk_layernorm=True, run here without this preflight:
+    `ValueError: Can not map tensor 'model.layers.0.self_attn.k_layernorm.bias'`. Unsupported before converting."""
+    with pytest.raises(Unsupported, match="qk_layernorm is true"):
+        gc.preflight(tmp_path, {"qk_layernorm": True, "intermediate_size": 4, "hidden_size": 1}, "PhiForCausalLM")
+    gc.preflight(tmp_path, {"qk_layernorm": False, "intermediate_size": 4, "hidden_size": 1}, "PhiForCausalLM")
+
+
 def test_converter_environment_says_when_it_is_not_its_own(monkeypatch, tmp_path):
     monkeypatch.delenv(gc.PYTHON_ENV, raising=False)
     monkeypatch.setattr(gc, "__file__", str(tmp_path / "a" / "b" / "c" / "gguf_convert.py"))

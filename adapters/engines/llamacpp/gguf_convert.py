@@ -342,7 +342,8 @@ FFN_FOUR_TIMES = {"GPT2LMHeadModel": ("n_inner", "n_embd"), "PhiForCausalLM": ("
 def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
     """Unsupported before converting where the checkpoint has a property the converter cannot write: a GPT-2 or
     Phi feed-forward width other than 4 x the hidden size (the converter writes 4 x the width whatever the config
-    says; llama.cpp then refuses ffn_down's shape), a value llama.cpp's graph hardcodes otherwise (qwen3moe's
+    says; llama.cpp then refuses ffn_down's shape), a Phi with query/key layer norms (qk_layernorm: the converter
+    maps no tensor for them), a value llama.cpp's graph hardcodes otherwise (qwen3moe's
     top-k renormalisation, smollm3's NoPE step of 4: no GGUF key carries either), or a token the converter needs
     that the vocabulary lacks (GLM-4's converter looks up `<|endoftext|>` as its end-of-text token)."""
     if arch in FFN_FOUR_TIMES:
@@ -351,6 +352,9 @@ def preflight(model_dir: Path, config: dict[str, Any], arch: str) -> None:
         if ffn is not None and width is not None and ffn != 4 * width:
             raise Unsupported(f"llama.cpp's {arch} converter writes a feed-forward width of 4 x {width_key} "
                               f"({4 * width}); this checkpoint's {ffn_key} is {ffn}")
+    if arch == "PhiForCausalLM" and config.get("qk_layernorm"):
+        raise Unsupported("llama.cpp's phi2 converter maps no tensor for the query/key layer norms; this checkpoint's "
+                          "qk_layernorm is true")
     if arch == "Qwen3MoeForCausalLM" and not config.get("norm_topk_prob", False):
         raise Unsupported("llama.cpp's qwen3moe always renormalises the top-k expert weights; this checkpoint's "
                           "norm_topk_prob is false")
