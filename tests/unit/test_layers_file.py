@@ -65,4 +65,9 @@ def test_split_names_and_the_line():
     assert r["line"] == "leaves the noise floor at layer 0 (FFN), grows most in layer 1 (FFN)"
     r = layer_report(np.array([1e-2, 2e-2, 3e-2]), np.zeros(3))
     assert r["embeddings_beyond"] and r["first_beyond"] == 0
-    assert r["line"] == "leaves the noise floor at the embeddings, grows most in layer 0"
+    assert r["line"] == "leaves the noise floor at the embeddings, grows most in layers 0-1"
+    assert (r["grows_most"], r["grows_from"], r["grows_to"]) == (0, 0, 1)   # 1e-2 then 1e-2: both blocks
+    r = layer_report(np.array([0.0, 1e-3, 9e-3, 1e-2]), np.zeros(4))
+    assert r["line"] == "leaves the noise floor at layer 0, grows most in layer 1"   # 1e-3 and 1e-3 < half of 8e-3
+    r = layer_report(np.array([0.0, 0.0, 2e-3, 6e-3, 9e-3]), np.zeros(5), split=True)
+    assert r["line"] == "leaves the noise floor at layer 0 (FFN), grows most in layer 0 (FFN) to layer 1 (FFN)"
