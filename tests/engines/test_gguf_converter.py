@@ -20,7 +20,8 @@ approximation it was trained with; transformers with the erf GELU is 1.4e-6 from
 deviations.py names it in the row). A load with vLLM's own two child processes (engine core, then its worker:
 each spawned and importing vLLM and torch, ~9 s and ~6 s of the load) took 17-18 s after a first of 24-26 s on a
 shared 2-core host (48-174 s on a busier one); in the script's own process, 3.5-4 s after a first of 12 s, the same
-logprobs. So all twenty-two run in CI: 84 s for the script here.
+logprobs. So all twenty-two run in CI: conftest's vllm_scripts (this script beside test_sampling_engines') took
+88 s with the twenty-two, and 88 s before with three of them and vLLM's child processes (one run after the other).
 
 Also here: the conversion cache (by content) and what a converted row says about its tokenizer.
 """
