@@ -9,7 +9,9 @@ gives it; greedy with speculation equals greedy without, and the counters see dr
 transformers and llama.cpp run in this process. vLLM cannot be imported here: a small script
 (VLLM_SCRIPT) loads adapters.engines.vllm's adapter in .venvs/vllm as adapters.worker does and prints JSON;
 its three engines (prefix caching on; off; n-gram speculation) start once per session, in one script that
-tests/conftest.py's vllm_scripts runs beside engines/test_gguf_converter.py's.
+tests/conftest.py's vllm_scripts runs beside engines/test_gguf_converter.py's, each engine core and worker in
+the script's own process (the adapter's `in_process`): loads of 8.7, 1.8 and 3.1 s instead of 19.2, 13.4 and 14.0 s,
+the script 30 s instead of 57 s (one run after the other on a shared 2-core host).
 """
 
 from __future__ import annotations
@@ -297,7 +299,7 @@ if __name__ == "__main__":
 
 # prompts longer than one KV block (128 tokens on the CPU build), so the prefix cache can hit
 VLLM_P = [[3 + (i * 7 + j * 13) % 500 for j in range(140 - 3 * i)] for i in range(4)]
-VLLM_CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}
+VLLM_CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25, "in_process": True}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 SPEC_BUG = "vllm-project/vllm PR #42638"
 

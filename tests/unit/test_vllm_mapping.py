@@ -47,6 +47,19 @@ def test_engine_kwargs_map_levels_and_flags():
                                                                     "num_speculative_tokens": 2, "model": "/draft"}
     with pytest.raises(Unsupported, match="cpu_kvcache_space_gib"):
         a.engine_kwargs(_spec(device="cuda"), Options(cpu_kvcache_space_gib=1))
+    # in_process: engine core and worker in the caller (vLLM's in-process client and uni executor), else none set
+    inproc = Options(in_process=True)
+    assert a.engine_kwargs(_spec(), inproc)["distributed_executor_backend"] == "uni"
+    assert a.engine_env(inproc) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} and a.engine_env(Options()) == {}
+
+
+def test_engine_deviation_by_resolved_architecture():
+    """vLLM's BLOOM MLP runs the erf GELU (transformers' BLOOM: tanh): named on BLOOM only
+    (measured in tests/engines/test_gguf_converter.py)."""
+    from adapters.engines.vllm.deviations import engine_deviation
+
+    assert "erf" in engine_deviation(["BloomForCausalLM"]) and "engine property" in engine_deviation(["BloomForCausalLM"])
+    assert engine_deviation(["LlamaForCausalLM"]) is None and engine_deviation(None) is None
 
 
 def test_load_errors_classified():

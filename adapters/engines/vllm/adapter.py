@@ -32,6 +32,7 @@ any other failure stays an exception (a `failed` row).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.metadata
 import json
@@ -49,6 +50,7 @@ from adapters.contract.records import TokenScores, topk_sparse
 from adapters.contract.specs import LoadSpec, ModelFacts, SamplerSettings
 from adapters.contract.timing import RequestTiming, TimedRun
 from adapters.engines.vllm.arrivals import run_arriving
+from adapters.engines.vllm.deviations import engine_deviation
 from adapters.engines.vllm.errors import (
     classify_load_error,
     cpu_spec_sampling_bug,
@@ -65,7 +67,6 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # Logical level -> vLLM's `quantization` argument. vLLM 0.32 no longer knows bitsandbytes or gguf:
 # those levels come back `unsupported` with vLLM's own "Unknown quantization method" message.
 QUANT_METHODS = {"fp8": "fp8", "awq": "awq", "gptq": "gptq", "bnb_4bit": "bitsandbytes", "gguf": "gguf"}
-
 
 _DEFAULT_CPU_KV_GIB = 1.0
 _CLOSE_TIMEOUT_S = 0.5   # grace for the engine core's processes to exit at close, before vLLM kills them
@@ -127,6 +128,8 @@ class Options(EngineOptions):
     cpu_omp_threads_bind: str | None = Field(None, description="CPU: VLLM_CPU_OMP_THREADS_BIND (e.g. '0-1', 'auto')")
     cpu_reserved_cpus: int | None = Field(None, ge=0, description="CPU: VLLM_CPU_NUM_OF_RESERVED_CPU (cores kept "
                                           "for the frontend; vLLM reserves one by default)")
+    in_process: bool = Field(False, description="Engine core and worker in this process (VLLM_ENABLE_V1_MULTIPROCESSING"
+                             "=0, uni executor): no child processes to start; output handling stops overlapping steps")
 
 
 def _dist_version() -> dict[str, str]:
@@ -187,7 +190,7 @@ class VllmAdapter(Adapter):
             "seed": spec.seed if opts.seed is None else opts.seed,
             "tensor_parallel_size": opts.tensor_parallel_size,
             # inside a Ray task vLLM would otherwise pick its Ray executor and a placement group
-            "distributed_executor_backend": "mp",
+            "distributed_executor_backend": "uni" if opts.in_process else "mp",
             "disable_log_stats": False,          # RequestOutput.metrics is filled only with stats on
             "logprobs_mode": "raw_logprobs", "max_logprobs": opts.max_logprobs,
         }
@@ -234,11 +237,12 @@ class VllmAdapter(Adapter):
             env["VLLM_CPU_OMP_THREADS_BIND"] = opts.cpu_omp_threads_bind
         if opts.cpu_reserved_cpus is not None:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(opts.cpu_reserved_cpus)
+        if opts.in_process:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         return env
 
     def load(self, spec: LoadSpec) -> LoadFacts:
-        opts = Options(**spec.options)
-        self.opts = opts
+        self.opts = opts = Options(**spec.options)
         env = self.engine_env(opts)
         os.environ.update(env)             # before vllm is imported; the engine core inherits it
         kwargs = self.engine_kwargs(spec, opts)
@@ -266,12 +270,8 @@ class VllmAdapter(Adapter):
             versions={"vllm": vllm.__version__, "torch": torch.__version__} | _dist_version(),
             engine_args={k: v for k, v in kwargs.items() if k != "model"} | {f"env:{k}": v for k, v in env.items()},
         )
-        try:
-            import transformers
-
-            info.versions["transformers"] = transformers.__version__
-        except Exception:
-            pass
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            info.versions["transformers"] = importlib.metadata.version("transformers")
         if spec.device == "cuda" and torch.cuda.is_available():
             info.versions["cuda"] = str(torch.version.cuda)
         self._describe_engine(info)
@@ -304,6 +304,7 @@ class VllmAdapter(Adapter):
                 "speculative": str(cfg.speculative_config) if cfg.speculative_config else None,
             }
             info.kv_budget_bytes = self._kv_bytes(cfg)
+            info.engine_deviation = engine_deviation(model.architectures)
         except Exception as err:  # an attribute moved in another vLLM version: say so, keep going
             info.notes.append(f"could not read vLLM's effective config: {type(err).__name__}: {err}")
             if self.opts.cpu_kvcache_space_gib:
@@ -538,8 +539,7 @@ class VllmAdapter(Adapter):
     # through the same renderer (vllm/entrypoints/serve/tokenize), so a chat's ids are checked without a prefill.
     server_api = ServerApi(prompt_ids=True, ids_in_logprobs=True, prompt_logprobs="prompt_logprobs", ignore_eos=True,
                            batches=True, stream_usage=True, stream_token_ids=True, tokenize_path="/tokenize",
-                           health_path="/health",
-                           chat=True, chat_tokenize=True,
+                           health_path="/health", chat=True, chat_tokenize=True,
                            greedy_fields={"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
                                           "presence_penalty": 0.0, "frequency_penalty": 0.0})
 
