@@ -65,3 +65,48 @@ def test_q4_0_with_the_runs_imatrix_against_without(model, ray_local, tmp_path):
           f"{int(plain.n_positions)} positions, {iv['plain']['n_prompts']} prompts, 95% intervals: {KL_INTERVAL}")
     assert imx.kl_mean < plain.kl_mean, (plain.kl_mean, imx.kl_mean)
 
+
+
+def test_recipe_search_with_the_imatrix(ray_local, tmp_path):
+    """`bench explain --recipe --imatrix`: the imatrix from the run's scoring prompts, the candidates and the presets
+    quantized with it (their files carry its digest), said in the output, recipe.json and recipe.yaml's provenance;
+    the flag set it writes names the imatrix, so a matrix naming it runs the same bytes. Beside it, the same search
+    without the imatrix (the sensitivities reused): both tables printed."""
+    from orchestrator.explain.recipe import PRESETS, RECIPE_FILE, RECIPE_FLAGS, RECIPE_YAML, RecipeResult
+    from orchestrator.explain.sensitivity import sensitivity_path
+
+    data = _matrix("builtin:tiny", None) | {"measure": MEASURE | {"scoring_prompts": 2, "scoring_len": 32}}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    run = tmp_path / "run"
+    run_matrix(tmp_path / "m.yaml", run, quiet=True)
+    cell = analyse(run).drop_duplicates("cell_id").set_index("quantization").loc["q4_0"]
+    results = {}
+    for name, extra in (("imatrix", ["--imatrix"]), ("plain", [])):
+        done = CliRunner().invoke(app, ["explain", str(run), cell.cell_id[:8], "--recipe", "--kl-budget", "0.005",
+                                        "-q", *extra])
+        assert done.exit_code == 0, done.output + repr(done.exception)
+        results[name] = RecipeResult.model_validate_json(sensitivity_path(run, cell.cell_id, RECIPE_FILE).read_text())
+        print(done.output)
+        if name == "imatrix":
+            assert "imatrix: used, from the run's 2 scoring prompts (64 positions" in " ".join(done.output.split())
+            written = (run / "explain" / cell.cell_id / RECIPE_YAML).read_text()
+            flags = yaml.safe_load((run / "explain" / cell.cell_id / RECIPE_FLAGS).read_text())
+    imx, plain = results["imatrix"], results["plain"]
+    assert plain.imatrix is None and imx.imatrix is not None and imx.imatrix["positions"] == 64
+    assert imx.imatrix["path"] == str(run / "explain" / cell.cell_id / IMATRIX_FILE)
+    assert [p.name for p in imx.presets] == list(PRESETS) and all(p.status == "ok" for p in imx.presets)
+    assert all(c.status == "ok" for c in imx.candidates)
+    files = {**gguf_files(run / "explain" / cell.cell_id / "recipe-run-imatrix"),
+             **gguf_files(run / "explain" / cell.cell_id / "recipe-candidates-imatrix")}
+    for c in [*imx.presets, *imx.candidates, *([imx.recipe] if imx.recipe else [])]:
+        side = json.loads(local_path(files[c.cell_id][1]).with_suffix(".json").read_text())
+        assert side["imatrix_digest"] == imx.imatrix["digest"], c.name
+    q4 = {r: next(p for p in res.presets if p.name == "q4_0") for r, res in results.items()}
+    print(f"q4_0 preset KL without imatrix {q4['plain'].kl_mean:.4g}, with {q4['imatrix'].kl_mean:.4g}; recipe "
+          f"without {plain.recipe and plain.recipe.file_bytes} B, with {imx.recipe and imx.recipe.file_bytes} B")
+    assert q4["imatrix"].gguf_sha256 != q4["plain"].gguf_sha256
+    if imx.recipe is not None:
+        prov = yaml.safe_load(written)["provenance"]
+        assert prov["imatrix"]["used"] and prov["imatrix"]["sha256"] == imx.imatrix["digest"]
+        assert str(tmp_path) not in written
+        assert flags["flags"]["llamacpp"]["recipe"]["imatrix"] == imx.imatrix["path"]
