@@ -23,8 +23,8 @@ adapters/engines/llamacpp/imatrix.py), stored as RUN/explain/CELL/imatrix.npz (+
 when present; every candidate and every preset is then quantized with it (the llama.cpp option `imatrix`), so
 the comparison is between files made the same way. The sensitivities that rank the groups stay those without
 it. Those runs go to recipe-candidates-imatrix/ and recipe-run-imatrix/; recipe.json (the latest search) and
-recipe.yaml's provenance say the imatrix was used, and recipe-flags.yaml names it (the flag set runs the same
-bytes); a matrix naming recipe.yaml as `{recipe: path}` gets its tensor_types only, without the imatrix.
+recipe.yaml's provenance say the imatrix was used, and recipe.yaml names the file (imatrix.npz beside it, with its
+sha256: orchestrator/matrix/recipes.py), as recipe-flags.yaml's flag set does: either runs the same bytes.
 """
 
 from __future__ import annotations
@@ -306,8 +306,10 @@ def recipe_yaml(result: RecipeResult, run_dir: Path) -> str:
                       llama_cpp_python=version, within_budget=r.within_budget, kept_at=result.keep, kept=r.kept,
                       imatrix=imatrix_provenance(result.imatrix))
     budget = f"{result.kl_budget:g}"
-    return write_recipe(RecipeFile(name=f"{result.cell_id[:8]}-{result.quantization}-kl{budget}",
-                                   base=result.quantization, tensor_types=result.tensor_types, provenance=prov))
+    imx = result.imatrix and result.imatrix.get("path")
+    return write_recipe(RecipeFile(name=f"{result.cell_id[:8]}-{result.quantization}-kl{budget}{'-im' if imx else ''}",
+                                   base=result.quantization, tensor_types=result.tensor_types, provenance=prov,
+                                   imatrix=IMATRIX_FILE if imx else None, imatrix_sha256=sha256_file(imx) if imx else None))
 
 
 def imatrix_provenance(imx: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -316,8 +318,8 @@ def imatrix_provenance(imx: dict[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"used": True, "file": IMATRIX_FILE, "sha256": imx.get("digest"), "from": "the run's scoring prompts",
             **{k: imx.get(k) for k in ("prompts", "positions", "weights", "statistic")},
-            "note": "the GGUF (gguf_sha256) was quantized with it; {recipe: path} in a matrix applies tensor_types "
-                    "only, without it (recipe-flags.yaml's flag set names it)"}
+            "note": "the GGUF (gguf_sha256) was quantized with it; a matrix naming this recipe gives it to the "
+                    "quantizer too (the imatrix field: copy imatrix.npz beside the recipe)"}
 
 
 def _run_id(run_dir: Path) -> str | None:

@@ -110,3 +110,29 @@ def test_recipe_search_with_the_imatrix(ray_local, tmp_path):
         assert prov["imatrix"]["used"] and prov["imatrix"]["sha256"] == imx.imatrix["digest"]
         assert str(tmp_path) not in written
         assert flags["flags"]["llamacpp"]["recipe"]["imatrix"] == imx.imatrix["path"]
+        _shipped_with_its_imatrix(run / "explain" / cell.cell_id, written, imx, data, tmp_path)
+
+
+def _shipped_with_its_imatrix(folder, written: str, result, data: dict, tmp_path) -> None:
+    """recipe.yaml and imatrix.npz copied to another folder and named by a new matrix run the winner's bytes; the
+    recipe without its imatrix file is refused at load, in one line."""
+    import shutil
+
+    from orchestrator.matrix.models import MatrixError
+    from orchestrator.matrix.validate import load_matrix
+
+    spec = yaml.safe_load(written)
+    assert spec["imatrix"] == IMATRIX_FILE and spec["imatrix_sha256"] == sha256_file(str(folder / IMATRIX_FILE))
+    ship = tmp_path / "ship"
+    ship.mkdir()
+    (ship / "r.yaml").write_text(written)
+    (ship / "m.yaml").write_text(yaml.safe_dump(data | {"axes": data["axes"] | {"quantization": ["fp32", {"recipe": "r.yaml"}]}}))
+    with pytest.raises(MatrixError, match="imatrix: .*cannot be read"):
+        load_matrix(ship / "m.yaml")
+    shutil.copy(folder / IMATRIX_FILE, ship / IMATRIX_FILE)
+    run_matrix(ship / "m.yaml", ship / "run", quiet=True)
+    df = analyse(ship / "run").drop_duplicates("cell_id").set_index("quantization")
+    row = df.loc[f"recipe-{spec['name']}"]
+    assert row.status == "ok", row.to_dict()
+    size, path = gguf_files(ship / "run")[row.cell_id]
+    assert size == result.recipe.file_bytes and sha256_file(path) == result.recipe.gguf_sha256 is not None
