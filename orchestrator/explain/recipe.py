@@ -214,7 +214,7 @@ def run_imatrix(m, cell: dict[str, Any], folder: Path) -> dict[str, Any]:
     tok = Tokenizer(resolve_source(entry.tokenizer or entry.source, str(cache_root())), entry.trust_remote_code)
     try:
         facts = ADAPTERS["llamacpp"].importance_matrix(source, scoring_prompts(m.measure, tok), str(path), str(cache_root()))
-    except Unsupported as err:
+    except (Unsupported, ImportError) as err:   # ImportError: no llama-cpp-python beside the driver
         raise ValueError(f"--imatrix: {err}") from None
     return {**facts, "path": str(path), "reused": False}
 
@@ -233,6 +233,7 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     ranked = rank(sens.groups)
     folder = Path(run_dir) / EXPLAIN_DIR / cell["cell_id"]
     imx = run_imatrix(m, cell, folder) if imatrix else None
+    cell_options = options                    # the fp32 reference's (an imatrix on fp32 is refused)
     if imx is not None:
         options = {**options, "imatrix": imx["path"]}
         if not quiet:
@@ -245,7 +246,7 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     sets = {f"k{k}": {**options, "tensor_types": candidate_types(ranked, k, keep)} for k in range(len(ranked) + 1)}
     if not quiet:
         console.print(f"explain {cell['cell_id']} --recipe: {len(sets)} candidates ({len(ranked)} groups, kept at {keep})")
-    parsed, judged = run_probes(folder, cand_dir, matrix_data(m, cell, options, sets), address, console)
+    parsed, judged = run_probes(folder, cand_dir, matrix_data(m, cell, cell_options, sets), address, console)
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
     files = gguf_files(folder / cand_dir)
     candidates = []
@@ -259,7 +260,7 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     best = min(fits, key=lambda c: c.file_bytes) if fits else None
     chosen = sets[best.name]["tensor_types"] if best else {}
     # the recipe as a normal cell beside the presets (the run's measure and tasks), all against fp32
-    final = matrix_data(m, cell, options, {RECIPE_SET: {**options, "tensor_types": chosen}} if best else {},
+    final = matrix_data(m, cell, cell_options, {RECIPE_SET: {**options, "tensor_types": chosen}} if best else {},
                         presets=PRESETS, timed=True, preset_set=preset_set)
     parsed, judged = run_probes(folder, final_dir, final, address, console)
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
