@@ -75,7 +75,11 @@ def test_recipe_search_with_the_imatrix(ray_local, tmp_path):
     from orchestrator.explain.recipe import PRESETS, RECIPE_FILE, RECIPE_FLAGS, RECIPE_YAML, RecipeResult
     from orchestrator.explain.sensitivity import sensitivity_path
 
-    data = _matrix("builtin:tiny", None) | {"measure": MEASURE | {"scoring_prompts": 2, "scoring_len": 32}}
+    base = _matrix("builtin:tiny", None)
+    data = base | {"measure": MEASURE | {"scoring_prompts": 2, "scoring_len": 32},   # a flag set of the cell's own:
+                   "flags": {"llamacpp": {"f32kv": {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}}},
+                   "axes": base["axes"] | {"flags": ["f32kv"]},     # its fp32 reference keeps it, without the imatrix
+                   "baseline": base["baseline"] | {"flags": "f32kv"}}
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
     run = tmp_path / "run"
     run_matrix(tmp_path / "m.yaml", run, quiet=True)
