@@ -127,9 +127,9 @@ def print_result(result: ExplainResult, console: Console) -> None:
 
 
 def sensitivity_cmd(run: Path, rows: list[Any], address: str | None, out: Console, err: Console, quiet: bool,
-                    budget: float | None = None) -> None:
+                    budget: float | None = None, imatrix: bool = False) -> None:
     """`--sensitivity`: the tensor-group table of each picked cell; with a `budget` (`--recipe`) also the recipe
-    search (a cell that cannot have them: said, exit 2)."""
+    search, with `imatrix` quantized with the run's own importance matrix (a cell that cannot have them: said, exit 2)."""
     from orchestrator.explain.recipe import print_recipe, search_recipe
     from orchestrator.explain.sensitivity import print_sensitivity, run_sensitivity
 
@@ -138,7 +138,7 @@ def sensitivity_cmd(run: Path, rows: list[Any], address: str | None, out: Consol
         try:
             print_sensitivity(run_sensitivity(run, cell, _config(cell), address, err, quiet), out)
             if budget is not None:
-                print_recipe(search_recipe(run, cell, _config(cell), budget, address, err, quiet), out)
+                print_recipe(search_recipe(run, cell, _config(cell), budget, address, err, quiet, imatrix), out)
         except ValueError as e:
             err.print(f"[red]error:[/red] {escape(str(e))}")
             if len(rows) == 1:
@@ -160,6 +160,8 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
                                             "quantization: [{recipe: path}] (explain/recipe.py)"),
                 kl_budget: float = typer.Option(0.01, "--kl-budget", min=0.0, help="--recipe: the largest mean KL "
                                                 "against fp32 the mix may have, read from its 95% interval's upper end"),
+                imatrix: bool = typer.Option(False, "--imatrix", help="--recipe: quantize the candidates and the presets "
+                                             "with an importance matrix from the run's own scoring prompts"),
                 address: Optional[str] = typer.Option(None, help="Ray cluster address (default: a local cluster)"),
                 quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines")) -> None:
     """Why is a cell not lossless? Re-runs its configuration with each suspect (the engine's numerics flags,
@@ -174,6 +176,8 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
     out, err = Console(width=wide), Console(stderr=True, width=wide)
     if not is_run_dir(run):
         raise typer.BadParameter(f"{run} is not a run directory")
+    if imatrix and not recipe:
+        raise typer.BadParameter("--imatrix is an option of the recipe search: give --recipe too")
     try:
         tol = None
         if tolerances:
@@ -190,7 +194,7 @@ def explain_cmd(run: Path = typer.Argument(..., exists=True, file_okay=False, he
         out.print(f"no near-lossless or lossy cell in {run}: nothing to explain")
         return
     if sensitivity or recipe:
-        sensitivity_cmd(run, rows, address, out, err, quiet, kl_budget if recipe else None)
+        sensitivity_cmd(run, rows, address, out, err, quiet, kl_budget if recipe else None, imatrix)
         return
     for row in rows:
         if layers:

@@ -16,6 +16,15 @@ result says whether the recipe is smaller than every preset within the budget, o
 It is stored in RUN/explain/CELL/recipe.json and recipe.parquet; the recipe itself as RUN/explain/CELL/recipe.yaml
 (orchestrator/matrix/recipes.py: `quantization: [{recipe: path}]` in a matrix runs the same GGUF bytes), and as a
 flag set (recipe-flags.yaml: `flags: {llamacpp: {recipe: {tensor_types: ...}}}` at the cell's level).
+
+With `imatrix` (`--imatrix`): first an importance matrix from the run's own scoring prompts (the same token ids the
+cells were scored on) run through the model's F32 GGUF (the llamacpp adapter's importance_matrix,
+adapters/engines/llamacpp/imatrix.py), stored as RUN/explain/CELL/imatrix.npz (+ .json: its facts) and reused
+when present; every candidate and every preset is then quantized with it (the llama.cpp option `imatrix`), so
+the comparison is between files made the same way. The sensitivities that rank the groups stay those without
+it. Those runs go to recipe-candidates-imatrix/ and recipe-run-imatrix/; recipe.json (the latest search) and
+recipe.yaml's provenance say the imatrix was used, and recipe.yaml names the file (imatrix.npz beside it, with its
+sha256: orchestrator/matrix/recipes.py), as recipe-flags.yaml's flag set does: either runs the same bytes.
 """
 
 from __future__ import annotations
@@ -47,6 +56,9 @@ FINAL_DIR = "recipe-run"                 # RUN/explain/<cell_id>/recipe-run/: th
 RECIPE_FILE, RECIPE_TABLE, RECIPE_FLAGS = "recipe.json", "recipe.parquet", "recipe-flags.yaml"
 RECIPE_SET = "recipe"                    # the recipe's flag-set name in recipe-run.yaml and recipe-flags.yaml
 RECIPE_YAML = "recipe.yaml"              # the recipe a matrix names: quantization: [{recipe: .../recipe.yaml}]
+IMATRIX_FILE = "imatrix.npz"             # RUN/explain/<cell_id>/imatrix.npz: --imatrix's importance matrix
+IMATRIX_SET = "imatrix"                  # the presets' flag set with --imatrix: the cell's options and the imatrix
+IMATRIX_SUFFIX = "-imatrix"              # the probe run dirs of a search with the imatrix
 
 
 class Candidate(BaseModel):
@@ -88,6 +100,7 @@ class RecipeResult(BaseModel):
     summary: str
     recipe_file: str | None = None       # RUN/explain/CELL/recipe.yaml: the recipe a matrix names ({recipe: path})
     kl_interval: str | None = None       # how the KL intervals were made
+    imatrix: dict[str, Any] | None = None  # --imatrix: its file, digest, prompts, positions, weights (None: not used)
     test: str = ("KL mean over the scoring positions against the same configuration at fp32 (orchestrator/judge), "
                  "with its 95% interval over the scoring prompts; 'within budget' where the interval's upper bound "
                  "is; speed-up against fp32 with the judge's 95% interval")
@@ -121,16 +134,22 @@ def gguf_files(run: Path) -> dict[str, tuple[int, str]]:
     return out
 
 
-def sha256_file(path: str) -> str | None:
-    """The file's sha256; `path` as a row stores it (engine_child/rows.py writes the project's folder as <project>,
-    the temp dir as <tmp>, home as ~). None where it is not here."""
+def local_path(path: str) -> Path:
+    """A path as a row stores it (engine_child/rows.py writes the project's folder as <project>, the temp dir as
+    <tmp>, home as ~), as a path here."""
     import tempfile
 
     from orchestrator.execution.engine_child.spec import PROJECT_ROOT
 
     for name, real in (("<project>", str(PROJECT_ROOT)), ("<tmp>", tempfile.gettempdir()), ("~", str(Path.home()))):
         if path.startswith(name + "/"):
-            path = real + path[len(name):]
+            return Path(real + path[len(name):])
+    return Path(path)
+
+
+def sha256_file(path: str) -> str | None:
+    """The file's sha256; `path` as a row stores it (local_path). None where it is not here."""
+    path = str(local_path(path)) if path else ""
     if not path or not Path(path).is_file():
         return None
     h = hashlib.sha256()
@@ -178,9 +197,32 @@ def budget_text(c: Candidate, budget: float) -> str:
     return f"{kl_text(c)}: over {budget:g}"
 
 
+def run_imatrix(m, cell: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The importance matrix from the run's scoring prompts (stored: reused), its facts with `path`; ValueError
+    (one line) where the engine cannot make one."""
+    from adapters import ADAPTERS
+    from adapters.base import Unsupported
+    from orchestrator.execution.engine_child.prompts import Tokenizer, scoring_prompts
+    from orchestrator.execution.engine_child.spec import resolve_source
+    from orchestrator.execution.runner import cache_root
+
+    path = folder / IMATRIX_FILE
+    if path.is_file() and path.with_suffix(".json").is_file():
+        return {**json.loads(path.with_suffix(".json").read_text()), "path": str(path), "reused": True}
+    entry = m.model_entry(cell["model"])
+    source = resolve_source(entry.source, str(cache_root()))
+    tok = Tokenizer(resolve_source(entry.tokenizer or entry.source, str(cache_root())), entry.trust_remote_code)
+    try:
+        facts = ADAPTERS["llamacpp"].importance_matrix(source, scoring_prompts(m.measure, tok), str(path), str(cache_root()))
+    except (Unsupported, ImportError) as err:   # ImportError: no llama-cpp-python beside the driver
+        raise ValueError(f"--imatrix: {err}") from None
+    return {**facts, "path": str(path), "reused": False}
+
+
 def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: float, address: str | None,
-                  console: Console, quiet: bool) -> RecipeResult:
-    """The sensitivities (stored or run), the candidates (one round), the recipe timed beside the presets."""
+                  console: Console, quiet: bool, imatrix: bool = False) -> RecipeResult:
+    """The sensitivities (stored or run), the candidates (one round), the recipe timed beside the presets; with
+    `imatrix`, every candidate and preset quantized with the importance matrix of the run's scoring prompts."""
     from orchestrator.store.run_store import RunStore, atomic_write_table, atomic_write_text
 
     started = time.monotonic()
@@ -190,16 +232,27 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     keep = keep_type(level)
     ranked = rank(sens.groups)
     folder = Path(run_dir) / EXPLAIN_DIR / cell["cell_id"]
+    imx = run_imatrix(m, cell, folder) if imatrix else None
+    cell_options = options                    # the fp32 reference's (an imatrix on fp32 is refused)
+    if imx is not None:
+        options = {**options, "imatrix": imx["path"]}
+        if not quiet:
+            console.print(f"explain {cell['cell_id']} --recipe --imatrix: {imx['weights']} weights from "
+                          f"{imx['prompts']} scoring prompts ({imx['positions']} positions)"
+                          + (", stored" if imx["reused"] else ""))
+    cand_dir, final_dir = (CANDIDATES_DIR + IMATRIX_SUFFIX, FINAL_DIR + IMATRIX_SUFFIX) if imx else (CANDIDATES_DIR, FINAL_DIR)
+    preset_set = (IMATRIX_SET, options) if imx else None
+    preset_flags = IMATRIX_SET if imx else cell["flags"]
     sets = {f"k{k}": {**options, "tensor_types": candidate_types(ranked, k, keep)} for k in range(len(ranked) + 1)}
     if not quiet:
         console.print(f"explain {cell['cell_id']} --recipe: {len(sets)} candidates ({len(ranked)} groups, kept at {keep})")
-    parsed, judged = run_probes(folder, CANDIDATES_DIR, matrix_data(m, cell, options, sets), address, console)
+    parsed, judged = run_probes(folder, cand_dir, matrix_data(m, cell, cell_options, sets), address, console)
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
-    files = gguf_files(folder / CANDIDATES_DIR)
+    files = gguf_files(folder / cand_dir)
     candidates = []
     for k, name in enumerate(sets):
         c = Candidate(name=name, quantization=level, kept=[g.group for g in ranked[:k]], cell_id=ids.get((name, level)))
-        _row_facts(c, judged, files, folder / CANDIDATES_DIR, budget)
+        _row_facts(c, judged, files, folder / cand_dir, budget)
         candidates.append(c)
     # the smallest whose interval is within the budget; else the smallest whose mean is (said: may exceed)
     fits = [c for c in candidates if c.within_budget and c.file_bytes] or \
@@ -207,21 +260,21 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     best = min(fits, key=lambda c: c.file_bytes) if fits else None
     chosen = sets[best.name]["tensor_types"] if best else {}
     # the recipe as a normal cell beside the presets (the run's measure and tasks), all against fp32
-    final = matrix_data(m, cell, options, {RECIPE_SET: {**options, "tensor_types": chosen}} if best else {},
-                        presets=PRESETS, timed=True)
-    parsed, judged = run_probes(folder, FINAL_DIR, final, address, console)
+    final = matrix_data(m, cell, cell_options, {RECIPE_SET: {**options, "tensor_types": chosen}} if best else {},
+                        presets=PRESETS, timed=True, preset_set=preset_set)
+    parsed, judged = run_probes(folder, final_dir, final, address, console)
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
-    files = gguf_files(folder / FINAL_DIR)
-    timed = [Candidate(name=q, quantization=q, cell_id=ids.get((cell["flags"], q))) for q in PRESETS]
+    files = gguf_files(folder / final_dir)
+    timed = [Candidate(name=q, quantization=q, cell_id=ids.get((preset_flags, q))) for q in PRESETS]
     recipe = Candidate(name=RECIPE_SET, quantization=level, kept=best.kept, cell_id=ids.get((RECIPE_SET, level))) if best else None
     for c in [*timed, *([recipe] if recipe else [])]:
-        _row_facts(c, judged, files, folder / FINAL_DIR, budget, digest=True)
+        _row_facts(c, judged, files, folder / final_dir, budget, digest=True)
     from orchestrator.judge.analysis import KL_INTERVAL
 
     result = RecipeResult(run=str(run_dir), cell_id=cell["cell_id"], quantization=level, kl_budget=budget, keep=keep,
                           ranking=[g.group for g in ranked], candidates=candidates, recipe=recipe, tensor_types=chosen,
                           presets=timed, summary=summary(recipe, timed, budget), wall_s=round(time.monotonic() - started, 1),
-                          kl_interval=KL_INTERVAL)
+                          kl_interval=KL_INTERVAL, imatrix=imx)
     if recipe is not None and recipe.status == "ok":
         result.recipe_file = str(folder / RECIPE_YAML)
         atomic_write_text(folder / RECIPE_YAML, recipe_yaml(result, run_dir))
@@ -251,10 +304,23 @@ def recipe_yaml(result: RecipeResult, run_dir: Path) -> str:
     prov = Provenance(source_run=_run_id(run_dir), cell=result.cell_id, kl_budget=result.kl_budget,
                       kl_mean=r.kl_mean, kl_lo=r.kl_lo, kl_hi=r.kl_hi, kl_interval=result.kl_interval,
                       n_positions=r.n_positions, file_bytes=r.file_bytes, gguf_sha256=r.gguf_sha256,
-                      llama_cpp_python=version, within_budget=r.within_budget, kept_at=result.keep, kept=r.kept)
+                      llama_cpp_python=version, within_budget=r.within_budget, kept_at=result.keep, kept=r.kept,
+                      imatrix=imatrix_provenance(result.imatrix))
     budget = f"{result.kl_budget:g}"
-    return write_recipe(RecipeFile(name=f"{result.cell_id[:8]}-{result.quantization}-kl{budget}",
-                                   base=result.quantization, tensor_types=result.tensor_types, provenance=prov))
+    imx = result.imatrix and result.imatrix.get("path")
+    return write_recipe(RecipeFile(name=f"{result.cell_id[:8]}-{result.quantization}-kl{budget}{'-im' if imx else ''}",
+                                   base=result.quantization, tensor_types=result.tensor_types, provenance=prov,
+                                   imatrix=IMATRIX_FILE if imx else None, imatrix_sha256=sha256_file(imx) if imx else None))
+
+
+def imatrix_provenance(imx: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What recipe.yaml says of the imatrix (no machine path): None where the search used none."""
+    if imx is None:
+        return None
+    return {"used": True, "file": IMATRIX_FILE, "sha256": imx.get("digest"), "from": "the run's scoring prompts",
+            **{k: imx.get(k) for k in ("prompts", "positions", "weights", "statistic")},
+            "note": "the GGUF (gguf_sha256) was quantized with it; a matrix naming this recipe gives it to the "
+                    "quantizer too (the imatrix field: copy imatrix.npz beside the recipe)"}
 
 
 def _run_id(run_dir: Path) -> str | None:
@@ -304,6 +370,11 @@ def recipe_table(result: RecipeResult) -> Table:
 
 def print_recipe(result: RecipeResult, console: Console) -> None:
     console.print(recipe_table(result))
+    if result.imatrix:
+        im = result.imatrix
+        console.print(f"  imatrix: used, from the run's {im.get('prompts')} scoring prompts ({im.get('positions')} "
+                      f"positions, {im.get('weights')} weights, sha256 {str(im.get('digest'))[:12]}); the recipe, "
+                      f"its candidates and the presets were all quantized with it: {escape(str(im.get('path')))}")
     console.print(f"  search: {len(result.candidates)} candidates, "
                   + ", ".join(f"{c.name} {c.file_bytes or '-'} B KL {c.kl_mean:.3g}" if c.kl_mean is not None else
                               f"{c.name} {c.status}" for c in result.candidates))

@@ -107,14 +107,16 @@ def probe_configs(groups: list[dict[str, Any]], options: dict[str, Any]) -> dict
 
 
 def matrix_data(m: Matrix, cell: dict[str, Any], options: dict[str, Any], probes: dict[str, dict[str, Any]],
-                presets: tuple[str, ...] = (), timed: bool = False) -> dict[str, Any]:
+                presets: tuple[str, ...] = (), timed: bool = False,
+                preset_set: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The probe matrix: the cell's configuration at fp32 (the reference, the matrix's baseline) and one include
-    per probe (flag set -> engine options) at the cell's quantization, plus the cell's flags at each of `presets`;
-    at the cell's batch size, lengths and workload. Not `timed`: the logit and text layers only (one timed batch,
-    no warm-up, samples or tasks); `timed`: the run's measure and tasks, as a normal cell."""
+    per probe (flag set -> engine options) at the cell's quantization, plus the cell's flags (or `preset_set`, a
+    flag set of its own: name, options) at each of `presets`; at the cell's batch size, lengths and workload. Not
+    `timed`: the logit and text layers only (one timed batch, no warm-up, samples or tasks); `timed`: the run's
+    measure and tasks, as a normal cell."""
     data = m.model_dump(mode="json", exclude_unset=True)
     fw, flags = cell["framework"], cell["flags"]
-    sets = {**({flags: options} if flags != "default" else {}), **probes}
+    sets = {**({flags: options} if flags != "default" else {}), **probes, **dict([preset_set] if preset_set else [])}
     same = {"model": cell["model"], "batch_size": int(cell["batch_size"]), "input_len": int(cell["input_len"]),
             "output_len": int(cell["output_len"]), "mode": cell["mode"]}
     axes: dict[str, Any] = {"framework": [fw], "quantization": ["fp32"], "flags": [flags],
@@ -123,7 +125,8 @@ def matrix_data(m: Matrix, cell: dict[str, Any], options: dict[str, Any], probes
     axes |= {k: [v] for k, v in extra.items()}
     level = normalize_quantization(cell["quantization"])
     include = [{"framework": fw, "quantization": level, "flags": name, **same, **extra} for name in probes]
-    include += [{"framework": fw, "quantization": q, "flags": flags, **same, **extra} for q in presets]
+    include += [{"framework": fw, "quantization": q, "flags": preset_set[0] if preset_set else flags, **same, **extra}
+                for q in presets]
     measure = {k: v for k, v in data.get("measure", {}).items() if k != "sampling"}
     out = data | {"models": {cell["model"]: data["models"][cell["model"]]}, "axes": axes, "flags": {fw: sets},
                   "include": include, "exclude": [],

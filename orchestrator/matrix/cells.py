@@ -79,6 +79,8 @@ def _recipe(fw: str, ref: RecipeRef, options: dict) -> tuple[dict, dict]:
 
     if "tensor_types" in ADAPTERS[fw].Options.model_fields:
         options = {**options, "tensor_types": dict(ref.tensor_types)}
+    if ref.imatrix and "imatrix" in ADAPTERS[fw].Options.model_fields:   # the file's sha256 is in the recipe's
+        options = {**options, "imatrix": ref.imatrix}
     return options, {"base": ref.base, "sha256": ref.digest}
 
 

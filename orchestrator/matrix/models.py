@@ -75,6 +75,7 @@ class RecipeRef(_Strict):
     base: str | None = Field(None, description="Filled when loaded: the ggml level the overrides apply over")
     tensor_types: dict[str, str] | None = Field(None, description="Filled when loaded: regex -> ggml type")
     digest: str | None = Field(None, description="Filled when loaded: sha256 of the file's bytes")
+    imatrix: str | None = Field(None, description="Filled when loaded: the recipe's importance matrix file, if it names one")
 
     @property
     def label(self) -> str:

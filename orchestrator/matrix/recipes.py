@@ -7,6 +7,11 @@ A recipe cell is the base level's cell with the recipe's `tensor_types` as the l
 (adapters/engines/llamacpp/tensor_mix.py): the same level and overrides give the same cached GGUF, byte for
 byte. The file's sha256 is part of the cell's config, so an edited file is a different cell. Engines without a
 `tensor_types` option run no recipe: preflight says so (orchestrator/execution/engine_child/spec.py).
+
+A recipe made with an importance matrix (`bench explain --recipe --imatrix`) names its file (`imatrix`, relative
+to the recipe's folder: imatrix.npz beside it) and the file's sha256 (`imatrix_sha256`); loading checks both and
+fills the ref's `imatrix` with the file's path, which the cell passes as the llama.cpp option `imatrix`, so the
+recipe runs the same bytes as the search's winner. Copy the two files together.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from orchestrator.matrix.models import RecipeRef
 from orchestrator.values import shown
 
 MAX_RECIPE_BYTES = 2**20            # a recipe is a few KB: one override per tensor group
+MAX_IMATRIX_BYTES = 2**30           # an imatrix is a float per input column per weight: megabytes for a 70B model
 RECIPE_BASES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")   # llama.cpp reads overrides over a quantized ftype only
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -50,6 +56,9 @@ class RecipeFile(BaseModel):
     name: str | None = Field(None, description="The short name cells show (recipe-<name>); default: the digest's first 8")
     base: str = Field(description="The llama.cpp level whose file type the overrides apply over")
     tensor_types: dict[str, str] = Field(min_length=1, description="regex on tensor names -> ggml type, first match wins")
+    imatrix: str | None = Field(None, description="The importance matrix the file was quantized with (relative: to the "
+                                "recipe's folder), given to llama.cpp's quantizer with the overrides")
+    imatrix_sha256: str | None = Field(None, description="The imatrix file's sha256 (checked when loaded)")
     provenance: Provenance = Field(default_factory=Provenance)
 
 
@@ -67,6 +76,8 @@ def parse_recipe(data: Any) -> RecipeFile:
         raise ValueError(f"{'.'.join(map(str, first['loc'])) or '(top level)'}: {first['msg']}") from None
     if r.base not in RECIPE_BASES:
         raise ValueError(f"base: {shown(r.base)} is not a level llama.cpp applies overrides over ({', '.join(RECIPE_BASES)})")
+    if (r.imatrix is None) != (r.imatrix_sha256 is None):
+        raise ValueError("imatrix and imatrix_sha256 come together (the file and its sha256)")
     if r.name is not None and not _NAME.match(r.name):
         raise ValueError(f"name: {shown(r.name)} must be 1-64 of letters, digits, - _ . (it names cells)")
     from adapters import ADAPTERS
@@ -91,7 +102,33 @@ def load_into(ref: RecipeRef, found: Path) -> str | None:
     digest = hashlib.sha256(raw).hexdigest()
     if ref.digest is not None and ref.digest != digest:
         return f"{shown(str(found))} changed since this matrix named it (sha256 {digest[:8]}, not {ref.digest[:8]})"
+    imatrix = None
+    if r.imatrix is not None:
+        imatrix = found.parent / Path(r.imatrix).expanduser()
+        problem = _imatrix_problem(imatrix, r.imatrix_sha256)
+        if problem:
+            return f"{shown(str(found))}: imatrix: {problem}"
     ref.name, ref.base, ref.tensor_types, ref.digest = r.name or digest[:8], r.base, dict(r.tensor_types), digest
+    ref.imatrix = str(imatrix) if imatrix is not None else None
+    return None
+
+
+def _imatrix_problem(path: Path, sha256: str | None) -> str | None:
+    """Why the recipe's imatrix file cannot be used (missing, not a regular file, too large, another sha256)."""
+    import stat
+
+    try:
+        st = path.stat()
+    except OSError as err:
+        return f"{shown(str(path))} cannot be read ({err.strerror}): copy it beside the recipe"
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMATRIX_BYTES:
+        return f"{shown(str(path))} is not a regular file of at most {MAX_IMATRIX_BYTES} bytes"
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    if h.hexdigest() != sha256:
+        return f"{shown(str(path))} has sha256 {h.hexdigest()[:8]}, not the recipe's {str(sha256)[:8]}"
     return None
 
 

@@ -137,3 +137,19 @@ def test_the_written_recipe_reads_back_as_written():
     text = write_recipe(r)
     assert text.startswith("# ") and parse_recipe(yaml.safe_load(text)) == r
     assert isinstance(r, RecipeFile) and r.provenance.kl_hi == 0.005
+
+
+def test_a_recipe_with_an_imatrix_gives_the_file_to_the_cell_after_checking_its_sha256(tmp_path):
+    import hashlib
+
+    (tmp_path / "imatrix.npz").write_bytes(b"not read here: the engine reads it")
+    sha = hashlib.sha256(b"not read here: the engine reads it").hexdigest()
+    m, _ = load_matrix(_write(tmp_path, RECIPE | {"imatrix": "imatrix.npz", "imatrix_sha256": sha}))
+    mix = expand(m)[1]
+    assert mix.options == {"tensor_types": RECIPE["tensor_types"], "imatrix": str(tmp_path / "imatrix.npz")}
+    with pytest.raises(MatrixError, match="imatrix: .* has sha256 .*, not the recipe's 00000000"):
+        load_matrix(_write(tmp_path, RECIPE | {"imatrix": "imatrix.npz", "imatrix_sha256": "0" * 64}))
+    with pytest.raises(MatrixError, match="imatrix: .*none.npz' cannot be read .*copy it beside the recipe"):
+        load_matrix(_write(tmp_path, RECIPE | {"imatrix": "none.npz", "imatrix_sha256": sha}))
+    with pytest.raises(ValueError, match="imatrix and imatrix_sha256 come together"):
+        parse_recipe(RECIPE | {"imatrix": "imatrix.npz"})

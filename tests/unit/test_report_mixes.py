@@ -86,3 +86,12 @@ def test_a_damaged_file_is_a_problem_line_not_a_figure(tmp_path):
     layer = load_culprits(tmp_path)
     assert len(layer.problems) == 1 and "cellaaaa11112222/recipe.json" in layer.problems[0]
     assert layer.mixes[0].recipe is None and "no recipe" in none_line(layer.mixes[0])
+
+
+def test_the_heading_says_when_the_recipe_and_presets_were_quantized_with_an_imatrix():
+    from orchestrator.report.panels.mixes import recipe_heading
+
+    r = {"cell_id": "c1", "quantization": "q4_0", "keep": "q8_0", "kl_budget": 0.005}
+    assert recipe_heading(r) == "recipe of c1: q4_0, groups kept at q8_0, KL budget 0.005"
+    assert recipe_heading(r | {"imatrix": {"prompts": 2, "positions": 64}}).endswith(
+        ", recipe and presets quantized with an imatrix of the run's 2 scoring prompts (64 positions)")

@@ -83,6 +83,9 @@ class Options(EngineOptions):
     tensor_types: dict[str, str] = Field(default_factory=dict, description=(
         "Per-tensor types over the quantization level: regex on tensor names -> ggml type (f32, q8_0, q4_0, ...), "
         "the first match wins; llama.cpp's tt_overrides (tensor_mix.py)"))
+    imatrix: str | None = Field(None, description=(
+        "An importance matrix file (.npz, imatrix.py; `bench explain --recipe --imatrix` writes one from the run's "
+        "scoring prompts) given to llama.cpp's quantizer for this cell's quantized level (tensor_mix.py)"))
 
     @field_validator("tensor_types")
     @classmethod
@@ -145,10 +148,10 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
                     "(download it, e.g. `hf download`, and give the folder as the model's source)")
         if model.kind != "dir" or model.config is None:
             return None
-        if dict(options or {}).get("tensor_types") and \
-                normalize_quantization(quantization) not in gguf_convert.QUANT_LEVELS:
-            return (f"tensor_types needs a quantized level ({', '.join(gguf_convert.QUANT_LEVELS)}): llama.cpp reads its "
-                    f"tensor type overrides only when the file type is quantized; this cell is {quantization}")
+        named = [k for k in ("tensor_types", "imatrix") if dict(options or {}).get(k)]
+        if named and normalize_quantization(quantization) not in gguf_convert.QUANT_LEVELS:
+            return (f"{' and '.join(named)} needs a quantized level ({', '.join(gguf_convert.QUANT_LEVELS)}): llama.cpp's "
+                    f"quantizer reads them only when the file type is quantized; this cell is {quantization}")
         if normalize_quantization(quantization) == "gguf":
             return ("quantization 'gguf' means a given .gguf file used as it is; "
                     f"{model.source} is an HF checkpoint (use fp32/fp16/bf16 or a quantized level)")
@@ -264,6 +267,18 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         return group_tensor_types(groups)
 
     @staticmethod
+    def importance_matrix(source: str, prompts: list[list[int]], out: str, cache_dir: str | None = None) -> dict[str, Any]:
+        """An imatrix (imatrix.py) from `prompts` (token ids) run through this checkpoint's F32 GGUF, written to
+        `out` (the `imatrix` option names it); its facts (architecture, prompts, positions, weights, digest)."""
+        from adapters.engines.llamacpp.gguf_convert import converted_gguf
+        from adapters.engines.llamacpp.imatrix import compute_imatrix, write_imatrix
+
+        f32, _ = converted_gguf(source, "f32", cache_dir)
+        data, facts = compute_imatrix(f32, prompts)
+        write_imatrix(out, data, facts)
+        return facts
+
+    @staticmethod
     def _model_file(spec: LoadSpec):
         """The GGUF this group runs (converted and quantized on first use, cached) and the conversion facts."""
         from adapters.engines.llamacpp import gguf_convert
@@ -272,11 +287,11 @@ class LlamacppAdapter(BatchedDecoding, PromptLookupDecoding, Adapter):
         if quant not in LlamacppAdapter.quantizations:
             raise Unsupported(f"llamacpp does not run quantization {quant} (runs: {', '.join(LlamacppAdapter.quantizations)})")
         # a builtin: model arrives here already built (the driver resolves it)
-        tensor_types = (spec.options or {}).get("tensor_types")
-        if tensor_types:
+        tensor_types, imatrix = (spec.options or {}).get("tensor_types"), (spec.options or {}).get("imatrix")
+        if tensor_types or imatrix:
             from adapters.engines.llamacpp.tensor_mix import mixed_gguf
 
-            return mixed_gguf(str(spec.model.source), quant, dict(tensor_types), spec.cache_dir or None)
+            return mixed_gguf(str(spec.model.source), quant, dict(tensor_types or {}), spec.cache_dir or None, imatrix)
         return gguf_convert.gguf_for(str(spec.model.source), quant, spec.cache_dir or None)
 
     # ------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from adapters.engines.llamacpp.native import FLASH_ATTN_TYPES, KV_TYPES, Batch, 
 _BLOCK = re.compile(r"(l_out|ffn_inp)-(\d+)")
 
 
-def _ggml():
+def ggml_accessors():
     """libggml-base's tensor accessors, typed."""
     from llama_cpp import _ggml
 
@@ -47,7 +47,7 @@ class _Capture:
     """The callback's state: the wanted tensors of the current prompt, by name, one array per ubatch."""
 
     def __init__(self, n_layer: int, split: bool):
-        self.g = _ggml()
+        self.g = ggml_accessors()
         self.n_layer, self.split = n_layer, split
         self.parts: dict[int, list[np.ndarray]] = {}
         self.error: str | None = None

@@ -14,6 +14,11 @@ pattern matches get llama.cpp's own mixture for that ftype, as `llama-quantize -
 The cache key adds the overrides, in order, to the quantized file's key (gguf_convert.quantized_gguf's parts),
 so a matrix naming the same `tensor_types` runs the same bytes, and `<name>.json` beside the file says what
 each tensor became (read back with gguf-py).
+
+An importance matrix (the llama.cpp option `imatrix`: a file imatrix.py writes) goes to the same call as
+`llama_model_quantize_params.imatrix`; the key then adds the imatrix's digest (imatrix.imatrix_digest), and the
+side file names it and the weights the quantizer found no entry for (its "did not find weights for" lines).
+A preset level with an imatrix and no overrides is made here too (no overrides: llama.cpp's own mixture).
 """
 
 from __future__ import annotations
@@ -58,10 +63,13 @@ def tensor_types_key(tensor_types: dict[str, str]) -> str:
 
 
 def quantize_mixed(src: str | os.PathLike, dst: str | os.PathLike, level: str, tensor_types: dict[str, str],
-                   nthread: int = 0) -> Path:
-    """llama_model_quantize from an F32 GGUF at `level`'s ftype with `tensor_types` as tt_overrides, written
-    atomically, with `<name>.json` beside it (the overrides and each tensor's type in the written file)."""
+                   nthread: int = 0, imatrix: dict[str, Any] | None = None) -> Path:
+    """llama_model_quantize from an F32 GGUF at `level`'s ftype with `tensor_types` as tt_overrides (and `imatrix`,
+    weight name -> float32 values, as its importance matrix), written atomically, with `<name>.json` beside it (the
+    overrides, the imatrix's digest and each tensor's type in the written file)."""
     import llama_cpp
+
+    from adapters.engines.llamacpp.imatrix import MISSING, c_imatrix, imatrix_digest
 
     from adapters.engines.llamacpp.gguf_convert import FTYPES, QUANT_LEVELS, captured_llama_logs
 
@@ -83,6 +91,9 @@ def quantize_mixed(src: str | os.PathLike, dst: str | os.PathLike, level: str, t
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype, params.nthread = FTYPES[level], nthread
         params.tt_overrides = ctypes.cast(overrides, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
+        if imatrix:
+            entries, _alive = c_imatrix(imatrix)       # the buffers live as long as the call
+            params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
         with captured_llama_logs(logs):
             rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
         if rc != 0:
@@ -90,6 +101,9 @@ def quantize_mixed(src: str | os.PathLike, dst: str | os.PathLike, level: str, t
                                + " | ".join("".join(logs).strip().splitlines()[-3:]))
         side = {"level": level, "tensor_types": list(tensor_types.items()), "source": Path(src).name,
                 "llama_cpp_python": llama_cpp.__version__, "tensors": gguf_tensor_types(tmp)}
+        if imatrix:
+            side |= {"imatrix_digest": imatrix_digest(imatrix), "imatrix_entries": sorted(imatrix),
+                     "imatrix_not_found": sorted(set(MISSING.findall("".join(logs))))}
         side_tmp.write_text(json.dumps(side, indent=1))
         os.replace(side_tmp, dst.with_suffix(".json"))
         os.replace(tmp, dst)
@@ -100,25 +114,31 @@ def quantize_mixed(src: str | os.PathLike, dst: str | os.PathLike, level: str, t
 
 
 def mixed_gguf(source: str | os.PathLike, level: str, tensor_types: dict[str, str],
-               cache_dir: str | os.PathLike | None = None) -> tuple[Path, dict[str, Any]]:
-    """The GGUF of an HF checkpoint at `level` with `tensor_types` applied (cached), and the facts for the row."""
+               cache_dir: str | os.PathLike | None = None, imatrix: str | None = None) -> tuple[Path, dict[str, Any]]:
+    """The GGUF of an HF checkpoint at `level` with `tensor_types` applied and the imatrix file `imatrix` given to
+    the quantizer (cached), and the facts for the row."""
     import llama_cpp
 
     from adapters.engines.llamacpp.gguf_convert import converted_gguf, gguf_for
+    from adapters.engines.llamacpp.imatrix import imatrix_digest, read_imatrix
 
     if str(source).endswith(".gguf"):
-        raise Unsupported("tensor_types re-quantizes from the F32 conversion of an HF checkpoint; a .gguf model "
-                          "runs as it is")
+        raise Unsupported("tensor_types and imatrix re-quantize from the F32 conversion of an HF checkpoint; a .gguf "
+                          "model runs as it is")
     _, facts = gguf_for(source, level, cache_dir)     # the cell's own file: the checks and conversion facts
     src, _ = converted_gguf(source, "f32", cache_dir)
+    data = read_imatrix(imatrix) if imatrix else None
+    digest = imatrix_digest(data) if data else None
     key = hashlib.sha256(f"{src.name}|{level}|{tensor_types_key(tensor_types)}|llama_cpp {llama_cpp.__version__}"
-                         .encode()).hexdigest()[:12]
-    dst = src.with_name(src.name.replace("-f32.gguf", f"-{level}-tt-{key}.gguf"))
+                         .encode() + (f"|imatrix {digest}".encode() if digest else b"")).hexdigest()[:12]
+    dst = src.with_name(src.name.replace("-f32.gguf", f"-{level}-{'im' if digest else 'tt'}-{key}.gguf"))
     hit = dst.is_file() and dst.with_suffix(".json").is_file()
     if not hit:
-        quantize_mixed(src, dst, level, tensor_types)
+        quantize_mixed(src, dst, level, tensor_types, imatrix=data)
     facts.pop("quantize_fallback", None)              # said of the preset's file, not this one
-    return dst, {**facts, "gguf_cache_hit": hit, "tensor_types": list(tensor_types.items())}
+    extra = {"imatrix_digest": digest,
+             "imatrix_not_found": json.loads(dst.with_suffix(".json").read_text()).get("imatrix_not_found")} if digest else {}
+    return dst, {**facts, "gguf_cache_hit": hit, "tensor_types": list(tensor_types.items()), **extra}
 
 
 def gguf_tensor_types(path: str | os.PathLike) -> dict[str, str]:

@@ -73,8 +73,11 @@ def sensitivity_columns() -> list:
 
 
 def recipe_heading(r: dict[str, Any]) -> str:
+    im = r.get("imatrix")
+    used = (f", recipe and presets quantized with an imatrix of the run's {im.get('prompts')} scoring prompts "
+            f"({im.get('positions')} positions)") if isinstance(im, dict) else ""
     return (f"recipe of {r['cell_id']}: {r.get('quantization')}, groups kept at {r.get('keep')}, "
-            f"KL budget {r.get('kl_budget'):g}")
+            f"KL budget {r.get('kl_budget'):g}{used}")
 
 
 def recipe_summary(r: dict[str, Any]) -> str:
