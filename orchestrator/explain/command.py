@@ -97,7 +97,7 @@ def explain_cell(run_dir: Path, df: pd.DataFrame, row: Any, max_probes: int, add
         baseline_config=_config(base), goal=list(GOAL), tolerances=matrix.tolerances.model_dump(mode="json"), suspects=suspects, skipped=skipped, probes=runner.probes,
         outcome=found.outcome, culprits=found.culprits, summary=found.summary, probe_run=str(runner.run_dir),
         wall_s=round(time.monotonic() - started, 1))
-    write_result(result, explain_path(run_dir, cell["cell_id"]))
+    write_result(result, explain_path(run_dir, cell["cell_id"]), run_dir)
     return result
 
 

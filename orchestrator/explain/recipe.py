@@ -47,7 +47,7 @@ from adapters.base import normalize_quantization
 from orchestrator.explain.sensitivity import ALL, fill, matrix_data, run_probes, run_sensitivity, sensitivity_path
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.recipes import Provenance, RecipeFile, write_recipe
-from orchestrator.store.explain_file import EXPLAIN_DIR
+from orchestrator.store.explain_file import EXPLAIN_DIR, portable_json
 from orchestrator.values import finite
 
 PRESETS = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
@@ -278,7 +278,7 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     if recipe is not None and recipe.status == "ok":
         result.recipe_file = str(folder / RECIPE_YAML)
         atomic_write_text(folder / RECIPE_YAML, recipe_yaml(result, run_dir))
-    atomic_write_text(sensitivity_path(run_dir, cell["cell_id"], RECIPE_FILE), result.model_dump_json(indent=2) + "\n")
+    atomic_write_text(sensitivity_path(run_dir, cell["cell_id"], RECIPE_FILE), portable_json(result, run_dir))
     rows = [{"role": "candidate", **c.model_dump()} for c in candidates] + \
            [{"role": "timed", **c.model_dump()} for c in [*timed, *([recipe] if recipe else [])]]
     atomic_write_table(pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False),

@@ -31,7 +31,7 @@ from adapters.base import normalize_quantization
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.models import Matrix
 from orchestrator.matrix.validate import parse_matrix
-from orchestrator.store.explain_file import EXPLAIN_DIR
+from orchestrator.store.explain_file import EXPLAIN_DIR, portable_json
 from orchestrator.values import finite
 
 SENS_DIR = "sensitivity"             # RUN/explain/<cell_id>/sensitivity/: the probes' run dir
@@ -207,7 +207,7 @@ def run_sensitivity(run_dir: Path, cell: dict[str, Any], config: str, address: s
                                reference=f"{cell['framework']}/{cell['model']}/fp32/{cell['flags']}/b{int(cell['batch_size'])}",
                                reference_cell_id=ref, groups=rows, probe_run=str(probe_run),
                                wall_s=round(time.monotonic() - started, 1))
-    atomic_write_text(sensitivity_path(run_dir, cell["cell_id"]), result.model_dump_json(indent=2) + "\n")
+    atomic_write_text(sensitivity_path(run_dir, cell["cell_id"]), portable_json(result, run_dir))
     atomic_write_table(pa.Table.from_pandas(pd.DataFrame([r.model_dump() for r in rows]), preserve_index=False),
                        sensitivity_path(run_dir, cell["cell_id"], SENS_TABLE))
     return result

@@ -3,6 +3,8 @@ dir in the same folder), typed here so the report reads it without the search (o
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,7 +75,7 @@ class ExplainResult(BaseModel):
     outcome: Outcome
     culprits: list[list[str]] = Field(default_factory=list)   # each a smallest set found that restores the goal
     summary: str                     # one sentence: what the search found
-    probe_run: str                   # the probes' run dir (`bench compare` it for every column)
+    probe_run: str                   # the probes' run dir (`bench compare` it for every column); stored relative to RUN
     wall_s: float = 0.0              # the whole search, probes and baseline re-runs included
     environment_note: str = ("the environment is not a suspect yet: for an env pair the search would first move "
                              "the cell to the baseline's environment (the env axis), then search the flags")
@@ -87,10 +89,27 @@ def explain_path(run_dir: str | Path, cell_id: str) -> Path:
     return Path(run_dir) / EXPLAIN_DIR / cell_id / EXPLAIN_FILE
 
 
-def write_result(result: ExplainResult, path: Path) -> None:
+# the fields of explain's results that hold a path: stored relative to the run folder (the run itself by its name)
+PATH_FIELDS = ("run", "probe_run", "recipe_file")
+
+
+def portable_json(result: BaseModel, run_dir: str | Path) -> str:
+    """A result of `bench explain` as stored: its paths inside the run folder relative to it, the run folder itself by
+    its name, so no machine path is kept in the results (a path outside the run folder, none today, stays)."""
+    data = result.model_dump(mode="json")
+    root = Path(run_dir).resolve()
+    for key in PATH_FIELDS:
+        value = data.get(key)
+        if isinstance(value, str) and value:
+            p = Path(value).resolve()
+            data[key] = root.name if p == root else str(p.relative_to(root)) if p.is_relative_to(root) else value
+    return json.dumps(data, indent=2) + "\n"
+
+
+def write_result(result: ExplainResult, path: Path, run_dir: str | Path) -> None:
     from orchestrator.store.run_store import atomic_write_text
 
-    atomic_write_text(path, result.model_dump_json(indent=2) + "\n")
+    atomic_write_text(path, portable_json(result, run_dir))
 
 
 def read_results(run_dir: str | Path) -> tuple[list[ExplainResult], list[str]]:

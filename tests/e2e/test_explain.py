@@ -47,7 +47,7 @@ def test_explain_names_the_kv_cache_and_says_when_the_engine_differs(ray_local, 
     assert restoring and all(p.verdict in ("identical", "lossless") for p in restoring)
     assert "culprit:" in done.output and "kv_cache_types" in done.output
     # every probe is a stored cell of the probe run, judged there against the baseline run beside it
-    probe_run = RunStore(result.probe_run).read_cells()
+    probe_run = RunStore(run / result.probe_run).read_cells()   # stored relative to the run folder
     assert {p.cell_id for p in result.probes} <= set(probe_run.cell_id)
     assert set(probe_run.framework) == {"hf", "llamacpp"}
 

@@ -53,6 +53,7 @@ def test_one_group_override_quantizes_that_group_only(tiny_model, cache_dir):
 def _sensitivity(run, cell_id: str) -> tuple[str, SensitivityResult]:
     done = CliRunner().invoke(app, ["explain", str(run), cell_id[:8], "--sensitivity", "-q"])
     assert done.exit_code == 0, done.output + repr(done.exception)
+    # as stored: the probes' run relative to the run folder (no machine path in results)
     return done.output, SensitivityResult.model_validate_json(sensitivity_path(run, cell_id).read_text())
 
 
@@ -79,15 +80,15 @@ def test_sensitivity_tables_for_q4_0_and_q8_0(ray_local, tmp_path):
         stored = pq.read_table(sensitivity_path(run, result.cell_id, SENS_TABLE)).to_pandas()
         assert list(stored.group) == [g.group for g in result.groups]
         # each probe is a stored cell of the probe run, its matrix beside it
-        assert {g.cell_id for g in result.groups} <= set(RunStore(result.probe_run).read_cells().cell_id)
+        assert {g.cell_id for g in result.groups} <= set(RunStore(run / result.probe_run).read_cells().cell_id)
     q4 = {g.group: g.kl_mean for g in tables["q4_0"].groups}
     q8 = {g.group: g.kl_mean for g in tables["q8_0"].groups}
     mean = lambda d: sum(v for k, v in d.items() if k != ALL) / (len(d) - 1)
     assert mean(q4) > mean(q8) and q4[ALL] > q8[ALL], (q4, q8)
     # asked again: every probe is stored, none runs twice
-    before = len(RunStore(tables["q8_0"].probe_run).read_cells())
+    before = len(RunStore(run / tables["q8_0"].probe_run).read_cells())
     _, again = _sensitivity(run, tables["q8_0"].cell_id)
-    assert len(RunStore(again.probe_run).read_cells()) == before
+    assert len(RunStore(run / again.probe_run).read_cells()) == before
     assert [g.kl_mean for g in again.groups] == [g.kl_mean for g in tables["q8_0"].groups]
     print(json.dumps({lv: [(g.group, g.type, g.bytes, g.kl_mean, g.top1) for g in t.groups] for lv, t in tables.items()}))
 

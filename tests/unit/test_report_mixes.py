@@ -95,3 +95,27 @@ def test_the_heading_says_when_the_recipe_and_presets_were_quantized_with_an_ima
     assert recipe_heading(r) == "recipe of c1: q4_0, groups kept at q8_0, KL budget 0.005"
     assert recipe_heading(r | {"imatrix": {"prompts": 2, "positions": 64}}).endswith(
         ", recipe and presets quantized with an imatrix of the run's 2 scoring prompts (64 positions)")
+
+
+def test_explains_results_keep_no_machine_path(tmp_path):
+    """recipe.json, sensitivity.json and explain.json store the run by its folder's name and paths inside it
+    relative to it (store/explain_file.py portable_json)."""
+    import json
+
+    from pydantic import BaseModel
+
+    from orchestrator.store.explain_file import portable_json
+
+    class R(BaseModel):
+        run: str
+        probe_run: str
+        recipe_file: str | None = None
+        cell_id: str = "c"
+
+    run = tmp_path / "results" / "r1"
+    r = R(run=str(run), probe_run=str(run / "explain" / "c" / "sensitivity"),
+          recipe_file=str(run / "explain" / "c" / "recipe.yaml"))
+    stored = json.loads(portable_json(r, run))
+    assert stored == {"run": "r1", "probe_run": "explain/c/sensitivity", "recipe_file": "explain/c/recipe.yaml",
+                      "cell_id": "c"}
+    assert str(tmp_path) not in portable_json(r, run)
