@@ -89,8 +89,10 @@ def explain_path(run_dir: str | Path, cell_id: str) -> Path:
     return Path(run_dir) / EXPLAIN_DIR / cell_id / EXPLAIN_FILE
 
 
-# the fields of explain's results that hold a path: stored relative to the run folder (the run itself by its name)
+# the fields of explain's results that hold a path: stored relative to the run folder (the run itself by its name);
+# NESTED_PATHS: (field, key) of a path inside a field's object (recipe.json's imatrix facts)
 PATH_FIELDS = ("run", "probe_run", "recipe_file")
+NESTED_PATHS = (("imatrix", "path"),)
 
 
 def portable_json(result: BaseModel, run_dir: str | Path) -> str:
@@ -98,11 +100,19 @@ def portable_json(result: BaseModel, run_dir: str | Path) -> str:
     its name, so no machine path is kept in the results (a path outside the run folder, none today, stays)."""
     data = result.model_dump(mode="json")
     root = Path(run_dir).resolve()
+
+    def stored(value):
+        if not (isinstance(value, str) and value):
+            return value
+        p = Path(value).resolve()
+        return root.name if p == root else str(p.relative_to(root)) if p.is_relative_to(root) else value
+
     for key in PATH_FIELDS:
-        value = data.get(key)
-        if isinstance(value, str) and value:
-            p = Path(value).resolve()
-            data[key] = root.name if p == root else str(p.relative_to(root)) if p.is_relative_to(root) else value
+        if key in data:
+            data[key] = stored(data[key])
+    for key, inner in NESTED_PATHS:
+        if isinstance(data.get(key), dict) and inner in data[key]:
+            data[key][inner] = stored(data[key][inner])
     return json.dumps(data, indent=2) + "\n"
 
 

@@ -97,7 +97,7 @@ def test_recipe_search_with_the_imatrix(ray_local, tmp_path):
             flags = yaml.safe_load((run / "explain" / cell.cell_id / RECIPE_FLAGS).read_text())
     imx, plain = results["imatrix"], results["plain"]
     assert plain.imatrix is None and imx.imatrix is not None and imx.imatrix["positions"] == 64
-    assert imx.imatrix["path"] == str(run / "explain" / cell.cell_id / IMATRIX_FILE)
+    assert imx.imatrix["path"] == f"explain/{cell.cell_id}/{IMATRIX_FILE}"   # stored relative to the run folder
     assert [p.name for p in imx.presets] == list(PRESETS) and all(p.status == "ok" for p in imx.presets)
     assert all(c.status == "ok" for c in imx.candidates)
     files = {**gguf_files(run / "explain" / cell.cell_id / "recipe-run-imatrix"),
@@ -113,7 +113,7 @@ def test_recipe_search_with_the_imatrix(ray_local, tmp_path):
         prov = yaml.safe_load(written)["provenance"]
         assert prov["imatrix"]["used"] and prov["imatrix"]["sha256"] == imx.imatrix["digest"]
         assert str(tmp_path) not in written
-        assert flags["flags"]["llamacpp"]["recipe"]["imatrix"] == imx.imatrix["path"]
+        assert flags["flags"]["llamacpp"]["recipe"]["imatrix"] == str(run / imx.imatrix["path"])
         _shipped_with_its_imatrix(run / "explain" / cell.cell_id, written, imx, data, tmp_path)
 
 

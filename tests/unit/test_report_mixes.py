@@ -110,12 +110,14 @@ def test_explains_results_keep_no_machine_path(tmp_path):
         run: str
         probe_run: str
         recipe_file: str | None = None
+        imatrix: dict | None = None
         cell_id: str = "c"
 
     run = tmp_path / "results" / "r1"
     r = R(run=str(run), probe_run=str(run / "explain" / "c" / "sensitivity"),
-          recipe_file=str(run / "explain" / "c" / "recipe.yaml"))
+          recipe_file=str(run / "explain" / "c" / "recipe.yaml"),
+          imatrix={"path": str(run / "explain" / "c" / "imatrix.npz"), "positions": 64})
     stored = json.loads(portable_json(r, run))
     assert stored == {"run": "r1", "probe_run": "explain/c/sensitivity", "recipe_file": "explain/c/recipe.yaml",
-                      "cell_id": "c"}
+                      "imatrix": {"path": "explain/c/imatrix.npz", "positions": 64}, "cell_id": "c"}
     assert str(tmp_path) not in portable_json(r, run)
