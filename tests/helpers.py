@@ -7,14 +7,17 @@ Import it as `tests.helpers` (pyproject's pytest `pythonpath` puts the repo root
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
+import multiprocessing
 import re
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -366,3 +369,29 @@ def served_matrix(endpoint: str) -> dict:
                    "path": str(ROOT / "orchestrator/inputs/data/tasks/tiny-ending.jsonl")}],
         "run": {"cell_timeout_s": 300, "load_timeout_s": 600},
     }
+
+
+def in_own_session(test):
+    """Runs the test's body in a forked child that leads a session of its own, as the engine child does in a run
+    (what adapters/contract/disturbance.py counts as the engine's own is its session: the pytest process's is whatever
+    launched it, under CI a whole process tree); its failure fails the test."""
+    @functools.wraps(test)
+    def run():
+        ctx = multiprocessing.get_context("fork")
+        result = ctx.Queue()
+
+        def child():
+            os.setsid()
+            try:
+                test()
+                result.put(None)
+            except BaseException:
+                result.put(traceback.format_exc())
+
+        proc = ctx.Process(target=child)
+        proc.start()
+        failure = result.get(timeout=120)
+        proc.join(timeout=30)
+        if failure is not None:
+            pytest.fail(failure, pytrace=False)
+    return run

@@ -6,43 +6,15 @@ Each test measures from a forked child that leads its own session, as the engine
 (engine_child/supervisor.py): the session of the pytest process is whatever launched it (under CI, a whole
 process tree whose own starts, exits and reaps would be counted as the engine's)."""
 
-import functools
-import multiprocessing
 import os
 import subprocess
 import sys
 import time
-import traceback
-
-import pytest
 
 from adapters.contract.disturbance import Disturbance
+from tests.helpers import in_own_session
 
 BUSY = "import time\nt = time.time()\nwhile time.time() - t < {s}: pass\n"
-
-
-def in_own_session(test):
-    """Runs the test's body in a forked child that leads a session of its own; its failure fails the test."""
-    @functools.wraps(test)
-    def run():
-        ctx = multiprocessing.get_context("fork")
-        result = ctx.Queue()
-
-        def child():
-            os.setsid()
-            try:
-                test()
-                result.put(None)
-            except BaseException:
-                result.put(traceback.format_exc())
-
-        proc = ctx.Process(target=child)
-        proc.start()
-        failure = result.get(timeout=120)
-        proc.join(timeout=30)
-        if failure is not None:
-            pytest.fail(failure, pytrace=False)
-    return run
 
 
 def _spin(seconds: float) -> None:
@@ -123,3 +95,25 @@ def test_a_repeat_too_short_for_the_clock_is_measured_over_a_window_the_clock_re
         for p in others:
             p.wait()
     assert min(busy.cpu) > 0.3, (quiet.cpu, busy.cpu)
+
+
+@in_own_session
+def test_repeats_that_take_turns_are_measured_over_their_own_span():
+    """Repeats that take turns with another engine's (reach_back=False) are measured over their own span and a
+    pause in their turn; alone, a repeat's window reaches back over the gap before it."""
+    from adapters.contract.disturbance import resolvable_s, session_ticks
+
+    need = resolvable_s(len(Disturbance().cores), session_ticks()[1])
+
+    def two(reach_back: bool) -> list[float]:
+        d, took = Disturbance(reach_back=reach_back), []
+        for _ in range(2):
+            t0 = time.monotonic()
+            d.measure(lambda: None)
+            took.append(time.monotonic() - t0)
+            time.sleep(need)   # the gap: where the other side of a pair would run
+        return took
+
+    alone, in_turns = two(True), two(False)
+    assert alone[1] < need / 2            # alone: the second repeat's window reaches back over the gap
+    assert min(in_turns) >= 0.8 * need    # in turns: each repeat's own span, completed by a pause in its turn

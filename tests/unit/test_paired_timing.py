@@ -126,24 +126,3 @@ def test_a_baseline_timed_again_by_a_twin_counts_in_the_runs_drift():
     assert source == "1 cell(s) measured twice in this run" and dof == 1
     assert var == pytest.approx(np.log(80 / 100) ** 2, rel=0.05)   # the host moved ~20% between the two timings
     assert run_drift(cells.assign(base_timing_cell=[None, None]))[2] is None
-
-
-def test_repeats_that_take_turns_are_measured_over_their_own_span():
-    import time
-
-    from adapters.contract.disturbance import Disturbance, resolvable_s, session_ticks
-
-    need = resolvable_s(len(Disturbance().cores), session_ticks()[1])
-
-    def two(reach_back: bool) -> list[float]:
-        d, took = Disturbance(reach_back=reach_back), []
-        for _ in range(2):
-            t0 = time.monotonic()
-            d.measure(lambda: None)
-            took.append(time.monotonic() - t0)
-            time.sleep(need)   # the gap: where the other side of a pair would run
-        return took
-
-    alone, in_turns = two(True), two(False)
-    assert alone[1] < need / 2            # alone: the second repeat's window reaches back over the gap
-    assert min(in_turns) >= 0.8 * need    # in turns: each repeat's own span, completed by a pause in its turn
