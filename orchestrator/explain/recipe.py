@@ -29,7 +29,6 @@ sha256: orchestrator/matrix/recipes.py), as recipe-flags.yaml's flag set does: e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from rich.table import Table
 
 from adapters.base import normalize_quantization
 from orchestrator.explain.sensitivity import ALL, fill, matrix_data, run_probes, run_sensitivity, sensitivity_path
+from orchestrator.execution.engine_child.rows import local_path  # noqa: F401 (the tests' too)
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.recipes import Provenance, RecipeFile, write_recipe
 from orchestrator.store.explain_file import EXPLAIN_DIR, portable_json
@@ -134,29 +134,13 @@ def gguf_files(run: Path) -> dict[str, tuple[int, str]]:
     return out
 
 
-def local_path(path: str) -> Path:
-    """A path as a row stores it (engine_child/rows.py writes the project's folder as <project>, the temp dir as
-    <tmp>, home as ~), as a path here."""
-    import tempfile
-
-    from orchestrator.execution.engine_child.spec import PROJECT_ROOT
-
-    for name, real in (("<project>", str(PROJECT_ROOT)), ("<tmp>", tempfile.gettempdir()), ("~", str(Path.home()))):
-        if path.startswith(name + "/"):
-            return Path(real + path[len(name):])
-    return Path(path)
-
-
 def sha256_file(path: str) -> str | None:
-    """The file's sha256; `path` as a row stores it (local_path). None where it is not here."""
-    path = str(local_path(path)) if path else ""
-    if not path or not Path(path).is_file():
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """The file's sha256 (store.integrity.file_digest); `path` as a row stores it (rows.local_path). None where it is
+    not here."""
+    from orchestrator.store.integrity import file_digest
+
+    found = local_path(path).resolve() if path else None   # resolved: a cache's link is read as its file
+    return file_digest(found) if found is not None and found.is_file() else None
 
 
 def _row_facts(c: Candidate, judged: pd.DataFrame, files: dict[str, tuple[int, str]], run: Path, budget: float,

@@ -123,12 +123,10 @@ def _imatrix_problem(path: Path, sha256: str | None) -> str | None:
         return f"{shown(str(path))} cannot be read ({err.strerror}): copy it beside the recipe"
     if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMATRIX_BYTES:
         return f"{shown(str(path))} is not a regular file of at most {MAX_IMATRIX_BYTES} bytes"
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    if h.hexdigest() != sha256:
-        return f"{shown(str(path))} has sha256 {h.hexdigest()[:8]}, not the recipe's {str(sha256)[:8]}"
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    if digest != sha256:
+        return f"{shown(str(path))} has sha256 {digest[:8]}, not the recipe's {str(sha256)[:8]}"
     return None
 
 

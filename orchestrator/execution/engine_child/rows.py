@@ -124,14 +124,27 @@ def read_sample_rows(run_id: str, cell_id: str, npz: Path) -> pa.Table | None:
     return pa.table(columns, schema=SAMPLES_SCHEMA)
 
 
+def _places() -> tuple[tuple[str, str], ...]:
+    """(this machine's path, the name results store it by), in the order they are replaced."""
+    return ((tempfile.gettempdir(), "<tmp>"), (str(PROJECT_ROOT), "<project>"), (sys.prefix, "<python>"),
+            (os.path.expanduser("~"), "~"))
+
+
 def scrub_paths(text: str | None) -> str | None:
     """Reasons quote engine output and tracebacks: keep this machine's paths out of shared results."""
     if not text:
         return text
-    for path, name in ((tempfile.gettempdir(), "<tmp>"), (str(PROJECT_ROOT), "<project>"),
-                       (sys.prefix, "<python>"), (os.path.expanduser("~"), "~")):
+    for path, name in _places():
         text = text.replace(path, name)
     return text
+
+
+def local_path(path: str) -> Path:
+    """A path as a row stores it (scrub_paths: <project>, <tmp>, <python>, ~), as a path on this machine."""
+    for real, name in _places():
+        if path.startswith(name + "/"):
+            return Path(real + path[len(name):])
+    return Path(path)
 
 
 def probe_id(search_id: str, probe: int) -> str:
