@@ -9,10 +9,12 @@ The baseline is {flags: default}: every `same*` cell is judged against its own e
 batch size, so each run holds 2 engines x 2 flag sets x 2 batch sizes = 8 null comparisons; any `faster` /
 `slower` among them is a false call. With measure.paired_timing (off by default, on here unless --paired-timing
 off: as before) each `same*` group has its engine's `default` loaded beside it as a timing twin, and its null
-comparisons are paired t. Real differences: llama.cpp over hf at batch 1, the judge's own row of a second
-`bench run` in the same condition (hf and llama.cpp `default`, batch 1, baseline hf: with paired timing the
-llama.cpp cell's repeats take turns with hf's), and batch 4 over batch 1 (output tok/s) in hf, from the null run
-with the judge's functions (speed_intervals widened by run_drift: one engine load, which a twin cannot pair).
+comparisons are paired t. Real differences, the judge's own rows of a second `bench run` in the same condition
+(hf and llama.cpp `default`, batch 1 and 4, baseline hf batch 1): llama.cpp over hf at batch 1 (with paired
+timing the llama.cpp cell's repeats take turns with hf's twin) and hf batch 4 over batch 1 (one engine load: its
+repeats take turns with batch 1's inside it, adapters/worker/timing_partner.py, unless --paired-timing off). The
+same batch comparison timed apart (Welch on the null run's cells, widened by run_drift, as before in-group turns)
+is printed beside it, not counted.
 
 Each run is one `bench run`, under one condition: `quiet`, or `busy` (--busy-procs background loops, each
 busy and idle in turns of --busy-period seconds, 5-30 s by default). Per condition: false calls of the null
@@ -99,25 +101,26 @@ def judge_run(run_dir: Path, real_dir: Path | None) -> dict:
     before = speed_intervals([runs[(r.framework, r.flags, r.batch_size)] for r in null.itertuples()],
                              [runs[(r.framework, "default", r.batch_size)] for r in null.itertuples()])
     var, dof, source = run_drift(cells.reset_index())
-    real = {}
+    real, apart = {}, None
     num, den = ("hf", "default", 4), ("hf", "default", 1)
-    if num in runs and den in runs:
+    if num in runs and den in runs:   # the batch comparison timed apart (two cells of the null run): not counted
         c, lo, hi, *_ = speed_intervals([runs[num]], [runs[den]], var, dof)
-        real["hf batch 4 / batch 1"] = {"ratio": float(c[0]), "lo": float(lo[0]), "hi": float(hi[0]),
-                                        "call": speed_call(lo, hi, 0.05)[0], "want": "faster", "test": "Welch t"}
+        apart = {"ratio": float(c[0]), "lo": float(lo[0]), "hi": float(hi[0]), "call": speed_call(lo, hi, 0.05)[0],
+                 "test": "Welch t"}
     if real_dir is not None:
         rdf = analyse(real_dir)
-        for r in rdf[(rdf.framework == "llamacpp") & (rdf.status == "ok")].itertuples():
-            real["llamacpp / hf, batch 1"] = {"ratio": float(r.speedup), "lo": float(r.speedup_lo),
-                                              "hi": float(r.speedup_hi), "call": r.speed_call, "want": None,
-                                              "test": r.speed_test,
-                                              "reason": r.speed_reason if isinstance(r.speed_reason, str) else None}
+        for name, fw, batch, want in (("llamacpp / hf, batch 1", "llamacpp", 1, None),
+                                      ("hf batch 4 / batch 1", "hf", 4, "faster")):
+            for r in rdf[(rdf.framework == fw) & (rdf.batch_size == batch) & (rdf.status == "ok")].itertuples():
+                real[name] = {"ratio": float(r.speedup), "lo": float(r.speedup_lo), "hi": float(r.speedup_hi),
+                              "call": r.speed_call, "want": want, "test": r.speed_test,
+                              "reason": r.speed_reason if isinstance(r.speed_reason, str) else None}
     return {"null": [{"cell": f"{r.framework}/{r.flags} batch {r.batch_size}", "call": r.speed_call,
                       "reason": r.speed_reason if isinstance(r.speed_reason, str) else None,
                       "ratio": float(r.speedup), "lo": float(r.speedup_lo), "hi": float(r.speedup_hi),
                       "before": [float(before[1][i]), float(before[2][i])], "test": r.speed_test}
                      for i, r in enumerate(null.itertuples())],
-            "real": real, "drift_sd": float(np.sqrt(var)) if source else None, "drift": source}
+            "real": real, "batch_apart": apart, "drift_sd": float(np.sqrt(var)) if source else None, "drift": source}
 
 
 def summarise(cond: str, runs: list[dict]) -> str:
@@ -126,13 +129,18 @@ def summarise(cond: str, runs: list[dict]) -> str:
     withheld = sum(n["call"] == "cannot judge" for n in nulls)
     before = float(np.nanmedian([_rel_width(*n["before"], n["ratio"]) for n in nulls])) if nulls else float("nan")
     after = float(np.nanmedian([_rel_width(n["lo"], n["hi"], n["ratio"]) for n in nulls])) if nulls else float("nan")
-    reals = [v for r in runs for v in r["real"].values()]
     # llama.cpp vs hf: a real difference either way (which engine is faster depends on the host); batch: faster
-    called = sum(v["call"] in CALLS and (v["want"] is None or v["call"] == v["want"]) for v in reals)
+    def called(values) -> str:
+        values = [v for v in values if v]
+        return f"{sum(v['call'] in CALLS and v.get('want') in (None, v['call']) for v in values)}/{len(values)}"
+
+    engines = called(r["real"].get("llamacpp / hf, batch 1") for r in runs)
+    batch = called(r["real"].get("hf batch 4 / batch 1") for r in runs)
+    apart = called({**r["batch_apart"], "want": "faster"} if r.get("batch_apart") else None for r in runs)
     false_before = sum(lo > 1 or hi < 1 for n in nulls for lo, hi in [n["before"]] if np.isfinite([lo, hi]).all())
     paired = sum(n["test"] == "paired t" for n in nulls)
     return (f"| {cond} | {len(runs)} | {false}/{len(nulls)} | {false_before}/{len(nulls)} | {withheld} | "
-            f"{called}/{len(reals)} | {before:.3f} | {after:.3f} | {paired}/{len(nulls)} |")
+            f"{engines} | {batch} | {apart} | {before:.3f} | {after:.3f} | {paired}/{len(nulls)} |")
 
 
 def main() -> None:
@@ -169,12 +177,15 @@ def main() -> None:
                     real = None
                     if {"hf", "llamacpp"} <= set(args.frameworks):
                         real = bench_run(work, f"{cond}-{i}-real", matrix(
-                            ["hf", "llamacpp"], [1], args.repeats, ["default"], paired,
-                            {"framework": "hf", "quantization": "fp32", "flags": "default"}, args.output_len))
+                            ["hf", "llamacpp"], [1, 4], args.repeats, ["default"], paired,
+                            {"framework": "hf", "quantization": "fp32", "flags": "default", "batch_size": 1},
+                            args.output_len))
                     results[cond].append(judge_run(run, real))
                     calls = [(n["cell"], n["call"]) for n in results[cond][-1]["null"]]
                     reals = [(k, v["call"], v.get("test")) for k, v in results[cond][-1]["real"].items()]
-                    print(f"{cond} run {i}: {calls} real: {reals} ({time.time() - t0:.0f} s)", file=sys.stderr)
+                    apart = (results[cond][-1]["batch_apart"] or {}).get("call")
+                    print(f"{cond} run {i}: {calls} real: {reals}; batch 4 / 1 timed apart: {apart} "
+                          f"({time.time() - t0:.0f} s)", file=sys.stderr)
             finally:
                 for p in busy:
                     os.killpg(p.pid, signal.SIGKILL)
@@ -183,9 +194,10 @@ def main() -> None:
           f"{args.output_len} tokens out, "
           f"{args.repeats} timed repeats; busy: {args.busy_procs} loops switching every "
           f"{args.busy_period[0]:g}-{args.busy_period[1]:g} s; paired timing {args.paired_timing}\n")
-    print("| host | runs | false calls (judge) | false calls (repeats alone) | cannot judge | real differences "
-          "called | median rel. width before | after | null tests paired |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| host | runs | false calls (judge) | false calls (repeats alone) | cannot judge | llama.cpp / hf called "
+          "| batch 4 / 1 called | batch 4 / 1 timed apart (not counted) | median rel. width before | after "
+          "| null tests paired |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for cond, runs in results.items():
         print(summarise(cond, runs))
     if args.json:

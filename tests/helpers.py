@@ -395,3 +395,20 @@ def in_own_session(test):
         if failure is not None:
             pytest.fail(failure, pytrace=False)
     return run
+
+
+def turn_order(row) -> list[tuple[str, int]]:
+    """A paired cell's timed repeats and its baseline's (base_repeat_*), in wall-clock order as (side, repeat);
+    fails where two of them overlapped."""
+    spans = sorted([(float(s), float(e), "cell", i) for i, (s, e) in
+                    enumerate(zip(row["repeat_started_at"], row["repeat_ended_at"]))]
+                   + [(float(s), float(e), "base", i) for i, (s, e) in
+                      enumerate(zip(row["base_repeat_started_at"], row["base_repeat_ended_at"]))])
+    for (_, end, *_), (start, *_) in zip(spans, spans[1:]):
+        assert end <= start, "two timed repeats overlapped"
+    return [(side, i) for *_, side, i in spans]
+
+
+def abba(repeats: int) -> list[tuple[str, int]]:
+    """cell, base, base, cell, cell, base, ...: the order paired repeats take turns in."""
+    return [(side, r) for r in range(repeats) for side in (("cell", "base") if r % 2 == 0 else ("base", "cell"))]

@@ -154,12 +154,14 @@ def topk_sparse(rows: Sequence[SparseRow], k: int) -> TokenScores:
                        topk_ids=ids, topk_logprobs=lps)
 
 
-# the base_* fields' null, named by the worker: the launcher fills them (and drops these) where a timing twin ran
+# the base_* fields' null, named by the worker: the launcher fills them (and drops these) where a timing twin ran;
+# the worker fills them where the cell's baseline is in its own group (adapters/worker/timing_partner.py)
 NO_TIMING_TWIN = dict.fromkeys(
     ("base_timing_cell", "base_output_tok_s_runs", "base_host_busy_runs", "base_gpu_busy_runs",
      "base_repeat_started_at", "base_repeat_ended_at"),
-    "no timing twin took turns with this cell (measure.paired_timing off or not applicable here: a GPU run, serve "
-    "mode, the baseline's own group, an env pair)")
+    "the baseline's repeats did not take turns with this cell's (its baseline is itself or not in this group and "
+    "measure.paired_timing is off, or not applicable here: serve mode, an env pair, a baseline cell another cell "
+    "of the group was paired with)")
 
 
 class CellRecord(CellMetrics):
@@ -194,8 +196,9 @@ class CellRecord(CellMetrics):
     # the cell's timed batch measured once more, at its group's start (the drift check, adapters.worker.group):
     # the judge pools the drift between a cell's two measurements over the run, widening its speed intervals
     output_tok_s_recheck_runs: list[float] | None = None
-    # measure.paired_timing: the baseline cell whose engine was loaded beside this cell's (a timing twin) and whose
-    # timed repeats took turns with this cell's (ABBA), and what they measured: the judge pairs repeat i with repeat i
+    # the baseline cell whose timed repeats took turns with this cell's (ABBA), and what they measured: the judge pairs
+    # repeat i with repeat i. Its engine loaded beside this cell's (measure.paired_timing: a timing twin), or this
+    # cell's own engine where the baseline is in its group (adapters/worker/timing_partner.py)
     base_timing_cell: str | None = None
     base_output_tok_s_runs: list[float] | None = None
     base_host_busy_runs: list[float] | None = None

@@ -94,6 +94,9 @@ class CellSpec(ContractModel):
     # (serve.arrival at request_rate, a ramp, a trace's times); None: a stream submitted at once
     arrival: Arrival | None = None
     notes: list[str] = Field(default_factory=list)   # what the workload drew (lengths, groups), for the row
+    # its baseline cell where that is in this group (e.g. batch 4 against batch 1): that cell's timed batch takes
+    # turns with this cell's repeats, in one engine (adapters/worker/timing_partner.py)
+    timing_partner: str | None = None
 
 
 class ScoringSpec(ContractModel):

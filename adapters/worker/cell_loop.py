@@ -113,24 +113,29 @@ def chunks(items: list, size: int):
 
 
 def timed_repeats(cell: CellSpec, run_one: Callable[[int], TimedRun], turns: Turns | None = None,
-                  clock: list[tuple[float, float]] | None = None,
-                  disturbance: Disturbance | None = None) -> tuple[list[TimedRun], float | None]:
+                  clock: list[tuple[float, float]] | None = None, disturbance: Disturbance | None = None,
+                  partner: Callable[[int], None] | None = None) -> tuple[list[TimedRun], float | None]:
     """`cell.repeats` timed runs; with `cell.auto`, runs until the output throughput's 95% interval is
     within auto.half_width (at least min_repeats, at most max_repeats or max_s of timed runs; never
     more than the prompts prepared). Returns the runs and the interval's relative half-width. Each run
     waits for its turn (`turns`: an env pair), its wall-clock start and end go into `clock`, and how
-    disturbed it was by the rest of the host into `disturbance`."""
+    disturbed it was by the rest of the host into `disturbance`. `partner(i)`: the baseline's repeat i in the
+    same engine (adapters/worker/timing_partner.py), in ABBA order with the cell's: after it, before the next."""
     runs: list[TimedRun] = []
     auto = cell.auto
     most = cell.repeats if auto is None else min(cell.repeats, auto.max_repeats)
     spent = 0.0
     while len(runs) < most:
-        with turns.hold("timed", cell.cell_id, len(runs)) if turns else contextlib.nullcontext():
+        index = len(runs)
+        if partner and index % 2:
+            partner(index)
+        with turns.hold("timed", cell.cell_id, index) if turns else contextlib.nullcontext():
             began = time.time()
-            index = len(runs)
             run = disturbance.measure(lambda: run_one(index)) if disturbance else run_one(index)
             if clock is not None:
                 clock.append((began, time.time()))
+        if partner and not index % 2:
+            partner(index)
         runs.append(run)
         spent += run.end - run.start
         if auto and len(runs) >= auto.min_repeats:

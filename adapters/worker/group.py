@@ -65,6 +65,7 @@ from adapters.worker.cell_loop import (
 from adapters.worker.layer_capture import capture
 from adapters.worker.rescoring import rescore
 from adapters.worker.task_runner import run_tasks
+from adapters.worker.timing_partner import PartnerTiming, less
 
 
 def capture_logprobs(adapter: Adapter, scoring: ScoringSpec, batch_size: int) -> dict[str, np.ndarray]:
@@ -185,7 +186,9 @@ def drift_order(spec: GroupSpec) -> list[CellSpec]:
 
 def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, tasks: list[TaskSpec],
              sampling: SamplingSpec | None, memory: MemoryTracker, energy: EnergyMeter, stream: bool = False,
-             turns: Turns | None = None) -> Measured:
+             turns: Turns | None = None, partner: CellSpec | None = None) -> Measured:
+    """One cell's timings, logprobs, samples and tasks. `partner`: its baseline in this group, whose timed batch
+    takes turns with the cell's repeats (adapters/worker/timing_partner.py)."""
     def gen(span: tuple[int, int], timed: bool = False):
         return _generate(adapter, cell, span, stream, timed)
 
@@ -194,29 +197,46 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
                           f"arrival schedule ({cell.arrival.kind})")
     turns = turns or Turns(None, False)
     warm, timed = _spans(cell, stream)
+    side = None if partner is None else PartnerTiming(
+        adapter, partner, *_spans(partner, stream), lambda span, t: _generate(adapter, partner, span, stream, t))
     with turns.hold("warmup", cell.cell_id):
         for span in warm:
             gen(span)
+        if side:
+            side.warm_up()
     memory.reset_peak()
     spec_before, engine_before = adapter.spec_counters(), adapter.engine_metrics()
     energy.reset()
     clock: list[tuple[float, float]] = []
+    peaks: list[tuple[int | None, str | None]] = []   # with a partner: around the cell's own repeats only
+
+    def timed_run(r: int):
+        if side:
+            memory.reset_peak()
+        run = energy.measure(lambda: gen(timed[r], True))
+        if side:
+            peaks.append(memory.peak())
+        return run
+
     host = Disturbance(reach_back=not turns.on)   # turns: the gaps between repeats hold the other side's work
-    runs, width = timed_repeats(cell, lambda r: energy.measure(lambda: gen(timed[r], True)), turns, clock, host)
-    spec = _spec_figures(spec_before, adapter.spec_counters())
+    runs, width = timed_repeats(cell, timed_run, turns, clock, host, side)
+    spec = _spec_figures(spec_before, less(adapter.spec_counters(), side and side.spec_moved))
     tel, tel_missing = telemetry.figures(
-        engine_before, adapter.engine_metrics(), None,
+        engine_before, less(adapter.engine_metrics(), side and side.engine_moved), None,
         unavailable=None if engine_before is not None else f"{adapter.name}: {adapter.no_metrics_reason}",
         gauges_why=telemetry.OFFLINE_GAUGES)
     metrics = summarize(runs)
     joules, joules_missing = energy.figures(metrics.output_tokens)
-    peak, why = memory.peak()
+    peak, why = memory.peak() if not peaks else next(((None, w) for _, w in peaks if w), (max(p for p, _ in peaks), None))
     if why:
         metrics.missing["peak_mem_bytes"] = why
     metrics.missing.update(tel_missing | joules_missing | host.missing)
+    if side and side.failed:
+        metrics.missing.update(dict.fromkeys(NO_TIMING_TWIN, side.failed))
     record = CellRecord(**metrics.model_dump(), **host.figures(), peak_mem_bytes=peak, repeats=len(runs), repeats_halfwidth=width,
                         notes=list(cell.notes), repeat_started_at=[a for a, _ in clock],
-                        repeat_ended_at=[b for _, b in clock], **spec, **tel, **joules)
+                        repeat_ended_at=[b for _, b in clock], **spec, **tel, **joules,
+                        **(side.figures() if side else {}))
     if spec and record.spec_acceptance is None:
         record.missing["spec_acceptance"] = "no draft tokens were proposed in the timed batches"
     if not spec:
@@ -319,8 +339,12 @@ def main(spec_path: str, out_dir: str) -> int:
         except Exception as err:   # its cell runs without one (and fails by itself if the engine is broken)
             early[order[-1].cell_id] = f"the drift check's early timing failed: {type(err).__name__}: {err}"
 
+    # a cell's baseline in this group takes turns with it (not where the group takes turns with another engine)
+    by_id = {c.cell_id: c for c in spec.cells}
+
     def measure(cell: CellSpec) -> Measured:
-        got = run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy, stream, turns)
+        partner = None if turns.on else by_id.get(cell.timing_partner or "")
+        got = run_cell(adapter, cell, spec.scoring, spec.tasks, spec.sampling, memory, energy, stream, turns, partner)
         runs = early.get(cell.cell_id)
         if isinstance(runs, str):
             got.record.missing["output_tok_s_recheck_runs"] = runs
@@ -328,7 +352,9 @@ def main(spec_path: str, out_dir: str) -> int:
             got.record.output_tok_s_recheck_runs = runs
         else:   # a null says why: one cell a group is timed twice (drift_order), and not every group is checked
             got.record.missing["output_tok_s_recheck_runs"] = "not this group's drift-check cell"
-        got.record.missing.update(NO_TIMING_TWIN)   # the launcher fills base_* where a twin ran beside it
+        if got.record.base_timing_cell is None:   # the launcher fills base_* where a twin ran beside it
+            for key, why in NO_TIMING_TWIN.items():
+                got.record.missing.setdefault(key, why)
         return got
 
     run_cells(order, measure, events, out, claims_dir=spec.claims_dir)

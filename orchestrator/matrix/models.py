@@ -271,10 +271,12 @@ class Measure(_Strict):
     scoring_text: str = Field("builtin", description="Text the scoring prompts are cut from: 'builtin' or a path")
     sampling: Sampling | None = Field(None, description="Seeded samples of the scoring prompts (the sampling "
                                       "layer): compared seed by seed and as a distribution")
-    paired_timing: bool | None = Field(None, description="The timed repeats of each cell and of its baseline "
-                                       "(same batch, lengths, workload) take turns on one node, the baseline's engine "
-                                       "loaded beside the cell's as a timing twin, so the speed ratio is paired; null "
-                                       "or false: off (Welch against the baseline's own row; docs/matrix.md says why)")
+    paired_timing: bool | None = Field(None, description="The timed repeats of each cell and of its baseline take "
+                                       "turns, so the speed ratio is paired. null: only where the baseline is in the "
+                                       "cell's own engine load (a selector fixing batch_size: batch 4 against batch 1), "
+                                       "inside that engine; true: also the baseline's engine loaded beside the cell's "
+                                       "as a timing twin on one node; false: never (Welch against the baseline's own "
+                                       "row). docs/matrix.md says what each costs")
 
 
 class Search(_Strict):

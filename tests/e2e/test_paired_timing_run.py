@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from tests.helpers import abba, turn_order
+
 REPEATS = 4
 
 
@@ -49,14 +51,7 @@ def test_the_cells_row_carries_the_baselines_repeats_taken_in_turns(paired_run):
     # the twin's repeats are measurements of their own, not the baseline row's
     assert list(hf["output_tok_s_runs"]) != base_runs
     assert not isinstance(hf["base_timing_cell"], str)   # the baseline's own row: nothing paired
-    spans = sorted([(float(s), float(e), "cell", i) for i, (s, e) in
-                    enumerate(zip(cpp["repeat_started_at"], cpp["repeat_ended_at"]))]
-                   + [(float(s), float(e), "base", i) for i, (s, e) in
-                      enumerate(zip(cpp["base_repeat_started_at"], cpp["base_repeat_ended_at"]))])
-    for (_, end, *_), (start, *_) in zip(spans, spans[1:]):
-        assert end <= start, "two timed repeats overlapped"
-    want = [(side, r) for r in range(REPEATS) for side in (("cell", "base") if r % 2 == 0 else ("base", "cell"))]
-    assert [(side, i) for *_, side, i in spans] == want   # ABBA
+    assert turn_order(cpp) == abba(REPEATS)
 
 
 def test_the_judge_says_paired_t(paired_run):

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from adapters.contract.disturbance import split_pairs
-from orchestrator.execution.engine_child.spec import GroupJob, pair_jobs, timing_twins
+from orchestrator.execution.engine_child.spec import GroupJob, pair_jobs, timing_partners, timing_twins
 from orchestrator.judge.speed import PAIRED, WELCH, add_speed, host_busy_reason, paired_intervals
 from orchestrator.matrix.cells import expand, group
 from orchestrator.matrix.validate import parse_matrix
@@ -54,6 +54,22 @@ def test_a_baseline_cell_is_paired_once_per_group():
     data = _matrix(paired_timing=True) | {"baseline": {"framework": "hf", "flags": "default", "batch_size": 1}}
     cpp = next(j for j in _jobs(data) if j.group.framework == "llamacpp")
     assert len(cpp.timing_pairs) == 1 and len(cpp.timing_twin.group.cells) == 1   # the other cell: Welch
+
+
+def test_a_baseline_in_the_cells_own_engine_load_takes_turns_inside_it():
+    """A selector that fixes batch_size judges hf batch 4 against hf batch 1, one engine load: the engine child times
+    batch 1 beside batch 4's repeats unless paired_timing is false (no twin needed, so null is on)."""
+    data = _matrix() | {"baseline": {"framework": "hf", "flags": "default", "batch_size": 1}}
+    for measure, on in (({}, True), ({"paired_timing": True}, True), ({"paired_timing": False}, False)):
+        m = parse_matrix(data | {"measure": measure})
+        groups = {g.framework: g for g in group(expand(m))}
+        hf, cpp = groups["hf"].cells, groups["llamacpp"].cells
+        b1 = next(c.cell_id for c in hf if c.batch_size == 1)
+        b4 = next(c.cell_id for c in hf if c.batch_size == 4)
+        assert timing_partners(m, hf) == ({b4: b1} if on else {})
+        assert timing_partners(m, cpp) == {}   # their baseline is hf's: another engine load (a twin's, if any)
+    m = parse_matrix(_matrix())   # the selector leaves batch_size to the cell: every baseline is itself or elsewhere
+    assert all(timing_partners(m, g.cells) == {} for g in group(expand(m)))
 
 
 def _cells(base_runs, cell_runs, base_twin_runs, turns=True) -> pd.DataFrame:

@@ -120,6 +120,10 @@ def build_spec(job: GroupJob, cells: list[Cell], tok: Tokenizer, tasks: task_set
             stream_requests=per_run if g.mode == "stream" else 0,
             arrival=_cell_arrival(m, c, req.gaps_s),
             notes=([f"workload: {c.workload}"] if c.workload else []) + req.notes))
+    if g.mode != "serve":
+        partners = timing_partners(m, cells)
+        for sc in spec_cells:
+            sc.timing_partner = partners.get(sc.cell_id)
     scoring = scoring_prompts(m.measure, tok)
     task_max = lm_eval_tasks.model_max_length(source, tokenizer_source(job)) if task_sets.has_lm_eval(tasks) else None
     task_specs = task_sets.task_specs(tasks, tok, tokenizer_source(job), entry.trust_remote_code, task_max)
@@ -168,6 +172,32 @@ def pair_jobs(jobs: list[GroupJob]) -> list[GroupJob]:
     return out
 
 
+def baseline_key(m: Matrix):
+    """cell -> the axes of its exact baseline (the matrix's `baseline` selector fixes its axes, the others are the
+    cell's own: same batch, lengths, workload, env unless the selector names them)."""
+    from orchestrator.matrix.baselines import axis_value   # here: it imports pandas, which a worker never needs
+
+    sel = {a: axis_value(a, v) for a, v in m.baseline.items()}
+    return lambda c: tuple(sel.get(a, axis_value(a, v)) for a, v in c.axes().items())
+
+
+def own_axes(c: Cell) -> tuple:
+    from orchestrator.matrix.baselines import axis_value
+
+    return tuple(axis_value(a, v) for a, v in c.axes().items())
+
+
+def timing_partners(m: Matrix, cells: list[Cell]) -> dict[str, str]:
+    """cell_id -> its baseline's cell_id where that baseline is another of these cells (one engine group: a selector
+    that fixes a load axis, e.g. batch_size: 1, judges batch 4 against batch 1 of one engine load). Their timed
+    repeats take turns in the engine child (adapters/worker/timing_partner.py) unless measure.paired_timing is
+    false: it costs the baseline's timed batch once more per repeat, and no engine load."""
+    if m.measure.paired_timing is False:
+        return {}
+    key, owner = baseline_key(m), {own_axes(c): c.cell_id for c in cells}
+    return {c.cell_id: b for c in cells if (b := owner.get(key(c))) not in (None, c.cell_id)}
+
+
 def paired_timing_on(m: Matrix, device: str) -> bool:
     """measure.paired_timing, its null resolved: off. A twin costs an engine load and the baseline's timed repeats per
     paired group, and what it buys could not be shown on the 2-core host this was built on: a fall of 5-15x in
@@ -183,21 +213,19 @@ def timing_twins(jobs: list[GroupJob]) -> list[GroupJob]:
     """measure.paired_timing: each offline or stream job whose cells' baselines (the matrix's `baseline` selector,
     an exact match: same batch, lengths, workload, env) are in another job gets a `timing_twin`: a copy of that
     baseline job with just those cells, timing only, run beside it on one node, each cell's timed repeats taking
-    turns with its baseline's (supervisor.Floor). An env pair, a serve group, a job of the baseline's own, and a
-    baseline cell wanted twice by one job (a selector that fixes a load axis) are left as they are: Welch."""
+    turns with its baseline's (supervisor.Floor). A cell whose baseline is in its own job takes turns inside its
+    engine (timing_partners); an env pair, a serve group and a baseline cell wanted twice by one job (a selector
+    that fixes a load axis) are left as they are: Welch."""
     if not jobs or not paired_timing_on(jobs[0].matrix, jobs[0].device):
         return jobs
-    from orchestrator.matrix.baselines import axis_value   # here: it imports pandas, which a worker never needs
-
-    sel = {a: axis_value(a, v) for a, v in jobs[0].matrix.baseline.items()}
-    owner = {tuple(axis_value(a, v) for a, v in c.axes().items()): (job, c) for job in jobs for c in job.group.cells}
+    key = baseline_key(jobs[0].matrix)
+    owner = {own_axes(c): (job, c) for job in jobs for c in job.group.cells}
     for job in jobs:
         if job.twin is not None or job.group.mode == "serve":
             continue
         base_job, cells, pairs = None, {}, {}
         for c in job.group.cells:
-            want = tuple(sel.get(a, axis_value(a, v)) for a, v in c.axes().items())
-            j, b = owner.get(want, (None, None))
+            j, b = owner.get(key(c), (None, None))
             if j is None or j is job or (base_job is not None and j is not base_job) or b.cell_id in cells \
                     or j.group.mode == "serve":
                 continue
