@@ -7,7 +7,7 @@ below q8_0, f16 for q8_0) and the rest at their type in the cell's file. Every c
 types) ... all is a probe cell (`tensor_types`), run in one round and measured, not predicted: the KL of a mix is
 not the sum of its groups' (errors compound), and a candidate's bytes are its GGUF file's size as the row stores
 it. Each KL mean comes with its 95% interval over the scoring prompts (orchestrator/judge/analysis.py
-kl_interval); a candidate is within the budget where the interval's upper end is, and "may exceed" it where only
+kl_intervals); a candidate is within the budget where the interval's upper end is, and "may exceed" it where only
 the mean is. The recipe is the smallest candidate within the budget (else the smallest whose mean is, said so).
 
 Then the recipe runs as a normal cell beside llama.cpp's presets (q8_0, q6_k, q5_k_m, q4_k_m, q4_0), the run's
@@ -71,7 +71,7 @@ class Candidate(BaseModel):
     verdict: str | None = None
     file_bytes: int | None = None        # the GGUF the row ran (engine_args.gguf_file_size_bytes)
     kl_mean: float | None = None
-    kl_lo: float | None = None           # the KL mean's 95% interval over the scoring prompts (judge.analysis.kl_interval)
+    kl_lo: float | None = None           # the KL mean's 95% interval over the scoring prompts (judge.analysis.kl_intervals)
     kl_hi: float | None = None
     n_prompts: int | None = None
     top1: float | None = None
@@ -143,22 +143,29 @@ def sha256_file(path: str) -> str | None:
     return file_digest(found) if found is not None and found.is_file() else None
 
 
-def _row_facts(c: Candidate, judged: pd.DataFrame, files: dict[str, tuple[int, str]], run: Path, budget: float,
-               digest: bool = False) -> None:
-    """The candidate's row (status, KL, speed), its file's size, its KL interval and whether it is within budget."""
-    from orchestrator.judge.analysis import kl_interval
+def _row_facts(cands: list[Candidate], judged: pd.DataFrame, files: dict[str, tuple[int, str]], run: Path,
+               budget: float, digest: bool = False) -> None:
+    """Each candidate's row (status, KL, speed), its file's size, its KL interval (every candidate's in one read of
+    the run) and whether it is within budget."""
+    from orchestrator.judge.analysis import kl_intervals
 
-    fill(c, judged, ("kl_mean", "top1", "max_abs", "output_tok_s", "speedup", "speedup_lo", "speedup_hi"))
-    size, path = files.get(c.cell_id or "", (None, ""))
-    c.file_bytes = size
-    base = judged.loc[c.cell_id].get("baseline_cell_id") if c.cell_id in judged.index else None
-    if c.status == "ok" and isinstance(base, str):
-        iv = kl_interval(run, c.cell_id, base)
-        c.kl_lo, c.kl_hi, c.n_prompts = iv["kl_lo"], iv["kl_hi"], iv["n_prompts"]
-    c.mean_within = c.status == "ok" and c.kl_mean is not None and c.kl_mean <= budget
-    c.within_budget = c.mean_within and c.kl_hi is not None and c.kl_hi <= budget
-    if digest:
-        c.gguf_sha256 = sha256_file(path)
+    bases = {}
+    for c in cands:
+        fill(c, judged, ("kl_mean", "top1", "max_abs", "output_tok_s", "speedup", "speedup_lo", "speedup_hi"))
+        base = judged.loc[c.cell_id].get("baseline_cell_id") if c.cell_id in judged.index else None
+        if c.status == "ok" and isinstance(base, str):
+            bases[c.cell_id] = base
+    intervals = kl_intervals(run, bases) if bases else {}
+    for c in cands:
+        size, path = files.get(c.cell_id or "", (None, ""))
+        c.file_bytes = size
+        iv = intervals.get(c.cell_id or "")
+        if iv:
+            c.kl_lo, c.kl_hi, c.n_prompts = iv["kl_lo"], iv["kl_hi"], iv["n_prompts"]
+        c.mean_within = c.status == "ok" and c.kl_mean is not None and c.kl_mean <= budget
+        c.within_budget = c.mean_within and c.kl_hi is not None and c.kl_hi <= budget
+        if digest:
+            c.gguf_sha256 = sha256_file(path)
 
 
 def kl_text(c: Candidate) -> str:
@@ -233,11 +240,9 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     parsed, judged = run_probes(folder, cand_dir, matrix_data(m, cell, cell_options, sets), address, console)
     ids = {(c.flags, c.quantization): c.cell_id for c in expand(parsed)}
     files = gguf_files(folder / cand_dir)
-    candidates = []
-    for k, name in enumerate(sets):
-        c = Candidate(name=name, quantization=level, kept=[g.group for g in ranked[:k]], cell_id=ids.get((name, level)))
-        _row_facts(c, judged, files, folder / cand_dir, budget)
-        candidates.append(c)
+    candidates = [Candidate(name=name, quantization=level, kept=[g.group for g in ranked[:k]],
+                            cell_id=ids.get((name, level))) for k, name in enumerate(sets)]
+    _row_facts(candidates, judged, files, folder / cand_dir, budget)
     # the smallest whose interval is within the budget; else the smallest whose mean is (said: may exceed)
     fits = [c for c in candidates if c.within_budget and c.file_bytes] or \
         [c for c in candidates if c.mean_within and c.file_bytes]
@@ -251,8 +256,7 @@ def search_recipe(run_dir: Path, cell: dict[str, Any], config: str, budget: floa
     files = gguf_files(folder / final_dir)
     timed = [Candidate(name=q, quantization=q, cell_id=ids.get((preset_flags, q))) for q in PRESETS]
     recipe = Candidate(name=RECIPE_SET, quantization=level, kept=best.kept, cell_id=ids.get((RECIPE_SET, level))) if best else None
-    for c in [*timed, *([recipe] if recipe else [])]:
-        _row_facts(c, judged, files, folder / final_dir, budget, digest=True)
+    _row_facts([*timed, *([recipe] if recipe else [])], judged, files, folder / final_dir, budget, digest=True)
     from orchestrator.judge.analysis import KL_INTERVAL
 
     result = RecipeResult(run=str(run_dir), cell_id=cell["cell_id"], quantization=level, kl_budget=budget, keep=keep,

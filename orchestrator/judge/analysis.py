@@ -128,39 +128,46 @@ KL_INTERVAL = ("bootstrap percentile 95% over the scoring prompts (10,000 resamp
                "its KL sum over the mean positions per prompt, whose mean is the position-weighted KL mean)")
 
 
-def kl_interval(run_dir: str | Path, cell_id: str, baseline_cell_id: str) -> dict:
-    """The KL mean of one cell against another of the same run (repeat 0 of each, as analyse pairs them) with its
-    95% interval over the scoring prompts: each prompt's positions are one item (positions within a prompt are not
-    independent), the figure is the position-weighted mean, and the interval is the judge's one for a task figure
-    (task_stats.score_interval: the bootstrap percentile interval, 10,000 resamples of the prompts, seeded;
-    the denominator held at the run's positions per prompt, which the scoring prompts share unless one is short).
-    {kl_mean, kl_lo, kl_hi, n_prompts, n_positions, kl_interval}; the bounds None with fewer than 2 prompts."""
+def kl_intervals(run_dir: str | Path, baselines: dict[str, str]) -> dict[str, dict]:
+    """cell_id -> the KL mean of that cell against its cell in `baselines` (another cell of the same run; repeat 0 of
+    each, as analyse pairs them) with its 95% interval over the scoring prompts, every pair read in one pass: each
+    prompt's positions are one item (positions within a prompt are not independent), the figure is the
+    position-weighted mean, and the interval is the judge's one for a task figure (task_stats.score_interval: the
+    bootstrap percentile interval, 10,000 resamples of the prompts, seeded; the denominator held at the run's
+    positions per prompt, which the scoring prompts share unless one is short).
+    Each: {kl_mean, kl_lo, kl_hi, n_prompts, n_positions, kl_interval}; the bounds None with fewer than 2 prompts."""
     from orchestrator.judge.task_stats import score_interval
 
     root = Path(run_dir)
     manifest = RunStore(root).read_manifest()
     per_prompt: list[pd.DataFrame] = []
+    asked = list(baselines.items())
     with duckdb_connection() as con:
-        cells = read_run_cells(con, root)
-        files = cells_logprob_files(root, cells)
-        pairs = pd.DataFrame({"pair_id": [0], "a_cell": [baseline_cell_id], "a_rep": [0], "b_cell": [cell_id],
-                              "b_rep": [0]}).astype({"a_rep": "int16", "b_rep": "int16"})
+        files = cells_logprob_files(root, read_run_cells(con, root))
+        found = [(i, c, b) for i, (c, b) in enumerate(asked) if c in files and b in files]
+        pairs = pd.DataFrame({"pair_id": [i for i, _, _ in found], "a_cell": [b for *_, b in found],
+                              "a_rep": 0, "b_cell": [c for _, c, _ in found], "b_rep": 0}
+                             ).astype({"pair_id": "int64", "a_rep": "int16", "b_rep": "int16"})
         located = {c: v for c, v in RunStore(root).layout().compacted_rows().items() if files.get(c) == str(v[0])}
-        if cell_id in files and baseline_cell_id in files:
+        if found:
             pair_metrics(con, pairs, files, 0.0, reference_rows(manifest.measure), located, journal_layouts(root),
                          per_prompt=per_prompt)
-    rows = pd.concat(per_prompt, ignore_index=True) if per_prompt else pd.DataFrame(columns=["n_common", "sum_kl"])
+    rows = pd.concat(per_prompt, ignore_index=True) if per_prompt else pd.DataFrame(
+        columns=["pair_id", "n_common", "sum_kl"])
     rows = rows[rows.n_common > 0]
-    out = {"kl_mean": None, "kl_lo": None, "kl_hi": None, "n_prompts": len(rows),
-           "n_positions": int(rows.n_common.sum()) if len(rows) else 0, "kl_interval": KL_INTERVAL}
-    if not len(rows):
-        return out
-    # each prompt's KL sum over the mean positions per prompt: their mean is the position-weighted KL mean
-    per = (rows.sum_kl * len(rows) / rows.n_common.sum()).to_numpy(dtype=float)
-    out["kl_mean"] = float(rows.sum_kl.sum() / rows.n_common.sum())
-    if len(rows) >= 2:
-        lo, hi = score_interval(per, binary=False, aggregation="mean")
-        out["kl_lo"], out["kl_hi"] = float(lo), float(hi)
+    out = {}
+    for i, (cell_id, _) in enumerate(asked):
+        mine = rows[rows.pair_id == i]
+        one = {"kl_mean": None, "kl_lo": None, "kl_hi": None, "n_prompts": len(mine),
+               "n_positions": int(mine.n_common.sum()) if len(mine) else 0, "kl_interval": KL_INTERVAL}
+        if len(mine):
+            # each prompt's KL sum over the mean positions per prompt: their mean is the position-weighted KL mean
+            per = (mine.sum_kl * len(mine) / mine.n_common.sum()).to_numpy(dtype=float)
+            one["kl_mean"] = float(mine.sum_kl.sum() / mine.n_common.sum())
+            if len(mine) >= 2:
+                lo, hi = score_interval(per, binary=False, aggregation="mean")
+                one["kl_lo"], one["kl_hi"] = float(lo), float(hi)
+        out[cell_id] = one
     return out
 
 

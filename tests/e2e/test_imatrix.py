@@ -15,7 +15,7 @@ from adapters.engines.llamacpp.tensor_mix import gguf_tensor_types
 from orchestrator.cli import app
 from orchestrator.execution.runner import run_matrix
 from orchestrator.explain.recipe import IMATRIX_FILE, gguf_files, local_path, run_imatrix, sha256_file
-from orchestrator.judge.analysis import KL_INTERVAL, analyse, kl_interval
+from orchestrator.judge.analysis import KL_INTERVAL, analyse, kl_intervals
 from orchestrator.matrix.validate import parse_matrix
 
 MEASURE = {"warmup": 0, "repeats": 1, "scoring_prompts": 4, "scoring_len": 64, "greedy_tokens": 4}
@@ -58,7 +58,11 @@ def test_q4_0_with_the_runs_imatrix_against_without(model, ray_local, tmp_path):
     # every weight the imatrix names was found by the quantizer; only the row lookup (token_embd) has no entry
     assert set(side["imatrix_not_found"]) == {"token_embd.weight"}, side["imatrix_not_found"]
     assert len(side["imatrix_entries"]) == facts["weights"]
-    iv = {k: kl_interval(tmp_path / "run", c.cell_id, c.baseline_cell_id) for k, c in (("plain", plain), ("imx", imx))}
+    both = kl_intervals(tmp_path / "run", {c.cell_id: c.baseline_cell_id for c in (plain, imx)})   # one read
+    iv = {"plain": both[plain.cell_id], "imx": both[imx.cell_id]}
+    for k, c in (("plain", plain), ("imx", imx)):   # each pair's own KL, as analyse pairs them
+        assert iv[k]["kl_mean"] == pytest.approx(c.kl_mean, rel=1e-6), (k, iv[k], c.kl_mean)
+        assert iv[k]["kl_lo"] < iv[k]["kl_mean"] < iv[k]["kl_hi"]
     print(f"\n{model}: q4_0 KL vs fp32 without imatrix {plain.kl_mean:.5g} [{iv['plain']['kl_lo']:.4g}, "
           f"{iv['plain']['kl_hi']:.4g}] (top1 {plain.top1:.4f}), with {imx.kl_mean:.5g} [{iv['imx']['kl_lo']:.4g}, "
           f"{iv['imx']['kl_hi']:.4g}] (top1 {imx.top1:.4f}), ratio {imx.kl_mean / plain.kl_mean:.3f}; "
