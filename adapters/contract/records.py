@@ -159,9 +159,9 @@ def topk_sparse(rows: Sequence[SparseRow], k: int) -> TokenScores:
 NO_TIMING_TWIN = dict.fromkeys(
     ("base_timing_cell", "base_output_tok_s_runs", "base_host_busy_runs", "base_gpu_busy_runs",
      "base_repeat_started_at", "base_repeat_ended_at"),
-    "the baseline's repeats did not take turns with this cell's (its baseline is itself or not in this group and "
-    "measure.paired_timing is off, or not applicable here: serve mode, an env pair, a baseline cell another cell "
-    "of the group was paired with)")
+    "the baseline's repeats did not take turns with this cell's: its baseline is itself, or in another engine load "
+    "and measure.paired_timing is not true, or paired_timing is false; or not applicable here (serve mode, an env "
+    "pair, a baseline another cell of the group already has as its timing twin)")
 
 
 class CellRecord(CellMetrics):

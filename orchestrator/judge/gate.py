@@ -245,9 +245,9 @@ def _family_band(r: dict, col: str, lo: float, hi: float) -> tuple[float, float,
 
 
 def _env_speed_check(r: dict, bound: str, limit: float) -> tuple[bool, str]:
-    """A speed bound within one run: a cell paired with its baseline (an env pair, or measure.paired_timing's
-    timing twin; orchestrator/judge/speed.py: their repeats took turns, so the paired interval holds the host's
-    drift); other cells cannot be judged."""
+    """A speed bound within one run: a cell paired with its baseline (an env pair, or measure.paired_timing's turns:
+    in one engine, or beside a timing twin; orchestrator/judge/speed.py: their repeats took turns, so the paired
+    interval holds the host's drift); other cells cannot be judged."""
     what = SPEED_BOUNDS[bound][1]
     if r.get("speed_test") != PAIRED:
         return False, (f"cannot judge {what} within one run: its repeats did not take turns with its baseline's "

@@ -14,10 +14,12 @@ An env pair (a cell and its baseline the same configuration in two matrix envs, 
 turns on one node: repeat_started_at / repeat_ended_at never overlap) is paired: the interval is the t
 interval of the mean log ratio of repeat i to the baseline's repeat i (n pairs, n - 1 degrees of freedom), so
 host drift that falls on both sides of a pair drops out. `speed_test` says which test each interval is.
-measure.paired_timing gives any cell such a pair: its baseline's engine loaded beside it on its node (a timing
-twin), the baseline's repeats taken in turns with the cell's stored on the cell's row (base_output_tok_s_runs,
-base_timing_cell, base_repeat_started_at / ended_at, base_host_busy_runs): where they took turns (timing_paired),
-the cell's interval is the paired one against them, not Welch against the baseline's own row.
+measure.paired_timing gives a cell such a pair: its baseline's batch timed again in turns with the cell's repeats,
+inside the cell's engine where the baseline is in its engine load (adapters/worker/timing_partner.py: batch 4
+against batch 1), or with `true` in the baseline's engine loaded beside it on its node (a timing twin); those
+repeats are stored on the cell's row (base_output_tok_s_runs, base_timing_cell, base_repeat_started_at / ended_at,
+base_host_busy_runs): where they took turns (timing_paired), the cell's interval is the paired one against them,
+not Welch against the baseline's own row.
 
 Drift inside the run: a cell whose timed batch was measured a second time later in the run
 (output_tok_s_recheck_runs: each group's drift check, adapters.worker.group) shows how far the host moved between the two; pooled
