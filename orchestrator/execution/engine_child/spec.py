@@ -199,13 +199,11 @@ def timing_partners(m: Matrix, cells: list[Cell]) -> dict[str, str]:
 
 
 def paired_timing_on(m: Matrix, device: str) -> bool:
-    """measure.paired_timing, its null resolved: off. A twin costs an engine load and the baseline's timed repeats per
-    paired group, and what it buys could not be shown on the 2-core host this was built on: a fall of 5-15x in
-    later repeats beside a twin (llama.cpp 7,447 -> 438 tok/s) was first put down to the waiting engine's spinning
-    threads, but unpaired cells on that host swing as far under other work (llama.cpp 29 to 5,275 tok/s within one
-    cell), and an idle llama.cpp process beside a timed one left its median throughput where it was (8,068 vs 9,045
-    tok/s without it, 18 repeats each, interleaved); the issue-40 study on a quiet host is owed. A GPU run would need
-    both engines' memory on one GPU. `true` turns it on."""
+    """measure.paired_timing's twins, its null resolved: off (turns inside one engine: timing_partners). A twin costs an
+    engine load and the baseline's timed repeats per paired group. On the shared 2-core host (speed-null F and G) it
+    called llama.cpp / hf in 2 of 3 runs under a switching load where Welch called none, and on a quiet run Welch
+    called it as well; its pairs do not see the difference between two loads of one engine (a false 0.81x between
+    two hf processes of the same work). A GPU run would need both engines' memory on one GPU. `true` turns it on."""
     return bool(m.measure.paired_timing)
 
 
