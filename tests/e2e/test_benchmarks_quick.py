@@ -3,7 +3,12 @@ as `python benchmarks/X.py --quick` runs it (a child process, this checkout's co
 glob, so a new one without a quick mode fails here, and a refactor that breaks one fails CI rather than rotting
 unseen. Each must exit 0 and print what its study prints (the line below that names it); where it takes an
 output folder or file, that goes under tmp_path and is checked. Costs: benchmarks/README.md (about 6 minutes in
-all on a shared 2-core host, 3.5 of them the three vLLM studies, mostly their engine starts)."""
+all on a shared 2-core host, 3.5 of them the three vLLM studies, mostly their engine starts).
+
+The three vLLM studies (VLLM_STUDIES) run at once, when the first of them is reached (the fixture vllm_studies,
+through tests/helpers.py's run_engine_scripts: each in a process group of its own, killed whole when it ends): a
+vLLM start is mostly one core importing vLLM, so side by side they use both cores of a 2-core host. Their quick
+modes print tables, never a verdict on the host's speed, so each other's load changes no line checked here."""
 
 import json
 import os
@@ -13,9 +18,10 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_engine_scripts
 
 SCRIPTS = sorted((ROOT / "benchmarks").glob("*.py"))
+VLLM_STUDIES = ("client_cost", "stream_vs_vllm_bench", "telemetry_cost")   # each starts vLLM-CPU engines
 
 # what a study's output must hold: a line of its table that only a finished run prints
 PRINTS = {
@@ -60,13 +66,35 @@ def test_the_glob_finds_the_scripts():
     assert {p.stem for p in SCRIPTS} >= set(PRINTS), sorted(set(PRINTS) - {p.stem for p in SCRIPTS})
 
 
+def _argv(script, tmp_path) -> tuple[list[str], list]:
+    args, files = _outputs(script.stem, tmp_path)
+    return [sys.executable, str(script), "--quick", *args], files
+
+
+@pytest.fixture(scope="module")
+def vllm_studies(tmp_path_factory):
+    """The vLLM studies' quick modes, run at once: name -> (its CompletedProcess, the files it must have written)."""
+    d = tmp_path_factory.mktemp("vllm-studies")
+    jobs, files = {}, {}
+    for script in SCRIPTS:
+        if script.stem in VLLM_STUDIES:
+            (d / script.stem).mkdir()
+            jobs[script.stem], files[script.stem] = _argv(script, d / script.stem)
+    # 600 s for the three together, as each had alone: under pytest-timeout's 900 s for the test that runs them
+    done = run_engine_scripts(jobs, d, 600, cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    return {name: (proc, files[name]) for name, proc in done.items()}
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
-def test_quick_mode_runs_the_study_end_to_end(script, tmp_path):
+def test_quick_mode_runs_the_study_end_to_end(script, tmp_path, request):
     assert re.search(r"""add_argument\(\s*["']--quick["']""", script.read_text()), \
         f"benchmarks/{script.name} has no --quick mode (see benchmarks/README.md)"
-    args, files = _outputs(script.stem, tmp_path)
-    proc = subprocess.run([sys.executable, str(script), "--quick", *args], cwd=ROOT, capture_output=True, text=True,
-                          check=False, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    if script.stem in VLLM_STUDIES:
+        proc, files = request.getfixturevalue("vllm_studies")[script.stem]
+    else:
+        argv, files = _argv(script, tmp_path)
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False, timeout=600,
+                              env=os.environ | {"PYTHONPATH": str(ROOT)})
     tail = f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"
     assert proc.returncode == 0, f"benchmarks/{script.name} --quick exited {proc.returncode}{tail}"
     assert proc.stdout.strip(), f"benchmarks/{script.name} --quick printed nothing{tail}"

@@ -73,7 +73,8 @@ def bench(ray_local, tmp_path_factory, tiny_model):
     data["axes"] = {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny"], "quantization": ["fp32"],
                     "batch_size": [1], "flags": ["ref"], "input_len": [16], "output_len": [4]}
     data["measure"] |= {"repeats": 1, "warmup": 0}
-    data["flags"] = {"vllm": {"ref": {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}},
+    # vLLM in_process: a load of 3-9 s, not 17-35 s (docs/engines.md); e2e/test_vllm.py keeps its child processes
+    data["flags"] = {"vllm": {"ref": {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25, "in_process": True}},
                      "llamacpp": {"ref": {"type_k": "f32", "type_v": "f32", "flash_attn": "off"}},
                      "hf": {"ref": {}}}
     data["tasks"] = [{"kind": "lm_eval", "task": t, "name": f"{t}-{m}", "metric": m, "include_path": str(TASK_DIR),

@@ -22,7 +22,9 @@ from orchestrator.store.run_store import RunStore
 from tests.helpers import ROOT, SMALL_MATRIX, bench_cmd
 
 VLLM_PY = ROOT / ".venvs" / "vllm" / "bin" / "python"
-CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}
+# in_process: engine core and worker in the engine child (a load of 3-9 s, not 17-35 s: docs/engines.md); what is
+# checked here is values, and e2e/test_vllm.py keeps vLLM's own child processes
+CPU = {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25, "in_process": True}
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "seeds": 16, "tokens": 16}
 
 

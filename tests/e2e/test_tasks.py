@@ -32,7 +32,8 @@ def task_run(ray_local, tmp_path_factory, tiny_model):
     data = copy.deepcopy(SMALL_MATRIX)
     data["axes"] = {"framework": ["hf", "llamacpp", "vllm"], "model": ["tiny"], "quantization": ["fp32"],
                     "batch_size": [1], "flags": ["default"], "input_len": [16], "output_len": [6]}
-    data["flags"] = {"vllm": {"default": {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25}}}
+    # in_process: a load of 3-9 s, not 17-35 s (docs/engines.md); e2e/test_vllm.py keeps vLLM's child processes
+    data["flags"] = {"vllm": {"default": {"enforce_eager": True, "cpu_kvcache_space_gib": 0.25, "in_process": True}}}
     data["include"] = [{"framework": "llamacpp", "quantization": "q4_0", "flags": "default"},
                        {"framework": "hf", "quantization": "fp32", "flags": "default", "batch_size": 4}]
     data["tasks"] = BUILTIN_TASK_NAMES + [
