@@ -80,11 +80,12 @@ def test_a_repeat_too_short_for_the_clock_is_measured_over_a_window_the_clock_re
     background.measure(lambda: _spin(1.0))   # what the rest of the host takes now, over a second the clock resolves
     quiet = Disturbance()
     took = three(quiet)
+    background.measure(lambda: _spin(1.0))   # and just after: on a shared host the rest's load moves between them
     assert took >= resolvable_s(len(quiet.cores), 1) and took < 2.0   # one untimed pause, after the first repeat
     assert len(quiet.cpu) == 3 and quiet.figures()["host_busy_runs"] == quiet.cpu
     # over one 4 ms repeat a single tick of anyone's read as a whole core (1.0); over the window, about what the
     # host's background takes
-    assert max(quiet.cpu) <= background.cpu[-1] + 0.3, (background.cpu, quiet.cpu)
+    assert max(quiet.cpu) <= max(background.cpu) + 0.3, (background.cpu, quiet.cpu)
     others = [subprocess.Popen([sys.executable, "-c", BUSY.format(s=4)], start_new_session=True)
               for _ in range(len(quiet.cores))]
     try:
