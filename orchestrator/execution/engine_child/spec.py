@@ -200,9 +200,9 @@ def timing_partners(m: Matrix, cells: list[Cell]) -> dict[str, str]:
 
 def paired_timing_on(m: Matrix, device: str) -> bool:
     """measure.paired_timing's twins, its null resolved: off (turns inside one engine: timing_partners). A twin costs an
-    engine load and the baseline's timed repeats per paired group. On the shared 2-core host (speed-null F and G) it
-    called llama.cpp / hf in 2 of 3 runs under a switching load where Welch called none, and on a quiet run Welch
-    called it as well; its pairs do not see the difference between two loads of one engine (a false 0.81x between
+    engine load and the baseline's timed repeats per paired group. On the shared 2-core host (speed-null E-H) it
+    called llama.cpp / hf in 8 of 9 runs under a switching load where Welch called none of 3, and on a quiet run
+    Welch called it as well; its pairs do not see the difference between two loads of one engine (a false 0.81x between
     two hf processes of the same work). A GPU run would need both engines' memory on one GPU. `true` turns it on."""
     return bool(m.measure.paired_timing)
 
