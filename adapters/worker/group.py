@@ -227,7 +227,11 @@ def run_cell(adapter: Adapter, cell: CellSpec, scoring: ScoringSpec | None, task
         gauges_why=telemetry.OFFLINE_GAUGES)
     metrics = summarize(runs)
     joules, joules_missing = energy.figures(metrics.output_tokens)
-    peak, why = memory.peak() if not peaks else next(((None, w) for _, w in peaks if w), (max(p for p, _ in peaks), None))
+    if peaks:   # the largest of the cell's own repeats, or why one was not measured
+        why = next((w for _, w in peaks if w), None)
+        peak = None if why else max(p for p, _ in peaks)
+    else:
+        peak, why = memory.peak()
     if why:
         metrics.missing["peak_mem_bytes"] = why
     metrics.missing.update(tel_missing | joules_missing | host.missing)

@@ -44,7 +44,7 @@ from rich.table import Table
 
 from adapters.base import normalize_quantization
 from orchestrator.explain.sensitivity import ALL, fill, matrix_data, run_probes, run_sensitivity, sensitivity_path
-from orchestrator.execution.engine_child.rows import local_path  # noqa: F401 (the tests' too)
+from orchestrator.execution.engine_child.rows import local_path
 from orchestrator.matrix.cells import expand
 from orchestrator.matrix.recipes import Provenance, RecipeFile, write_recipe
 from orchestrator.store.explain_file import EXPLAIN_DIR, portable_json

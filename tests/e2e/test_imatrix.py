@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from adapters.engines.llamacpp.tensor_mix import gguf_tensor_types
 from orchestrator.cli import app
 from orchestrator.execution.runner import run_matrix
-from orchestrator.explain.recipe import IMATRIX_FILE, gguf_files, local_path, run_imatrix, sha256_file
+from orchestrator.execution.engine_child.rows import local_path
+from orchestrator.explain.recipe import IMATRIX_FILE, gguf_files, run_imatrix, sha256_file
 from orchestrator.judge.analysis import KL_INTERVAL, analyse, kl_intervals
 from orchestrator.matrix.validate import parse_matrix
 
